@@ -1,0 +1,41 @@
+"""Timing helpers for benchmarks: warm-up, repeated runs, median wall time."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+__all__ = ["time_fn", "fwd_bwd"]
+
+
+def time_fn(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 3, min_time: float = 0.0) -> float:
+    """Median wall time of ``fn()`` in seconds over ``repeat`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    start_all = time.perf_counter()
+    while len(times) < repeat or (time.perf_counter() - start_all) < min_time:
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 50:
+            break
+    return statistics.median(times)
+
+
+def fwd_bwd(fn: Callable[[], object], params: list[torch.Tensor]) -> Callable[[], None]:
+    """Wrap ``fn`` (returning a tensor or tuple of tensors) as forward + backward of their sum."""
+
+    def run() -> None:
+        for p in params:
+            p.grad = None
+        out = fn()
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        loss = sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad)
+        loss.backward()
+
+    return run

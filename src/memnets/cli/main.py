@@ -1,0 +1,58 @@
+"""The ``memnets`` command: one entry point, one module per subcommand.
+
+Each subcommand module in :data:`SUBCOMMANDS` defines ``add_parser(subparsers)`` (which
+registers its parser and sets ``func``); modules not shipped are skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main", "build_parser", "SUBCOMMANDS"]
+
+SUBCOMMANDS = (
+    "demo", "train", "eval", "table", "configs", "bench", "viz", "report", "capacity",
+)
+
+
+class UsageError(Exception):
+    """Raised by subcommands for bad user input; printed without a traceback, exit 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memnets",
+        description="Differentiable neural memories: train, evaluate, benchmark, visualise.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            mod = importlib.import_module(f"memnets.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"memnets.cli.{name}":
+                continue
+            raise
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        rc = args.func(args)
+    except (UsageError, ValueError, FileNotFoundError) as e:
+        print(f"memnets {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"memnets {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""nn.Modules holding memory parameters (never hidden tensors); state is passed explicitly."""

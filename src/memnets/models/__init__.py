@@ -1,0 +1,1 @@
+"""Task models: encoder/controller + memory + readout, each with a typed config."""

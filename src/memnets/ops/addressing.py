@@ -1,0 +1,2 @@
+"""NTM addressing ops (SPEC §7): content, interpolation, shift, sharpen, erase/add."""
+__all__: list[str] = []

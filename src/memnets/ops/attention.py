@@ -1,0 +1,117 @@
+"""Normalized outer-product attention (SPEC §5), a drop-in for SDPA that is linear in S.
+
+    NAMAttn(Q, K, V) = μ(Q) · (μ(K)ᵀ V)                 (bidirectional, the paper's form)
+    causal: o_t = Σ_{s<=t} (μ(q_t)·μ(k_s)) v_s           (chunked prefix states)
+
+Also the Linear Transformer's attention (``φ(x) = elu(x) + 1`` with normaliser) in the same
+``[..., S, D]`` layout, used by the attention family and the benchmarks.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .._checks import check_tensor
+from .nam import unit
+
+__all__ = ["nam_attention", "nam_attention_quadratic", "linear_attention", "elu_feature_map"]
+
+
+def _check_qkv(q, k, v, fn: str) -> None:
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        check_tensor(name, t)
+        if t.dim() < 2:
+            raise ValueError(f"{fn}: `{name}` expected [..., S, D] (at least 2 dims), got {list(t.shape)}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(
+            f"{fn}: `value` expected [..., S, dv] = {list(k.shape[:-1]) + ['dv']} like `key`, got {list(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1] or q.shape[:-2] != k.shape[:-2]:
+        raise ValueError(
+            f"{fn}: `query` expected [..., L, dk] = {list(k.shape[:-2]) + ['L', k.shape[-1]]}, got {list(q.shape)}"
+        )
+
+
+def _causal_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int) -> torch.Tensor:
+    """o_t = Σ_{s<=t} (q_t·k_s) v_s with within-chunk quadratic terms and prefix states."""
+    S, dk, dv = q.shape[-2], q.shape[-1], v.shape[-1]
+    C = min(chunk, S)
+    N = -(-S // C)
+    pad = N * C - S
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    qc = q.unflatten(-2, (N, C))  # [..., N, C, dk]
+    kc = k.unflatten(-2, (N, C))  # [..., N, C, dk]
+    vc = v.unflatten(-2, (N, C))  # [..., N, C, dv]
+    chunk_states = kc.transpose(-1, -2) @ vc  # [..., N, dk, dv]
+    prefix = torch.cumsum(chunk_states, dim=-3) - chunk_states  # exclusive: [..., N, dk, dv]
+    intra = (qc @ kc.transpose(-1, -2)).tril() @ vc  # [..., N, C, dv]
+    out = qc @ prefix + intra  # [..., N, C, dv]
+    return out.flatten(-3, -2)[..., :S, :]  # [..., S, dv]
+
+
+def nam_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    causal: bool = False,
+    *,
+    chunk_size: int = 64,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Normalized outer-product attention ``μ(Q) (μ(K)ᵀ V)`` (SPEC §5).
+
+    Same layout as :func:`torch.nn.functional.scaled_dot_product_attention`:
+    query ``[..., L, dk]``, key ``[..., S, dk]``, value ``[..., S, dv]`` → ``[..., L, dv]``.
+    Cost is linear in the sequence length (no ``L×S`` matrix). With ``causal=True``
+    (requires ``L == S``) each position sees only itself and earlier positions.
+    """
+    _check_qkv(query, key, value, "nam_attention")
+    qn, kn = unit(query, eps=eps), unit(key, eps=eps)
+    if not causal:
+        return qn @ (kn.transpose(-1, -2) @ value)  # [..., L, dk] @ [..., dk, dv]
+    if query.shape[-2] != key.shape[-2]:
+        raise ValueError(
+            f"nam_attention: causal=True expects query and key of the same length, "
+            f"got L={query.shape[-2]} and S={key.shape[-2]}"
+        )
+    return _causal_chunked(qn, kn, value, chunk_size)
+
+
+def nam_attention_quadratic(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """Reference form ``(μ(Q) μ(K)ᵀ [masked lower-triangular]) V``, quadratic in S."""
+    _check_qkv(query, key, value, "nam_attention_quadratic")
+    scores = unit(query, eps=eps) @ unit(key, eps=eps).transpose(-1, -2)  # [..., L, S]
+    if causal:
+        scores = scores.tril()
+    return scores @ value
+
+
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """φ(x) = elu(x) + 1 (Katharopoulos et al. 2020), positive everywhere."""
+    return F.elu(x) + 1.0
+
+
+def linear_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    causal: bool = False,
+    *,
+    chunk_size: int = 64,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Linear Transformer attention: ``φ(Q)(φ(K)ᵀV) / (φ(Q) Σφ(K))`` with ``φ = elu + 1``."""
+    _check_qkv(query, key, value, "linear_attention")
+    fq, fk = elu_feature_map(query), elu_feature_map(key)
+    ones = value.new_ones(value.shape[:-1] + (1,))
+    vz = torch.cat([value, ones], dim=-1)  # the normaliser rides along as an extra column
+    if causal:
+        if query.shape[-2] != key.shape[-2]:
+            raise ValueError("linear_attention: causal=True expects query and key of the same length")
+        num = _causal_chunked(fq, fk, vz, chunk_size)
+    else:
+        num = fq @ (fk.transpose(-1, -2) @ vz)
+    return num[..., :-1] / (num[..., -1:] + eps)

@@ -1,0 +1,168 @@
+"""The NAM sequence op: ``nam_scan`` (whole sequence) and ``nam_step`` (one token).
+
+``impl`` picks the implementation: ``"reference"`` (time loop, :mod:`.reference`),
+``"chunked"`` (chunkwise-parallel, :mod:`.chunked`) or ``"auto"``. Each implementation
+states why it cannot run through :func:`supports`; forcing one that cannot run raises with
+those reasons.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from ..._checks import check_positive_int, check_shape, check_tensor
+from .chunked import nam_scan_chunked
+from .reference import nam_scan_reference, nam_step_reference
+
+__all__ = ["nam_scan", "nam_step", "supports", "resolve_impl", "IMPLS"]
+
+IMPLS = ("reference", "chunked")
+Prob = Union[torch.Tensor, float, int, None]
+
+
+def supports(impl: str, q: torch.Tensor, *, chunk_size: int = 64) -> list[str]:
+    """Reasons why ``impl`` cannot run on these inputs (empty list: it can)."""
+    reasons: list[str] = []
+    if impl not in IMPLS:
+        return [f"unknown impl {impl!r}; expected one of {('auto',) + IMPLS}"]
+    if impl == "chunked":
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            reasons.append(f"chunk_size must be a positive int, got {chunk_size!r}")
+        if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            reasons.append(f"dtype {q.dtype} has no triangular solve")
+    return reasons
+
+
+def resolve_impl(impl: str, q: torch.Tensor, *, chunk_size: int = 64) -> str:
+    """The implementation ``nam_scan`` would run for ``impl`` on these inputs."""
+    if impl == "auto":
+        # The time loop wins only for very short sequences.
+        if q.shape[1] > 4 and not supports("chunked", q, chunk_size=chunk_size):
+            return "chunked"
+        return "reference"
+    reasons = supports(impl, q, chunk_size=chunk_size)
+    if reasons:
+        raise ValueError(f"impl={impl!r} cannot run: " + "; ".join(reasons))
+    return impl
+
+
+def _prob_seq(name: str, p: Prob, shape: tuple[int, ...], ref: torch.Tensor) -> torch.Tensor | None:
+    if p is None:
+        return None
+    if isinstance(p, (float, int)) and not isinstance(p, bool):
+        return torch.full(shape, float(p), dtype=ref.dtype, device=ref.device)
+    symbols = ["B", "T", "H"][: len(shape)] if len(shape) == 3 else ["B", "H"]
+    check_shape(name, p, symbols, list(shape))
+    if not p.is_floating_point():
+        raise TypeError(f"`{name}` expected a floating-point tensor, got {p.dtype}")
+    return p.to(ref.dtype)
+
+
+def _validate(q, k, v, initial_state, seq: bool):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t)
+    lead = ["B", "T", "H"] if seq else ["B", "H"]
+    nd = len(lead) + 1
+    if k.dim() != nd:
+        check_shape("k", k, lead + ["dk"], [None] * nd)
+    if k.shape[0] == 0 or (seq and k.shape[1] == 0):
+        raise ValueError(f"`k` expected non-empty batch{' and time' if seq else ''} dims, got {list(k.shape)}")
+    dk = k.shape[-1]
+    check_shape("q", q, lead + ["dk"], list(k.shape))
+    if v.dim() != nd:
+        check_shape("v", v, lead + ["dv"], list(k.shape[:-1]) + [None])
+    dv = v.shape[-1]
+    check_shape("v", v, lead + ["dv"], list(k.shape[:-1]) + [dv])
+    if not k.is_floating_point():
+        raise TypeError(f"`k` expected a floating-point tensor, got {k.dtype}")
+    B, H = k.shape[0], k.shape[-2]
+    if initial_state is not None:
+        check_shape("initial_state", initial_state, ["B", "H", "dv", "dk"], [B, H, dv, dk])
+    for name, t in (("q", q), ("v", v), ("initial_state", initial_state)):
+        if t is not None and (t.dtype != k.dtype or t.device != k.device):
+            raise TypeError(
+                f"`{name}` expected dtype {k.dtype} on {k.device} like `k`, got {t.dtype} on {t.device}"
+            )
+    return B, H, dk, dv
+
+
+def nam_scan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    p_w: Prob,
+    p_e: Prob,
+    p_r: Prob = None,
+    *,
+    initial_state: torch.Tensor | None = None,
+    impl: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run a multi-head NAM memory over a sequence (SPEC §1), read after write.
+
+    For every batch element b, head h and step t::
+
+        S_t = S_{t-1} + p_w,t v_t k_tᵀ − p_e,t (S_{t-1} k_t) k_tᵀ
+        o_t = p_r,t S_t q_t
+
+    Keys and queries are used as given; normalise them with :func:`memnets.ops.unit` for
+    NAM semantics. ``p_e = p_w = β`` is the delta rule (DeltaNet / delta-rule FWP).
+
+    Args:
+        q: queries ``[B, T, H, dk]``.
+        k: keys ``[B, T, H, dk]``.
+        v: values ``[B, T, H, dv]``.
+        p_w: write probabilities ``[B, T, H]`` (or a Python float).
+        p_e: erase probabilities ``[B, T, H]`` (or a Python float).
+        p_r: read probabilities ``[B, T, H]``, a float, or ``None`` (= 1).
+        initial_state: ``[B, H, dv, dk]``; zeros when ``None``.
+        impl: ``"auto"``, ``"reference"`` or ``"chunked"``.
+        chunk_size: chunk length of the chunked implementation.
+    Returns:
+        ``(outputs [B, T, H, dv], final_state [B, H, dv, dk])``.
+    """
+    B, H, dk, dv = _validate(q, k, v, initial_state, seq=True)
+    T = k.shape[1]
+    if impl == "chunked":
+        check_positive_int("chunk_size", chunk_size)
+    pw = _prob_seq("p_w", p_w, (B, T, H), k)
+    pe = _prob_seq("p_e", p_e, (B, T, H), k)
+    pr = _prob_seq("p_r", p_r, (B, T, H), k)
+    if pw is None or pe is None:
+        raise ValueError("`p_w` and `p_e` are required (tensors [B, T, H] or floats)")
+    if initial_state is None:
+        initial_state = k.new_zeros(B, H, dv, dk)
+    which = resolve_impl(impl, q, chunk_size=chunk_size)
+    if which == "chunked":
+        return nam_scan_chunked(q, k, v, pw, pe, pr, initial_state, chunk_size)
+    return nam_scan_reference(q, k, v, pw, pe, pr, initial_state)
+
+
+def nam_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    p_w: Prob,
+    p_e: Prob,
+    p_r: Prob = None,
+    *,
+    state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of :func:`nam_scan` (recurrent decoding) with the same state layout.
+
+    Args:
+        q, k: ``[B, H, dk]``; v: ``[B, H, dv]``; p_w, p_e, p_r: ``[B, H]`` or floats.
+        state: ``[B, H, dv, dk]`` or ``None`` (zeros).
+    Returns:
+        ``(output [B, H, dv], new_state [B, H, dv, dk])``.
+    """
+    B, H, dk, dv = _validate(q, k, v, state, seq=False)
+    pw = _prob_seq("p_w", p_w, (B, H), k)
+    pe = _prob_seq("p_e", p_e, (B, H), k)
+    pr = _prob_seq("p_r", p_r, (B, H), k)
+    if pw is None or pe is None:
+        raise ValueError("`p_w` and `p_e` are required (tensors [B, H] or floats)")
+    if state is None:
+        state = k.new_zeros(B, H, dv, dk)
+    return nam_step_reference(q, k, v, pw, pe, pr, state)

@@ -1,0 +1,1 @@
+"""memnets.train."""
