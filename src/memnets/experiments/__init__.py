@@ -1,0 +1,1 @@
+"""Experiment commands (``python -m memnets.experiments.<name>``): learning runs that write results."""
