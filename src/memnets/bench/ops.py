@@ -43,7 +43,7 @@ def _growth(times: dict[int, float], sizes: list[int]) -> dict[int, float | None
 def run(quick: bool = False) -> dict:
     rows = []
     B, H, d = 4, 4, 64
-    lengths = [128, 256, 512] if quick else [512, 2048, 8192]
+    lengths = [64, 128, 256] if quick else [512, 2048, 8192]
     t_ref, t_chk = {}, {}
     for T in lengths:
         ts = _scan_inputs(B, T, H, d)
@@ -60,7 +60,7 @@ def run(quick: bool = False) -> dict:
                      "growth_x2_base": g_ref[T], "growth_x2_ours": g_chk[T]})
 
     B, H, d = 1, 8, 64
-    sizes = [256, 512, 1024] if quick else [1024, 4096, 8192]
+    sizes = [128, 256, 512] if quick else [1024, 4096, 8192]
     t_sdpa, t_nam = {}, {}
     g = torch.Generator().manual_seed(0)
     for S in sizes:

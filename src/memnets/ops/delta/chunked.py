@@ -65,12 +65,15 @@ def nam_scan_chunked(
     Wv, Wk = sol.split([dv, dk], dim=-1)  # [B, H, N, C, dv], [B, H, N, C, dk]
 
     # Sequential pass of the state across chunks.
+    # (unbind, not indexing: its backward stacks the gradients instead of materialising a
+    # full-size zero gradient per chunk.)
     S = initial_state
     starts, us = [], []
-    for n in range(N):
+    for wv, wk, kn in zip(Wv.unbind(2), Wk.unbind(2), kc.unbind(2)):
         starts.append(S)
-        U = Wv[:, :, n] - Wk[:, :, n] @ S.transpose(-1, -2)  # [B, H, C, dv]
-        S = S + U.transpose(-1, -2) @ kc[:, :, n]  # [B, H, dv, dk]
+        U = torch.baddbmm(wv.flatten(0, 1), wk.flatten(0, 1), S.flatten(0, 1).transpose(-1, -2),
+                          alpha=-1).view(wv.shape)  # [B, H, C, dv]
+        S = S + U.transpose(-1, -2) @ kn  # [B, H, dv, dk]
         us.append(U)
     S0 = torch.stack(starts, dim=2)  # [B, H, N, dv, dk]
     U = torch.stack(us, dim=2)  # [B, H, N, C, dv]
