@@ -1,0 +1,58 @@
+"""Linear-cost attention layers: NAM (normalized outer product) and the Linear Transformer.
+
+    NAM:    Y = μ(Q) (μ(K)ᵀ V)                               (SPEC §5, no scaling, no normaliser)
+    Linear: Y = φ(Q)(φ(K)ᵀ V) / (φ(Q) Σ_s φ(k_s)),  φ = elu + 1   (Katharopoulos et al. 2020)
+
+Both never build an ``S × S`` tensor (the causal forms use chunked prefix states).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..ops import linear_attention, nam_attention
+from .base import MultiHeadBase
+
+__all__ = ["NAMAttention", "LinearAttention"]
+
+
+class NAMAttention(MultiHeadBase):
+    """Multi-head normalized outer-product attention ``μ(Q)(μ(K)ᵀV)`` (SPEC §5).
+
+    ``forward(x [B, S, d_model], mask [B, S] bool (True = keep) or None) -> [B, S, d_model]``.
+    Bidirectional (the paper's form) or causal (prefix sums of ``μ(k_s) v_sᵀ``). Padding is
+    handled by zeroing masked keys and values, so they add nothing to ``μ(K)ᵀV``. Dropout
+    is applied to the mixed values before the output projection (there are no attention
+    weights to drop). Cost ``O(S·dh²)`` per head.
+    """
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x, mask = self._check(x, mask)
+        q, k, v = self._project(x)  # [B, S, H, dh]
+        if mask is not None:
+            keep = mask[:, :, None, None].to(k.dtype)  # [B, S, 1, 1]
+            k, v = k * keep, v * keep
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, dh]
+        y = nam_attention(q, k, v, causal=self.causal)  # [B, H, S, dh]
+        y = F.dropout(y, self.dropout, self.training)
+        return self._merge(y.transpose(1, 2))  # [B, S, H, dh] -> [B, S, D]
+
+
+class LinearAttention(MultiHeadBase):
+    """Multi-head Linear Transformer attention, ``φ(x) = elu(x) + 1`` with normaliser.
+
+    ``forward(x [B, S, d_model], mask [B, S] bool (True = keep) or None) -> [B, S, d_model]``.
+    A padded key gets ``φ(k) = 0`` (its pre-activation is set to ``−∞``, and
+    ``elu(−∞) + 1 = 0`` with zero gradient), so it enters neither numerator nor normaliser.
+    Dropout is applied to the mixed values before the output projection.
+    """
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x, mask = self._check(x, mask)
+        q, k, v = self._project(x)  # [B, S, H, dh]
+        if mask is not None:
+            k = k.masked_fill(~mask[:, :, None, None], float("-inf"))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, dh]
+        y = linear_attention(q, k, v, causal=self.causal)  # [B, H, S, dh]
+        y = F.dropout(y, self.dropout, self.training)
+        return self._merge(y.transpose(1, 2))  # [B, S, H, dh] -> [B, S, D]
