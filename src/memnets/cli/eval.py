@@ -1,0 +1,59 @@
+"""``memnets eval <run_dir>``: score a run's saved model on every split of its task."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["add_parser", "evaluate_run"]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate a trained run on its splits", description=__doc__)
+    p.add_argument("run_dir", help="a directory written by `memnets train`")
+    p.add_argument("--checkpoint", choices=("best", "last"), default="best",
+                   help="weights to load: best (selected by the OD-easy accuracy) or last")
+    p.add_argument("--eval-size", type=int, default=None, help="samples per split (default: the run's)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_run)
+
+
+def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int | None = None) -> dict:
+    """``{split: {"seq_acc", "tok_acc", "ans_acc", "n"}}`` for the run's saved weights."""
+    import dataclasses
+
+    import torch
+
+    from ..train import build_model, config_from_dict, evaluate
+    from ..train.checkpoint import load_weights
+    from ..train.data import eval_splits
+    from .main import UsageError
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
+    cfg = config_from_dict(json.loads((run_dir / "config.json").read_text()))
+    if eval_size:
+        cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, eval_size=eval_size))
+    ck = run_dir / "checkpoints"
+    if checkpoint == "best":
+        path = ck / "best.safetensors"
+    else:
+        ptr = ck / "last.json"
+        path = ck / json.loads(ptr.read_text())["weights"] if ptr.is_file() else ck / "missing"
+    if not path.is_file():
+        raise UsageError(f"{run_dir} has no {checkpoint} checkpoint ({path})")
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg)
+    load_weights(path, model)
+    return {name: evaluate(model, s, batch_size=256) for name, s in eval_splits(cfg).items()}
+
+
+def _run(args) -> int:
+    res = evaluate_run(args.run_dir, args.checkpoint, args.eval_size)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"| split | seq_acc | tok_acc | ans_acc | n |\n|---|---|---|---|---|")
+    for name, m in res.items():
+        print(f"| {name} | {m['seq_acc']:.2%} | {m['tok_acc']:.2%} | {m['ans_acc']:.2%} | {m['n']} |")
+    return 0

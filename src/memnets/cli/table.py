@@ -1,0 +1,113 @@
+"""``memnets table <run_dirs...>``: a Markdown table shaped like the NAM paper's Table 1.
+
+Models are columns, task × split are rows, plus a parameter-count row; each cell is the
+sequence accuracy (or ``--metric``) at the epoch selected by the OD-easy accuracy, read from
+each run's ``results.json``. ``--paper`` prints the paper's own Table 1 (seed 000).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["add_parser", "format_table1", "PAPER_TABLE1", "MODEL_ORDER"]
+
+MODEL_ORDER = ["TF", "LSTM", "UT", "DNC", "LSAM", "NAM-TM", "No Jmp", "NTM", "LSAM (stack)", "biLSTM"]
+TASK_LABEL = {"palindrome": "Palin", "fib": "Fib", "addition": "Fib", "reduce": "Reduce"}
+SPLIT_LABEL = {"id": "ID", "od_easy": "OD-easy", "od_hard": "OD-hard"}
+
+# Table 1 of seed 000 (sequence accuracy, %); columns TF LSTM UT DNC LSAM NAM-TM No Jmp.
+PAPER_TABLE1 = {
+    "Parameters": ["28.7M", "31.5M", "26.0M", "40.2M", "25.8M", "23.3M", "22.2M"],
+    ("Palin", "ID"): [100, 100, 100, 100, 100, 100, 100],
+    ("Palin", "OD-easy"): [65.6, 100, 99.2, 100, 100, 100, 100],
+    ("Palin", "OD-hard"): [19.0, 100, 5.2, 100, 100, 100, 100],
+    ("Fib", "ID"): [98.9, 46.2, 99.1, 46.9, 100, 97.4, 40.4],
+    ("Fib", "OD-easy"): [0.4, 8.3, 21.3, 1.8, 39.9, 89.7, 19.8],
+    ("Fib", "OD-hard"): [0.0, 0.0, 0.1, 0.0, 2.9, 71.5, 1.1],
+    ("Reduce", "ID"): [99.6, 99.5, 98.7, 100, 99.9, 100, 100],
+    ("Reduce", "OD-easy"): [0.2, 91.5, 15.7, 95.7, 96.8, 100, 100],
+    ("Reduce", "OD-hard"): [0.0, 63.6, 0.0, 60.1, 77.6, 100, 100],
+}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("table", help="Markdown Table 1 from run directories", description=__doc__)
+    p.add_argument("run_dirs", nargs="*", help="directories written by `memnets train`")
+    p.add_argument("--metric", default="seq_acc", choices=("seq_acc", "tok_acc", "ans_acc"),
+                   help="which accuracy to show (default: sequence accuracy, the paper's)")
+    p.add_argument("--paper", action="store_true", help="print the paper's Table 1 instead")
+    p.add_argument("--out", default=None, help="also write the table to this file")
+    p.set_defaults(func=_run)
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+
+
+def _label(res: dict) -> str:
+    from ..models.seq import BACKBONES
+
+    return BACKBONES.get(res.get("backbone", ""), (None, None, None, res.get("backbone", "?")))[3]
+
+
+def format_table1(results: list[dict], metric: str = "seq_acc") -> str:
+    """Markdown table from ``results.json`` dicts (models as columns, task × split as rows)."""
+    cells: dict[tuple[str, str, str], float] = {}
+    params: dict[str, set] = {}
+    tasks, splits, cols = [], [], []
+    for r in results:
+        col, task = _label(r), TASK_LABEL.get(r["task"], r["task"])
+        cols += [col] if col not in cols else []
+        tasks += [task] if task not in tasks else []
+        params.setdefault(col, set()).add(r["params"])
+        for split, m in (r.get("splits") or {}).items():
+            s = SPLIT_LABEL.get(split, split)
+            splits += [s] if s not in splits else []
+            cells.setdefault((task, s, col), m[metric])
+    order = {m: i for i, m in enumerate(MODEL_ORDER)}
+    cols.sort(key=lambda c: order.get(c, len(order)))
+    tasks.sort(key=lambda t: ["Palin", "Fib", "Reduce"].index(t) if t in ("Palin", "Fib", "Reduce") else 9)
+    lines = ["| Model | | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    lines.append("| Parameters | | " + " | ".join("/".join(_params(n) for n in sorted(params[c])) for c in cols) + " |")
+    for t in tasks:
+        for i, s in enumerate(splits):
+            row = [f"{100 * cells[(t, s, c)]:.1f}%" if (t, s, c) in cells else "–" for c in cols]
+            lines.append(f"| {t if i == 0 else ''} | {s} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _paper() -> str:
+    cols = MODEL_ORDER[:7]
+    lines = ["| Model | | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols),
+             "| Parameters | | " + " | ".join(PAPER_TABLE1["Parameters"]) + " |"]
+    for key, vals in PAPER_TABLE1.items():
+        if key == "Parameters":
+            continue
+        t, s = key
+        lines.append(f"| {t if s == 'ID' else ''} | {s} | " + " | ".join(f"{v:.1f}%" for v in vals) + " |")
+    return "\n".join(lines)
+
+
+def _run(args) -> int:
+    from .main import UsageError
+
+    if args.paper:
+        text = _paper()
+    else:
+        if not args.run_dirs:
+            raise UsageError("give one or more run directories (or --paper)")
+        results = []
+        for d in args.run_dirs:
+            f = Path(d) / "results.json"
+            if not f.is_file():
+                print(f"memnets table: skipping {d}: no results.json (unfinished run?)", file=sys.stderr)
+                continue
+            results.append(json.loads(f.read_text()))
+        if not results:
+            raise UsageError("none of the run directories has a results.json")
+        text = format_table1(results, args.metric)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0

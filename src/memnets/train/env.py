@@ -1,0 +1,95 @@
+"""What a run records about where it ran (``env.json``) and distributed set-up helpers."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["run_env", "DistInfo", "setup_distributed", "cleanup_distributed", "resolve_device"]
+
+
+def _git_commit() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _nam_scan_impl() -> str | None:
+    try:
+        from ..ops.delta import resolve_impl
+
+        q = torch.zeros(1, 64, 1, 16)  # [B, T, H, dk] — what "auto" picks for a typical sequence
+        return resolve_impl("auto", q)
+    except Exception:  # the op family may be absent or have another signature
+        return None
+
+
+def run_env(device: torch.device, world_size: int = 1) -> dict[str, Any]:
+    """torch version, threads, device, git commit (when available), NAM scan implementation."""
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+        "cuda": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "world_size": world_size,
+        "git_commit": _git_commit(),
+        "nam_scan_impl": _nam_scan_impl(),
+        "pid": os.getpid(),
+    }
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Process ``rank`` of ``world`` (1 when not distributed); ``local_rank`` picks the GPU."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed() -> DistInfo:
+    """Join the process group described by torchrun's environment (gloo on CPU, nccl on CUDA)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def cleanup_distributed(info: DistInfo) -> None:
+    if info.enabled:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def resolve_device(name: str, info: DistInfo) -> torch.device:
+    """``auto`` → ``cuda:<local_rank>`` when CUDA is available, else ``cpu``."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(name)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", info.local_rank)
+    return dev

@@ -1,0 +1,326 @@
+"""The training loop for the masked-completion tasks (SPEC §12).
+
+AdamW, per-epoch learning-rate decay (lr × 0.98 per epoch by default), global-norm gradient
+clipping, bf16 autocast on CUDA only, cross-entropy over every window position, evaluation
+of every split each ``eval_every`` epochs, and the reported epoch chosen by the best
+``select_split`` (OD-easy) sequence accuracy. Writes ``runs/<name>/``::
+
+    config.json      resolved config          env.json       where it ran
+    metrics.jsonl    one JSON record per log  results.json   figures at the selected epoch
+    checkpoints/     last.json → step-N.{safetensors,state.pt}; best.safetensors
+
+``resume=True`` continues exactly: the data of an epoch and its order are functions of
+(seed, epoch), and the checkpoint carries the optimiser, the RNG states and the position
+inside the epoch. Under ``torchrun`` each process takes a strided shard of every global
+batch and DistributedDataParallel averages the gradients.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..tasks.nsp import VOCAB_SIZE, sequence_metrics
+from . import checkpoint as ck
+from .config import ConfigError, RunConfig, config_from_dict, config_to_dict, flatten
+from .data import batch_indices, epoch_order, eval_splits, train_epoch_data
+from .env import DistInfo, cleanup_distributed, resolve_device, run_env, setup_distributed
+
+__all__ = ["train", "build_model", "evaluate", "lr_factor", "RunExistsError"]
+
+
+class RunExistsError(ConfigError):
+    """The run directory already holds a run and ``resume`` was not asked for."""
+
+
+def build_model(cfg: RunConfig) -> torch.nn.Module:
+    """The :class:`~memnets.models.seq.SequenceTaskModel` described by ``cfg.model``."""
+    from ..models.seq import SequenceTaskModel
+
+    return SequenceTaskModel(cfg.model.backbone, vocab_size=VOCAB_SIZE, d_model=cfg.model.d_model,
+                             **cfg.model.options)
+
+
+def lr_factor(cfg: RunConfig, epoch: int, step: int, total_steps: int) -> float:
+    """Multiplier of ``optim.lr`` at global ``step`` (0-based) in ``epoch`` (0-based)."""
+    s = cfg.schedule
+    if s.kind == "exp":
+        f = s.gamma ** epoch
+    elif s.kind == "cosine":
+        f = 0.5 * (1.0 + math.cos(math.pi * min(step / max(total_steps, 1), 1.0)))
+    else:
+        f = 1.0
+    if s.warmup_steps and step < s.warmup_steps:
+        f *= (step + 1) / s.warmup_steps
+    return f
+
+
+def _autocast(cfg: RunConfig, device: torch.device):
+    use = cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda")
+    if use and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _all_reduce(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.enabled:
+        import torch.distributed as dist
+
+        dist.all_reduce(t)
+    return t
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batch, *, batch_size: int = 256, device: torch.device | str = "cpu",
+             info: DistInfo = DistInfo(), autocast=contextlib.nullcontext) -> dict[str, float]:
+    """Sequence / token / answer-slot accuracy of ``model`` on ``batch`` (an ``NSPBatch``).
+
+    Returns ``{"seq_acc", "tok_acc", "ans_acc"}`` in [0, 1] and ``"n"`` (samples). Under DDP
+    every process scores a strided shard and the counts are summed.
+    """
+    was = model.training
+    model.eval()
+    idx = torch.arange(batch.inputs.shape[0])[info.rank::info.world]
+    keys = ("seq_correct", "tok_correct", "tok_total", "ans_correct", "ans_total", "n")
+    tot = torch.zeros(len(keys), dtype=torch.float64)
+    for i in range(0, idx.numel(), batch_size):
+        j = idx[i:i + batch_size]
+        x, y = batch.inputs[j].to(device), batch.targets[j].to(device)
+        with autocast():
+            logits = model(x)
+        m = sequence_metrics(logits.float(), x, y)
+        tot += torch.tensor([float(m[k]) for k in keys], dtype=torch.float64)
+    tot = _all_reduce(tot.to(device), info).cpu()
+    c = dict(zip(keys, tot.tolist()))
+    model.train(was)
+    return {"seq_acc": c["seq_correct"] / max(c["n"], 1), "tok_acc": c["tok_correct"] / max(c["tok_total"], 1),
+            "ans_acc": c["ans_correct"] / max(c["ans_total"], 1), "n": int(c["n"])}
+
+
+class _Metrics:
+    """Append-only ``metrics.jsonl`` (main process only), truncatable to a checkpoint's length."""
+
+    def __init__(self, path: Path, enabled: bool, keep_lines: int | None) -> None:
+        self.path, self.enabled, self.lines = path, enabled, 0
+        if not enabled:
+            return
+        old = path.read_text().splitlines() if path.exists() else []
+        if keep_lines is not None:
+            old = old[:keep_lines]
+        else:
+            old = []
+        ck.atomic_write_text(path, "".join(line + "\n" for line in old))
+        self.lines = len(old)
+        self.records = [json.loads(line) for line in old]
+        self._f = open(path, "a")
+
+    def write(self, rec: dict) -> None:
+        if self.enabled:
+            self._f.write(json.dumps(rec) + "\n")
+            self._f.flush()
+            self.records.append(rec)
+            self.lines += 1
+
+    def close(self) -> None:
+        if self.enabled:
+            self._f.close()
+
+
+def _progress(total: int, initial: int, desc: str, disable: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, disable=disable, leave=False, dynamic_ncols=True)
+
+
+def train(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False, quiet: bool = False,
+          on_epoch: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Train ``cfg`` into ``run_dir`` (default ``runs/<cfg.name>``); return the ``results.json`` dict.
+
+    Raises :class:`RunExistsError` when ``run_dir`` already holds a run and ``resume`` is
+    false, ConfigError when resuming with a different config, and
+    :class:`~memnets.train.checkpoint.RunLockedError` when another process holds the directory.
+    """
+    run_dir = Path(run_dir or Path("runs") / cfg.name)
+    info = setup_distributed()
+    lock = ck.RunLock(run_dir) if info.is_main else None
+    try:
+        if lock:
+            lock.acquire()
+        return _train(cfg, run_dir, info, resume=resume, quiet=quiet, on_epoch=on_epoch)
+    finally:
+        if lock:
+            lock.release()
+        cleanup_distributed(info)
+
+
+def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
+    """Validate the directory; return whether there is a checkpoint to resume from."""
+    cfg_file = run_dir / "config.json"
+    existing = ck.has_checkpoint(run_dir / "checkpoints") or (run_dir / "metrics.jsonl").exists()
+    if existing and not resume:
+        raise RunExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
+    if resume and cfg_file.exists():
+        old = flatten(config_to_dict(config_from_dict(json.loads(cfg_file.read_text()))))
+        new = flatten(config_to_dict(cfg))
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        if diff:
+            raise ConfigError(f"cannot resume {run_dir}: config differs in {', '.join(diff)}")
+    return resume and ck.has_checkpoint(run_dir / "checkpoints")
+
+
+def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> dict[str, Any]:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device, info)
+    has_ckpt = _check_run_dir(cfg, run_dir, resume) if info.is_main else False
+    if info.enabled:
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(has_ckpt)])
+        dist.broadcast(flag, 0)
+        has_ckpt = bool(flag.item())
+    torch.manual_seed(cfg.seed)  # identical initial weights in every process
+    model = build_model(cfg).to(device)
+    from ..registry import count_parameters
+
+    n_params = count_parameters(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
+                            weight_decay=cfg.optim.weight_decay)
+    meta = {"model_config": json.dumps(config_to_dict(cfg.model)), "task": cfg.task.name}
+    step = epoch = batch0 = 0
+    wall_before = 0.0
+    best: dict[str, Any] = {"score": -1.0, "epoch": None, "splits": None}
+    keep_lines = None
+    if has_ckpt:
+        st = ck.load_checkpoint(run_dir / "checkpoints", model)
+        opt.load_state_dict(st["optimizer"])
+        torch.set_rng_state(st["rng_cpu"])
+        if torch.cuda.is_available() and st.get("rng_cuda") is not None and device.type == "cuda":
+            torch.cuda.set_rng_state(st["rng_cuda"], device)
+        step, epoch, batch0 = int(st["step"]), int(st["epoch"]), int(st["batch"])
+        wall_before, best, keep_lines = float(st["wall_s"]), json.loads(st["best"]), int(st["metrics_lines"])
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ck.atomic_write_text(run_dir / "config.json", json.dumps(config_to_dict(cfg), indent=2))
+        env = run_env(device, info.world)
+        env.update(params=n_params, resumed_from_step=step if has_ckpt else None)
+        ck.atomic_write_text(run_dir / "env.json", json.dumps(env, indent=2))
+    metrics = _Metrics(run_dir / "metrics.jsonl", info.is_main, keep_lines)
+    tb = None
+    if cfg.tensorboard and info.is_main:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            tb = SummaryWriter(str(run_dir / "tb"))
+        except ImportError:
+            print("tensorboard is not installed; skipping TensorBoard logs", file=sys.stderr)
+    net = model
+    if info.enabled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    splits = eval_splits(cfg)
+    nb = cfg.task.train_size // cfg.batch_size
+    total = nb * cfg.epochs
+    autocast = lambda: _autocast(cfg, device)  # noqa: E731
+    bar_off = quiet or not info.is_main or not sys.stderr.isatty()
+    t_start = time.perf_counter()
+
+    def wall() -> float:
+        return wall_before + time.perf_counter() - t_start
+
+    def save(ep: int, b: int) -> None:
+        if info.is_main:
+            state = {"step": step, "epoch": ep, "batch": b, "optimizer": opt.state_dict(),
+                     "rng_cpu": torch.get_rng_state(),
+                     "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                     "best": json.dumps(best), "metrics_lines": metrics.lines, "wall_s": wall()}
+            ck.save_checkpoint(run_dir / "checkpoints", step, model, state, meta)
+
+    model.train()
+    while epoch < cfg.epochs:
+        data, order = train_epoch_data(cfg, epoch), epoch_order(cfg, epoch)
+        bar = _progress(nb, batch0, f"epoch {epoch + 1}/{cfg.epochs}", bar_off)
+        acc_loss = acc_tok = 0.0
+        acc_n = 0
+        t_log = time.perf_counter()
+        for b in range(batch0, nb):
+            idx = batch_indices(order, b, cfg.batch_size, info.rank, info.world)
+            x, y = data.inputs[idx].to(device), data.targets[idx].to(device)
+            lr = cfg.optim.lr * lr_factor(cfg, epoch, step, total)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            with autocast():
+                logits = net(x)
+            loss = F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), y.reshape(-1))  # [B*W, V]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.optim.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+            opt.step()
+            step += 1
+            acc_loss += float(loss.detach())
+            acc_tok += float((logits.detach().argmax(-1) == y).float().mean())
+            acc_n += 1
+            if step % cfg.log_every == 0 or b == nb - 1:
+                stats = _all_reduce(torch.tensor([acc_loss, acc_tok], dtype=torch.float64, device=device), info)
+                stats = (stats.cpu() / (acc_n * info.world)).tolist()
+                sps = acc_n * cfg.batch_size / max(time.perf_counter() - t_log, 1e-9)
+                rec = {"kind": "train", "epoch": epoch, "step": step, "loss": stats[0], "tok_acc": stats[1],
+                       "lr": lr, "samples_per_s": sps}
+                metrics.write(rec)
+                if tb:
+                    tb.add_scalar("train/loss", stats[0], step)
+                bar.set_postfix(loss=f"{stats[0]:.4f}", acc=f"{stats[1]:.3f}", sps=f"{sps:.0f}")
+                acc_loss = acc_tok = 0.0
+                acc_n = 0
+                t_log = time.perf_counter()
+            bar.update(1)
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and b < nb - 1:
+                save(epoch, b + 1)
+        bar.close()
+        batch0 = 0
+        epoch += 1
+        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+            res = {name: evaluate(model, s, batch_size=max(cfg.batch_size, 256), device=device, info=info,
+                                  autocast=autocast) for name, s in splits.items()}
+            rec = {"kind": "eval", "epoch": epoch, "step": step, "splits": res, "wall_s": wall()}
+            metrics.write(rec)
+            score = res[cfg.select_split]["seq_acc"]
+            if score > best["score"]:
+                best = {"score": score, "epoch": epoch, "splits": res}
+                if info.is_main:
+                    ck.save_weights(run_dir / "checkpoints" / "best.safetensors", model, meta)
+            if tb:
+                for name, m in res.items():
+                    tb.add_scalar(f"{name}/seq_acc", m["seq_acc"], epoch)
+            if info.is_main and not quiet:
+                parts = " ".join(f"{n} {m['seq_acc']:.3f}" for n, m in res.items())
+                print(f"[{cfg.name}] epoch {epoch}/{cfg.epochs} step {step} seq_acc: {parts} "
+                      f"({wall():.0f}s)", file=sys.stderr, flush=True)
+            if on_epoch:
+                on_epoch(rec)
+        save(epoch, 0)
+        if cfg.time_limit_min and wall() > 60 * cfg.time_limit_min and epoch < cfg.epochs:
+            if info.is_main and not quiet:
+                print(f"[{cfg.name}] stopping after epoch {epoch}: time limit {cfg.time_limit_min} min",
+                      file=sys.stderr, flush=True)
+            break
+    metrics.close()
+    if tb:
+        tb.close()
+    last = next((r["splits"] for r in reversed(metrics.records) if r["kind"] == "eval"), None) \
+        if info.is_main else None
+    results = {"name": cfg.name, "task": cfg.task.name, "backbone": cfg.model.backbone, "params": n_params,
+               "select_split": cfg.select_split, "best_epoch": best["epoch"], "splits": best["splits"],
+               "final": last, "epochs": epoch, "steps": step, "wall_s": wall(), "world_size": info.world}
+    if info.is_main:
+        ck.atomic_write_text(run_dir / "results.json", json.dumps(results, indent=2))
+    return results
