@@ -1,0 +1,198 @@
+"""TransformerEncoder, UniversalTransformer (ACT) and LSTMAttentionBaseline."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import memnets
+from memnets.models.lstm_baseline import LSTMAttentionBaseline
+from memnets.models.transformer import TransformerEncoder, UniversalTransformer, sinusoidal_embedding
+
+D, H = 16, 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: intra-op threads only add contention on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _copy_into_torch_layer(ours, ref):
+    with torch.no_grad():
+        ref.self_attn.in_proj_weight.copy_(ours.attn.qkv.weight)
+        ref.self_attn.in_proj_bias.copy_(ours.attn.qkv.bias)
+        ref.self_attn.out_proj.weight.copy_(ours.attn.out.weight)
+        ref.self_attn.out_proj.bias.copy_(ours.attn.out.bias)
+        for a, b in ((ours.ff[0], ref.linear1), (ours.ff[3], ref.linear2), (ours.norm1, ref.norm1),
+                     (ours.norm2, ref.norm2)):
+            b.weight.copy_(a.weight)
+            b.bias.copy_(a.bias)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_softmax_encoder_matches_torch(norm_first, causal):
+    torch.manual_seed(0)
+    ours = TransformerEncoder(D, 2, H, dim_feedforward=24, norm_first=norm_first, causal=causal).double()
+    layer = nn.TransformerEncoderLayer(D, H, 24, dropout=0.0, batch_first=True, norm_first=norm_first)
+    ref = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(D) if norm_first else None,
+                                enable_nested_tensor=False).double()
+    for a, b in zip(ours.layers, ref.layers):
+        _copy_into_torch_layer(a, b)
+    x = torch.randn(2, 7, D, dtype=torch.float64)
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    causal_mask = nn.Transformer.generate_square_subsequent_mask(7, dtype=torch.float64) if causal else None
+    want = ref(x, mask=causal_mask, src_key_padding_mask=~mask, is_causal=causal)
+    got = ours(x, mask)
+    torch.testing.assert_close(got[mask], want[mask])
+
+
+@pytest.mark.parametrize("attention", ["softmax", "nam", "linear", "delta"])
+def test_causal_encoder_does_not_see_future(attention):
+    torch.manual_seed(1)
+    enc = TransformerEncoder(D, 2, H, attention=attention, causal=True, max_len=12).double()
+    x = torch.randn(2, 9, D, dtype=torch.float64)
+    x2 = x.clone()
+    x2[:, 5:] += 1.0
+    y, y2 = enc(x), enc(x2)
+    torch.testing.assert_close(y2[:, :5], y[:, :5], rtol=0, atol=1e-12)
+    assert (y2[:, 5:] - y[:, 5:]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("attention", ["softmax", "nam", "linear"])
+def test_positions(attention):
+    torch.manual_seed(2)
+    x = torch.randn(1, 6, D, dtype=torch.float64)
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    plain = TransformerEncoder(D, 1, H, attention=attention).double()  # no positions: equivariant
+    torch.testing.assert_close(plain(x[:, perm]), plain(x)[:, perm])
+    learned = TransformerEncoder(D, 1, H, attention=attention, max_len=6).double()
+    assert (learned(x[:, perm]) - learned(x)[:, perm]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="max_len"):
+        learned(torch.randn(1, 7, D, dtype=torch.float64))
+
+
+def test_universal_transformer_is_shared_layer_loop():
+    torch.manual_seed(3)
+    ut = UniversalTransformer(D, H, num_steps=3, max_len=8).double()
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    pos = ut.positions.table.weight[:5]
+    steps = sinusoidal_embedding(3, D, dtype=torch.float64)
+    s = x
+    for n in range(3):
+        s = ut.layer(s + pos + steps[n])
+    torch.testing.assert_close(ut(x), ut.norm(s))
+    assert ut.ponder_cost is None
+    assert sum(p.numel() for p in ut.parameters()) == memnets.count_parameters(ut)
+
+
+def test_act_hand_cases():
+    torch.manual_seed(4)
+    ut = UniversalTransformer(D, H, num_steps=4, act=True).double()
+    plain = UniversalTransformer(D, H, num_steps=4).double()
+    plain.load_state_dict({k: v for k, v in ut.state_dict().items() if not k.startswith("halting")})
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    with torch.no_grad():
+        ut.halting.weight.zero_()
+        ut.halting.bias.fill_(-60.0)  # p ≈ 0: never halts early, the last step gets R ≈ 1
+    torch.testing.assert_close(ut(x), plain(x))
+    torch.testing.assert_close(ut.ponder_times, torch.full((2, 5), 5.0, dtype=torch.float64))
+    with torch.no_grad():
+        ut.halting.bias.fill_(60.0)  # p ≈ 1 > threshold: halts after one step with R = 1
+    one = UniversalTransformer(D, H, num_steps=1).double()
+    one.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(ut(x), one(x))
+    torch.testing.assert_close(ut.ponder_cost, torch.tensor(2.0, dtype=torch.float64))
+
+
+def test_act_weights_sum_to_one_and_ponder_is_differentiable():
+    torch.manual_seed(5)
+    ut = UniversalTransformer(D, H, num_steps=6, act=True, act_threshold=0.9, norm_first=False).double()
+    with torch.no_grad():
+        ut.halting.bias.fill_(-1.0)
+    # replace the layer by a constant map: output = Σ_n w_n · c, so Σ w_n = 1 shows directly
+    c = torch.randn(D, dtype=torch.float64)
+    ut.layer.forward = lambda x, mask=None: c.expand_as(x)
+    x = torch.randn(3, 4, D, dtype=torch.float64)
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    mask[2, 2:] = False
+    y = ut(x, mask)
+    torch.testing.assert_close(y, c.expand_as(y))
+    n = ut.ponder_times.floor()
+    assert ((n >= 1) & (n <= 6)).all() and (ut.ponder_times > n).all()  # N ≥ 1 and 0 < R ≤ 1
+    ut.ponder_cost.backward()
+    assert ut.halting.bias.grad.abs() > 0
+
+
+def test_lstm_baseline_packing_and_mask():
+    torch.manual_seed(6)
+    m = LSTMAttentionBaseline(D, num_layers=3).double()
+    assert m.encoder.num_layers == 1 and m.decoder.num_layers == 2
+    x = torch.randn(2, 7, D, dtype=torch.float64)
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[1, 4:] = False
+    y = m(x, mask)
+    torch.testing.assert_close(y[1, :4], m(x[1:, :4])[0])  # padding changes nothing
+    assert torch.equal(y[1, 4:], torch.zeros_like(y[1, 4:]))
+    torch.testing.assert_close(y[0], m(x[:1])[0])
+    with pytest.raises(ValueError, match="right-padding"):
+        m(x, torch.tensor([[True] * 7, [False] + [True] * 6]))
+    with pytest.raises(ValueError, match="even"):
+        LSTMAttentionBaseline(15)
+
+
+def test_bad_inputs_raise():
+    with pytest.raises(ValueError, match="causal only"):
+        TransformerEncoder(D, 1, H, attention="delta")
+    with pytest.raises(ValueError, match="`attention` expected"):
+        UniversalTransformer(D, H, attention="local")
+    with pytest.raises(ValueError, match="activation"):
+        TransformerEncoder(D, 1, H, activation="swish")
+    enc = TransformerEncoder(D, 1, H)
+    with pytest.raises(ValueError, match="`x` expected"):
+        enc(torch.randn(2, 5, D + 2))
+    with pytest.raises(ValueError, match="`mask` expected"):
+        enc(torch.randn(2, 5, D), torch.ones(2, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match="`x` expected"):
+        LSTMAttentionBaseline(D)(torch.randn(5, D))
+
+
+MODELS = [
+    ("transformer", dict(d_model=D, num_layers=2, num_heads=H, max_len=10)),
+    ("transformer", dict(d_model=D, num_layers=2, num_heads=H, attention="nam", norm_first=True)),
+    ("transformer", dict(d_model=D, num_layers=1, num_heads=H, attention="linear")),
+    ("transformer", dict(d_model=D, num_layers=1, num_heads=H, attention="delta", causal=True)),
+    ("universal_transformer", dict(d_model=D, num_heads=H, num_steps=3)),
+    ("universal_transformer", dict(d_model=D, num_heads=H, num_steps=3, act=True, attention="nam")),
+    ("lstm_attention", dict(d_model=D)),
+]
+
+
+@pytest.mark.parametrize("name,kw", MODELS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(MODELS)])
+def test_trains_on_tiny_task(name, kw):
+    """Target at every position: the mean of the (visible) inputs' first 4 channels."""
+    torch.manual_seed(0)
+    model = memnets.build_model(name, **kw)
+    head = nn.Linear(D, 4)
+    opt = torch.optim.Adam([*model.parameters(), *head.parameters()], lr=1e-2)
+    causal = kw.get("causal", False)
+    x = torch.randn(16, 10, D)
+    if causal:
+        target = x[..., :4].cumsum(1) / torch.arange(1, 11).view(1, 10, 1)
+    else:
+        target = x[..., :4].mean(1, keepdim=True).expand(16, 10, 4)
+    losses = []
+    for _ in range(60):
+        loss = (head(model(x)) - 3 * target).pow(2).mean()
+        if getattr(model, "ponder_cost", None) is not None:
+            loss = loss + 1e-3 * model.ponder_cost
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.3 * losses[0], losses
