@@ -6,7 +6,9 @@ modules that define models lazily, so ``available_models()`` lists everything sh
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -37,10 +39,46 @@ def register_model(name: str) -> Callable:
         key = name.lower()
         if key in _REGISTRY and _REGISTRY[key] is not obj:
             raise ValueError(f"model name {name!r} is already registered to {_REGISTRY[key]!r}")
+        if inspect.isclass(obj) and issubclass(obj, torch.nn.Module):
+            _capture_config(obj, key)
         _REGISTRY[key] = obj
         return obj
 
     return deco
+
+
+def _capture_config(cls: type, key: str) -> None:
+    """Record the constructor arguments of ``cls`` instances (for ``save_pretrained``) and
+    give the class ``save_pretrained`` / ``from_pretrained`` unless it defines its own."""
+    init = cls.__init__
+    sig = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if type(self) is cls:
+            bound = sig.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            arguments = dict(bound.arguments)
+            arguments.pop(next(iter(sig.parameters)))  # self
+            for pname, param in sig.parameters.items():  # flatten **kwargs
+                if param.kind is inspect.Parameter.VAR_KEYWORD and pname in arguments:
+                    arguments.update(arguments.pop(pname))
+            object.__setattr__(self, "_memnets_config", (key, arguments))
+
+    cls.__init__ = __init__
+    if "save_pretrained" not in cls.__dict__:
+        def save_pretrained(self, directory):
+            """Write ``config.json`` + ``model.safetensors`` (see :mod:`memnets.pretrained`)."""
+            from .pretrained import save_pretrained as _save
+            return _save(self, directory)
+        cls.save_pretrained = save_pretrained
+    if "from_pretrained" not in cls.__dict__:
+        def from_pretrained(klass, directory, map_location="cpu"):
+            """Load a model saved by ``save_pretrained`` (safetensors, no pickle)."""
+            from .pretrained import load_pretrained
+            return load_pretrained(directory, map_location=map_location, expected=klass)
+        cls.from_pretrained = classmethod(from_pretrained)
 
 
 def _load_all() -> None:

@@ -308,7 +308,12 @@ def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> di
             if on_epoch:
                 on_epoch(rec)
         save(epoch, 0)
-        if cfg.time_limit_min and wall() > 60 * cfg.time_limit_min and epoch < cfg.epochs:
+        stop = torch.tensor([int(bool(cfg.time_limit_min) and wall() > 60 * cfg.time_limit_min)])
+        if info.enabled:
+            import torch.distributed as dist
+
+            dist.broadcast(stop, 0)  # every process stops at the same epoch
+        if stop.item() and epoch < cfg.epochs:
             if info.is_main and not quiet:
                 print(f"[{cfg.name}] stopping after epoch {epoch}: time limit {cfg.time_limit_min} min",
                       file=sys.stderr, flush=True)

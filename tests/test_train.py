@@ -1,0 +1,146 @@
+"""Run configs, presets, overrides and a tiny end-to-end training run (SPEC §12)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from memnets.train import (ConfigError, ModelConfig, OptimConfig, RunConfig, RunExistsError, TaskConfig,
+                           apply_overrides, config_from_dict, config_to_dict, list_presets, load_config,
+                           lr_factor, train)
+from memnets.train import checkpoint as ck
+from memnets.train.data import batch_indices, epoch_order, eval_splits, train_epoch_data
+
+
+def tiny_config(**kw) -> RunConfig:
+    base = dict(name="tiny", epochs=2, batch_size=16, log_every=2, threads=1,
+                model=ModelConfig("lstm", 16, {"num_layers": 1}),
+                task=TaskConfig(name="reduce", train_digits=(1, 4), train_size=64, eval_size=32,
+                                splits={"id": (2, 4), "od_easy": (5, 6), "od_hard": (7, 8)}),
+                optim=OptimConfig(lr=3e-3))
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_defaults_are_the_papers():
+    cfg = RunConfig()
+    assert cfg.optim.lr == 1e-4 and cfg.optim.weight_decay == 5e-5 and cfg.optim.grad_clip == 0.5
+    assert cfg.schedule.kind == "exp" and cfg.schedule.gamma == 0.98 and cfg.batch_size == 128
+    assert cfg.task.train_size == 25600 and cfg.task.eval_size == 2048 and cfg.select_split == "od_easy"
+    assert cfg.task.splits == {"id": (5, 10), "od_easy": (11, 13), "od_hard": (14, 16)}
+
+
+def test_overrides_are_typed():
+    cfg = apply_overrides(RunConfig(), ["optim.lr=3e-4", "epochs=7", "task.splits.id=[2, 3]",
+                                        "model.options.num_heads=2", "model.backbone=lstm", "tensorboard=true"])
+    assert cfg.optim.lr == 3e-4 and cfg.epochs == 7 and cfg.task.splits["id"] == (2, 3)
+    assert cfg.model.options == {"num_heads": 2} and cfg.model.backbone == "lstm" and cfg.tensorboard is True
+    assert isinstance(apply_overrides(RunConfig(), ["optim.lr=1"]).optim.lr, float)  # int accepted as float
+    with pytest.raises(ConfigError, match="expected an integer"):
+        apply_overrides(RunConfig(), ["epochs=2.5"])
+    with pytest.raises(ConfigError, match="expected a number"):
+        apply_overrides(RunConfig(), ["optim.lr=fast"])
+    with pytest.raises(ConfigError, match="expected one of"):
+        apply_overrides(RunConfig(), ["schedule.kind=linear"])
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_overrides(RunConfig(), ["epochs"])
+
+
+@pytest.mark.parametrize("key,suggest", [("optim.lrr", "optim.lr"), ("epoch", "epochs"),
+                                         ("task.trainsize", "task.train_size"), ("optimm.lr", "optim.lr")])
+def test_unknown_key_suggests(key, suggest):
+    with pytest.raises(ConfigError, match=f"did you mean `{suggest}`"):
+        apply_overrides(RunConfig(), [f"{key}=1"])
+
+
+def test_presets_load_and_roundtrip(tmp_path):
+    names = list_presets()
+    for required in ("cpu/reduce-nam_tm", "cpu/reduce-transformer", "paper/fib-nam_tm", "demo/reduce-nam_tm"):
+        assert required in names
+    for n in names:
+        cfg = load_config(n)
+        assert cfg.description and config_from_dict(config_to_dict(cfg)) == cfg
+    nojmp = load_config("paper/palindrome-nam_tm_nojmp")
+    assert nojmp.model.backbone == "nam_tm_nojmp" and nojmp.epochs == 200
+    f = tmp_path / "mine.toml"
+    f.write_text('epochs = 3\n[model]\nbackbone = "lstm"\n')
+    cfg = load_config(str(f), ["seed=5"])
+    assert cfg.name == "mine" and cfg.epochs == 3 and cfg.seed == 5
+    with pytest.raises(ConfigError, match="did you mean"):
+        load_config("cpu/reduce-nam_tmm")
+    f.write_text("epochz = 3\n")
+    with pytest.raises(ConfigError, match="did you mean `epochs`"):
+        load_config(str(f))
+
+
+def test_lr_schedule():
+    cfg = RunConfig()
+    assert lr_factor(cfg, 0, 0, 100) == 1.0 and math.isclose(lr_factor(cfg, 3, 50, 100), 0.98 ** 3)
+    cos = apply_overrides(cfg, ["schedule.kind=cosine", "schedule.warmup_steps=10"])
+    assert math.isclose(lr_factor(cos, 0, 0, 100), 0.1) and lr_factor(cos, 0, 100, 100) < 1e-12
+
+
+def test_data_streams_are_deterministic_and_sharded():
+    cfg = tiny_config()
+    assert torch.equal(train_epoch_data(cfg, 1).inputs, train_epoch_data(cfg, 1).inputs)
+    assert not torch.equal(train_epoch_data(cfg, 0).inputs, train_epoch_data(cfg, 1).inputs)
+    order = epoch_order(cfg, 0)
+    assert sorted(order.tolist()) == list(range(64))
+    shards = [batch_indices(order, 1, 16, r, 2) for r in range(2)]
+    assert sorted(torch.cat(shards).tolist()) == sorted(order[16:32].tolist())
+    a, b = eval_splits(cfg), eval_splits(tiny_config(seed=9))
+    assert torch.equal(a["od_hard"].inputs, b["od_hard"].inputs)  # eval data independent of the seed
+
+
+def test_tiny_run_writes_every_file(tmp_path):
+    run = tmp_path / "run"
+    res = train(tiny_config(checkpoint_every=3), run, quiet=True)
+    for f in ("config.json", "env.json", "metrics.jsonl", "results.json", "checkpoints/last.json",
+              "checkpoints/best.safetensors"):
+        assert (run / f).is_file(), f
+    assert not (run / "lock").exists()
+    env = json.loads((run / "env.json").read_text())
+    assert env["torch"] == torch.__version__ and env["device"] == "cpu" and "nam_scan_impl" in env
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in recs if r["kind"] == "eval"] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in recs if r["kind"] == "train")
+    assert res["steps"] == 8 and set(res["splits"]) == {"id", "od_easy", "od_hard"}
+    assert 0.0 <= res["splits"]["id"]["tok_acc"] <= 1.0 and res["params"] > 0
+    assert config_from_dict(json.loads((run / "config.json").read_text())) == tiny_config(checkpoint_every=3)
+    ptr = json.loads((run / "checkpoints/last.json").read_text())
+    assert ptr["step"] == 8 and (run / "checkpoints" / ptr["weights"]).is_file()
+    assert len(list((run / "checkpoints").glob("step-*"))) == 2  # older checkpoints pruned
+    # a second run into the same directory is refused unless resuming
+    with pytest.raises(RunExistsError):
+        train(tiny_config(), run, quiet=True)
+    with pytest.raises(ConfigError, match="config differs in epochs"):
+        train(tiny_config(checkpoint_every=3, epochs=3), run, resume=True, quiet=True)
+
+
+def test_loss_decreases(tmp_path):
+    cfg = tiny_config(epochs=3, task=TaskConfig(name="palindrome", train_digits=(1, 3), train_size=128,
+                                                eval_size=16, splits={"id": (1, 3), "od_easy": (4, 4)}),
+                      optim=OptimConfig(lr=1e-2))
+    train(cfg, tmp_path / "r", quiet=True)
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "r/metrics.jsonl").read_text().splitlines()
+              if '"train"' in x]
+    assert losses[-1] < 0.8 * losses[0]
+
+
+def test_lock_refuses_a_second_live_owner(tmp_path):
+    with ck.RunLock(tmp_path):
+        with pytest.raises(ck.RunLockedError, match="in use"):
+            ck.RunLock(tmp_path).acquire()  # this live process already owns it
+    (tmp_path / "lock").write_text("999999999")  # a dead owner: taken over
+    with ck.RunLock(tmp_path) as lock:
+        assert lock.path.read_text() == str(__import__("os").getpid())
+    assert not (tmp_path / "lock").exists()
+
+
+def test_atomic_write_leaves_no_temp_files(tmp_path):
+    ck.atomic_write_text(tmp_path / "a.json", "1")
+    ck.atomic_write_text(tmp_path / "a.json", "2")
+    assert (tmp_path / "a.json").read_text() == "2"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
