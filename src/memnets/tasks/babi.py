@@ -311,14 +311,15 @@ def vectorize(examples: Sequence[BabiExample], vocab: Vocabulary, memory_size: i
     W = longest if sentence_size is None else sentence_size
     if longest > W:
         raise ValueError(f"`sentence_size` expected >= {longest} (the longest sentence), got {W}")
-    N = len(examples)
-    stories = torch.zeros(N, memory_size, W, dtype=torch.long)
-    queries = torch.zeros(N, W, dtype=torch.long)
-    for n, ex in enumerate(examples):
+    pad_sent = [0] * W
+    rows, qrows = [], []
+    for ex in examples:
         recent = ex.story[::-1][:memory_size]  # most recent first
-        for m, sent in enumerate(recent):
-            stories[n, m, : len(sent)] = torch.tensor(vocab.encode(sent), dtype=torch.long)
-        queries[n, : len(ex.question)] = torch.tensor(vocab.encode(ex.question), dtype=torch.long)
+        sents = [vocab.encode(s) + [0] * (W - len(s)) for s in recent]
+        rows.append(sents + [pad_sent] * (memory_size - len(sents)))
+        qrows.append(vocab.encode(ex.question) + [0] * (W - len(ex.question)))
+    stories = torch.tensor(rows, dtype=torch.long).reshape(len(examples), memory_size, W)  # [N, M, W]
+    queries = torch.tensor(qrows, dtype=torch.long).reshape(len(examples), W)  # [N, W]
     answers = torch.tensor([vocab.stoi[ex.answer] for ex in examples], dtype=torch.long)
     tasks = torch.tensor([ex.task for ex in examples], dtype=torch.long)
     return BabiTensors(stories, queries, answers, tasks)

@@ -1,0 +1,245 @@
+"""Train End-to-End Memory Networks on bAbI 1k (SPEC §9, §11) and write a test-error table.
+
+    python -m memnets.experiments.babi_memn2n --tasks 1 --out runs/memn2n_t1
+    python -m memnets.experiments.babi_memn2n --tasks all --joint --out runs/memn2n_joint
+
+Recipe of Sukhbaatar et al. 2015 (§4.2): 3 hops, adjacent tying, PE, TE, RN (10% empty
+memories), linear start (LS, softmax re-inserted when the validation loss stops falling),
+SGD with learning rate 0.01 (0.005 during LS) halved every 25 epochs (per task, 100
+epochs) or every 15 epochs (joint, 60 epochs), gradient-norm clipping 40, batch 32,
+embedding 20 (per task) / 50 (joint), weights from N(0, 0.1), 10% of train held out for
+validation. The loss is summed over the batch, which is what the paper's learning rate
+refers to. ``--optimizer adam`` swaps in Adam (mean loss, lr 0.01) as an option. Several
+``--runs`` keep, per task, the run with the lowest validation error (the paper: best of 10).
+
+Writes ``results.json`` and ``results.md`` to ``--out`` (per-task test error beside the
+published figure; a published per-task value not given in the sources is left blank).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from memnets.memories.memn2n import MemN2N
+from memnets.tasks import babi
+
+__all__ = ["TrainConfig", "train_memn2n", "evaluate", "run", "main", "PUBLISHED_MEAN_ERROR"]
+
+# Mean test error (%) of MemN2N PE LS RN, 3 hops, bAbI 1k (Sukhbaatar et al. 2015, Table 1).
+# Per-task values are not given in the sources shipped with the project, so they stay blank.
+PUBLISHED_MEAN_ERROR = {"joint": 12.4}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of one MemN2N training run (defaults: the paper's per-task recipe)."""
+
+    embedding_dim: int = 20
+    hops: int = 3
+    memory_size: int = 50
+    epochs: int = 100
+    anneal_every: int = 25
+    lr: float = 0.01
+    ls_lr: float = 0.005
+    linear_start: bool = True
+    ls_max_epochs: int = 20
+    random_noise: float = 0.1
+    max_grad_norm: float = 40.0
+    batch_size: int = 32
+    optimizer: str = "sgd"
+    seed: int = 0
+
+
+def _trim(stories: torch.Tensor, queries: torch.Tensor, slack: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop trailing padding slots / words shared by the whole batch (the output is unchanged:
+    padding is masked); ``slack`` keeps that fraction of extra empty slots for random noise."""
+    n_mem = int((stories != 0).any(-1).sum(-1).max())
+    n_mem = min(stories.shape[1], n_mem + (math.ceil(slack * n_mem) + 1 if slack > 0 else 0))
+    n_words = max(int((stories != 0).sum(-1).max()), int((queries != 0).sum(-1).max()), 1)
+    return stories[:, :max(n_mem, 1), :n_words], queries[:, :n_words]
+
+
+def _batches(data: babi.BabiTensors, batch_size: int, gen: torch.Generator | None) -> list[torch.Tensor]:
+    """Index batches of examples with similar story lengths (shuffled when ``gen`` is given),
+    so that trimming the padding saves most of the work on mixed-length (joint) data."""
+    N = data.answers.shape[0]
+    order = torch.randperm(N, generator=gen) if gen is not None else torch.arange(N)
+    lengths = (data.stories != 0).any(-1).sum(-1)
+    order = order[torch.sort(lengths[order], stable=True).indices]
+    batches = list(torch.split(order, batch_size))
+    if gen is not None:
+        batches = [batches[i] for i in torch.randperm(len(batches), generator=gen)]
+    return batches
+
+
+def evaluate(model: MemN2N, data: babi.BabiTensors, batch_size: int = 256) -> tuple[float, torch.Tensor]:
+    """``(mean loss, correct [N] bool)`` of ``model`` on ``data`` (eval mode, no grad)."""
+    model.eval()
+    N = data.answers.shape[0]
+    loss_sum, correct = 0.0, torch.zeros(N, dtype=torch.bool)
+    with torch.no_grad():
+        for idx in _batches(data, batch_size, None):
+            logits = model(*_trim(data.stories[idx], data.queries[idx]))
+            y = data.answers[idx]
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            correct[idx] = logits.argmax(-1) == y
+    return loss_sum / max(N, 1), correct
+
+
+def train_memn2n(train: babi.BabiTensors, valid: babi.BabiTensors, vocab_size: int, sentence_size: int,
+                 cfg: TrainConfig, log=print) -> tuple[MemN2N, dict]:
+    """Train one model; returns the state with the best validation accuracy after LS ended
+    (or the whole run if LS is off) and a history dict."""
+    torch.manual_seed(cfg.seed)
+    model = MemN2N(vocab_size, cfg.embedding_dim, cfg.hops, cfg.memory_size, sentence_size=sentence_size,
+                   linear_start=cfg.linear_start, random_noise=cfg.random_noise)
+    adam = cfg.optimizer == "adam"
+    opt = (torch.optim.Adam(model.parameters(), lr=cfg.lr) if adam
+           else torch.optim.SGD(model.parameters(), lr=cfg.ls_lr if cfg.linear_start else cfg.lr))
+    reduction = "mean" if adam else "sum"
+    gen = torch.Generator().manual_seed(cfg.seed)
+    N = train.answers.shape[0]
+    best = (-1.0, math.inf, None)  # (valid acc, valid loss, state)
+    best_ls_loss, ls_epochs, since_softmax = math.inf, 0, 0
+    history = []
+    for epoch in range(1, cfg.epochs + 1):
+        if not model.linear_start:
+            since_softmax += 1
+        base = cfg.lr if not model.linear_start or adam else cfg.ls_lr
+        lr = base * 0.5 ** ((since_softmax - 1) // cfg.anneal_every) if since_softmax else base
+        for g in opt.param_groups:
+            g["lr"] = lr
+        model.train()
+        total = 0.0
+        for idx in _batches(train, cfg.batch_size, gen):
+            logits = model(*_trim(train.stories[idx], train.queries[idx], cfg.random_noise))
+            loss = F.cross_entropy(logits, train.answers[idx], reduction=reduction)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            opt.step()
+            total += loss.item() * (idx.numel() if adam else 1)
+        v_loss, v_correct = evaluate(model, valid)
+        v_acc = float(v_correct.float().mean())
+        history.append({"epoch": epoch, "lr": lr, "train_loss": total / N, "valid_loss": v_loss,
+                        "valid_acc": v_acc, "linear_start": model.linear_start})
+        if model.linear_start:
+            ls_epochs += 1
+            if v_loss < best_ls_loss - 1e-9 and ls_epochs < cfg.ls_max_epochs:
+                best_ls_loss = v_loss
+            else:  # validation loss stopped falling: re-insert the softmax
+                model.linear_start = False
+                log(f"  epoch {epoch}: softmax re-inserted (linear start ended)")
+        elif (v_acc, -v_loss) > (best[0], -best[1]):
+            best = (v_acc, v_loss, {k: v.clone() for k, v in model.state_dict().items()})
+        if epoch % 10 == 0 or epoch == cfg.epochs:
+            log(f"  epoch {epoch:3d} lr {lr:.5f} train {total / N:.4f} valid loss {v_loss:.4f} "
+                f"acc {v_acc:.3f}")
+    if best[2] is not None:
+        model.load_state_dict(best[2])
+    model.linear_start = False
+    return model, {"history": history, "best_valid_acc": best[0], "best_valid_loss": best[1]}
+
+
+def _prepare(tasks: Sequence[int], data_dir, memory_size: int, valid_fraction: float, seed: int):
+    train_ex = babi.load_joint("train", data_dir, tasks=tasks)
+    test_ex = babi.load_joint("test", data_dir, tasks=tasks)
+    vocab = babi.build_vocab(train_ex, test_ex)
+    tr, va = babi.split_validation(train_ex, valid_fraction, seed)
+    longest_story = max(len(ex.story) for ex in train_ex + test_ex)
+    M = min(memory_size, longest_story)
+    W = max([len(s) for ex in train_ex + test_ex for s in ex.story] + [len(ex.question) for ex in train_ex + test_ex])
+    vec = lambda exs: babi.vectorize(exs, vocab, M, W)  # noqa: E731
+    return vocab, vec(tr), vec(va), vec(test_ex), M, W
+
+
+def run(tasks: Sequence[int], joint: bool, cfg: TrainConfig, runs: int = 1, data_dir=None,
+        valid_fraction: float = 0.1, log=print) -> dict:
+    """Train per task (or jointly) and return ``{"tasks": {t: {...}}, "mean_error": ...}``."""
+    groups = [list(tasks)] if joint else [[t] for t in tasks]
+    results: dict = {"config": asdict(cfg), "joint": joint, "runs": runs, "tasks": {}}
+    t0 = time.time()
+    for group in groups:
+        vocab, tr, va, te, M, W = _prepare(group, data_dir, cfg.memory_size, valid_fraction, cfg.seed)
+        c = TrainConfig(**{**asdict(cfg), "memory_size": M})
+        best = None
+        for r in range(runs):
+            log(f"tasks {group if joint else group[0]}: run {r + 1}/{runs}, {tr.answers.shape[0]} train, "
+                f"vocab {len(vocab)}, memory {M}, sentence {W}")
+            model, info = train_memn2n(tr, va, len(vocab), W, TrainConfig(**{**asdict(c), "seed": c.seed + r}), log)
+            # per task validation error decides the run (joint: mean over tasks)
+            _, v_ok = evaluate(model, va)
+            v_err = 1.0 - float(v_ok.float().mean())
+            if best is None or v_err < best[0]:
+                best = (v_err, model)
+        _, ok = evaluate(best[1], te)
+        for t in group:
+            sel = te.tasks == t
+            err = 100.0 * (1.0 - float(ok[sel].float().mean()))
+            results["tasks"][t] = {"name": babi.TASK_NAMES[t], "test_error": round(err, 2),
+                                   "published_error": None}
+            log(f"task {t:2d} {babi.TASK_NAMES[t]:26s} test error {err:6.2f}%")
+    errs = [v["test_error"] for v in results["tasks"].values()]
+    results["mean_error"] = round(sum(errs) / len(errs), 2)
+    results["failed_tasks"] = sum(e > 5.0 for e in errs)
+    results["published_mean_error"] = PUBLISHED_MEAN_ERROR["joint"] if joint and len(errs) == 20 else None
+    results["wall_seconds"] = round(time.time() - t0, 1)
+    return results
+
+
+def markdown_table(results: dict) -> str:
+    """Per-task Markdown table of measured vs published test error (%)."""
+    fmt = lambda v: "" if v is None else f"{v:.1f}"  # noqa: E731
+    mode = "joint" if results["joint"] else "per task"
+    lines = [f"MemN2N PE LS RN, {results['config']['hops']} hops, bAbI 1k, {mode} "
+             f"({results['config']['optimizer']}, best of {results['runs']} run(s))", "",
+             "| task | name | test error % | published % |", "|---:|---|---:|---:|"]
+    for t, v in sorted(results["tasks"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| {t} | {v['name']} | {v['test_error']:.1f} | {fmt(v['published_error'])} |")
+    lines.append(f"| mean | | {results['mean_error']:.1f} | {fmt(results['published_mean_error'])} |")
+    lines.append(f"| failed (> 5%) | | {results['failed_tasks']} | |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m memnets.experiments.babi_memn2n", description=__doc__.split("\n")[0])
+    p.add_argument("--tasks", default="1", help="'all' or comma-separated task numbers (1-20)")
+    p.add_argument("--joint", action="store_true", help="one model trained on all the given tasks")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--epochs", type=int, default=None, help="default 100 per task, 60 joint")
+    p.add_argument("--anneal-every", type=int, default=None, help="default 25 per task, 15 joint")
+    p.add_argument("--embedding-dim", type=int, default=None, help="default 20 per task, 50 joint")
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    p.add_argument("--runs", type=int, default=1, help="runs per task; the lowest validation error is kept")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=None, help="directory for results.json / results.md")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    tasks = list(range(1, 21)) if a.tasks == "all" else [int(t) for t in a.tasks.split(",")]
+    cfg = TrainConfig(
+        embedding_dim=a.embedding_dim or (50 if a.joint else 20),
+        epochs=a.epochs or (60 if a.joint else 100),
+        anneal_every=a.anneal_every or (15 if a.joint else 25),
+        optimizer=a.optimizer, seed=a.seed)
+    results = run(tasks, a.joint, cfg, a.runs, a.data_dir, log=lambda s: print(s, flush=True))
+    table = markdown_table(results)
+    print(table)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(results, indent=2))
+        (out / "results.md").write_text(table)
+    return results
+
+
+if __name__ == "__main__":
+    main()

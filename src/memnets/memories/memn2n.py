@@ -1,0 +1,354 @@
+"""End-to-End Memory Networks (SPEC §9; Sukhbaatar et al. 2015; seed 004 §4).
+
+Per hop k: memories ``m_i = Σ_j l_j ∘ A^k x_ij + T_A^k(i)``, outputs
+``c_i = Σ_j l_j ∘ C^k x_ij + T_C^k(i)``, attention ``p = softmax(uᵀ m)``, response
+``o = Σ_i p_i c_i``, next controller ``u^{k+1} = u^k + o^k`` (adjacent) or ``H u^k + o^k``
+(layer-wise); answer logits ``W u^{K+1} = W (o^K + u^K)``. ``l_j`` is the position encoding
+(PE) and ``T`` the temporal encoding (TE); linear start (LS) drops the softmax; random noise
+(RN) inserts empty memories during training.
+
+Inputs are word ids, 0 = padding / nil word (its embedding is fixed at zero). Story slot 0
+holds the *most recent* sentence (``T(1)`` in the paper's reverse indexing); an all-zero
+sentence is padding and is masked out of the attention.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from memnets._checks import check_positive_int, check_shape, check_tensor
+from memnets.registry import register_model
+
+__all__ = ["MemN2N", "MemN2NConfig", "MemN2NAux", "position_encoding", "sentence_encoding",
+           "bag_weights", "encode_bags",
+           "memory_attention", "random_noise", "memory_mask"]
+
+WEIGHT_TYING = ("adjacent", "layerwise")
+IMPLS = ("matmul", "lookup")
+
+
+class MemN2NAux(NamedTuple):
+    """What ``forward(..., return_aux=True)`` returns beside the logits.
+
+    attention: ``[B, K, M]`` attention probabilities per hop (each row sums to 1 over the
+    valid memories when the softmax is on; raw scores under linear start).
+    memory_mask: ``[B, M]`` bool, which memory slots were attended (after random noise).
+    controller: ``[B, K+1, d]`` the controller states ``u^1 .. u^{K+1}``.
+    """
+
+    attention: torch.Tensor
+    memory_mask: torch.Tensor
+    controller: torch.Tensor
+
+
+@dataclass(frozen=True)
+class MemN2NConfig:
+    """Constructor arguments of :class:`MemN2N` (see its docstring)."""
+
+    vocab_size: int
+    sentence_size: int
+    embedding_dim: int = 20
+    hops: int = 3
+    memory_size: int = 50
+    weight_tying: str = "adjacent"
+    position_encoding: bool = True
+    temporal_encoding: bool = True
+    answer_size: int | None = None
+    linear_start: bool = False
+    random_noise: float = 0.0
+    init_std: float = 0.1
+    impl: str = "matmul"
+
+
+def position_encoding(sentence_length: torch.Tensor | int, embedding_dim: int,
+                      max_words: int | None = None) -> torch.Tensor:
+    """PE weights ``l_kj = (1 - j/J) - (k/d)(1 - 2j/J)`` (Sukhbaatar et al. 2015, §4.1).
+
+    ``j = 1..J`` is the word position, ``k = 1..d`` the embedding coordinate, ``J`` the
+    number of words in the sentence. With an int ``J`` returns ``[J, d]``; with a tensor of
+    lengths ``[...]`` returns ``[..., max_words, d]`` (positions beyond ``J`` hold values of
+    the formula too, but they multiply padding embeddings, which are zero). ``J = 0`` is
+    treated as 1 to avoid division by zero.
+    """
+    d = embedding_dim
+    if isinstance(sentence_length, int):
+        J_t = torch.tensor(float(max(sentence_length, 1)))
+        W = sentence_length if max_words is None else max_words
+    else:
+        J_t = sentence_length.clamp(min=1).to(torch.get_default_dtype())
+        if max_words is None:
+            raise ValueError("`max_words` is required when `sentence_length` is a tensor")
+        W = max_words
+    j = torch.arange(1, W + 1, dtype=J_t.dtype)  # [W]
+    k = torch.arange(1, d + 1, dtype=J_t.dtype)  # [d]
+    ratio = j / J_t.unsqueeze(-1)  # [..., W]
+    ratio = ratio.unsqueeze(-1)  # [..., W, 1]
+    return (1 - ratio) - (k / d) * (1 - 2 * ratio)  # [..., W, d]
+
+
+def sentence_encoding(words: torch.Tensor, embedding: nn.Embedding, use_pe: bool,
+                      pe: torch.Tensor | None = None) -> torch.Tensor:
+    """Bag of words ``Σ_j l_j ∘ E x_j`` (with PE) or ``Σ_j E x_j``: ids ``[..., W]`` → ``[..., d]``.
+
+    ``pe`` (``[..., W, d]``, from :func:`position_encoding`) may be passed in to reuse it.
+    """
+    emb = embedding(words)  # [..., W, d]
+    if use_pe:
+        if pe is None:
+            lengths = (words != 0).sum(-1)  # [...]
+            pe = position_encoding(lengths, emb.shape[-1], words.shape[-1])
+        emb = emb * pe.to(emb.dtype)
+    return emb.sum(-2)
+
+
+def bag_weights(words: torch.Tensor, vocab_size: int, use_pe: bool,
+                dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Word-count form of the sentence encoding, shared by every embedding matrix.
+
+    PE splits as ``l_kj = a_j + (k/d) b_j`` with ``a_j = 1 - j/J`` and ``b_j = 2j/J - 1``, so
+    ``Σ_j l_j ∘ E x_j = S_a E + (k/d) ∘ (S_b E)`` where ``S_a[v] = Σ_{j: x_j = v} a_j`` (and
+    ``S_b`` alike). Without PE, ``S_a`` holds word counts and ``S_b`` is None. Column 0 (the
+    nil word) is zero, so padding never reaches an embedding.
+    ids ``[..., W]`` → ``(S_a, S_b)`` each ``[..., V]`` (float).
+    """
+    lead, W = words.shape[:-1], words.shape[-1]
+    flat = words.reshape(-1, W)  # [N, W]
+    valid = flat != 0
+    dtype = dtype or torch.get_default_dtype()
+    if use_pe:
+        J = valid.sum(-1, keepdim=True).clamp(min=1).to(dtype)  # [N, 1]
+        ratio = torch.arange(1, W + 1, dtype=dtype, device=words.device) / J  # [N, W]
+        coeffs = [(1 - ratio), (2 * ratio - 1)]
+    else:
+        coeffs = [torch.ones(flat.shape, dtype=dtype, device=words.device)]
+    out = []
+    for c in coeffs:
+        S = torch.zeros(flat.shape[0], vocab_size, dtype=dtype, device=words.device)
+        S.scatter_add_(1, flat, c * valid.to(dtype))
+        out.append(S.reshape(*lead, vocab_size))  # [..., V]
+    return out[0], (out[1] if use_pe else None)
+
+
+def encode_bags(S_a: torch.Tensor, S_b: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+    """``S_a E + (k/d) ∘ (S_b E)``: bags ``[..., V]`` and embedding ``[V, d]`` → ``[..., d]``."""
+    out = S_a.to(weight.dtype) @ weight
+    if S_b is not None:
+        d = weight.shape[-1]
+        k = torch.arange(1, d + 1, dtype=weight.dtype, device=weight.device) / d
+        out = out + k * (S_b.to(weight.dtype) @ weight)
+    return out
+
+
+def memory_mask(stories: torch.Tensor) -> torch.Tensor:
+    """``[B, M]`` bool: True where the sentence has at least one non-padding word."""
+    return (stories != 0).any(-1)
+
+
+def memory_attention(u: torch.Tensor, m: torch.Tensor, mask: torch.Tensor,
+                     linear: bool = False) -> torch.Tensor:
+    """Attention ``p_i = softmax_i(uᵀ m_i)`` over valid memories (LS: ``p_i = uᵀ m_i``).
+
+    u ``[B, d]``, m ``[B, M, d]``, mask ``[B, M]`` bool → p ``[B, M]``; masked slots get 0,
+    a story with no valid memory gets all zeros (no NaN).
+    """
+    scores = torch.einsum("bd,bmd->bm", u, m)
+    if linear:
+        return scores.masked_fill(~mask, 0.0)
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores, dim=-1) * mask.to(scores.dtype)
+
+
+def random_noise(stories: torch.Tensor, mask: torch.Tensor, rate: float = 0.1,
+                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random noise (RN): insert empty memories, about ``rate`` per real sentence.
+
+    Before each valid sentence an empty memory is inserted with probability ``rate``,
+    shifting it (and all older ones) one slot back in time; sentences pushed past the last
+    slot are dropped. Inserted memories are marked valid, so they take part in the
+    attention with their temporal encoding only (the paper's regulariser for ``T_A``).
+    stories ``[B, M, W]``, mask ``[B, M]`` → ``(stories', mask')`` of the same shapes.
+    """
+    B, M, _ = stories.shape
+    ins = (torch.rand(B, M, generator=generator, device=stories.device) < rate) & mask  # [B, M]
+    new_pos = torch.arange(M, device=stories.device) + ins.long().cumsum(1)  # [B, M]
+    keep = mask & (new_pos < M)
+    b_idx, m_idx = keep.nonzero(as_tuple=True)
+    out = torch.zeros_like(stories)
+    out[b_idx, new_pos[b_idx, m_idx]] = stories[b_idx, m_idx]
+    new_mask = torch.zeros_like(mask)
+    new_mask[b_idx, new_pos[b_idx, m_idx]] = True
+    e_keep = ins & (new_pos - 1 < M)
+    eb, em = e_keep.nonzero(as_tuple=True)
+    new_mask[eb, new_pos[eb, em] - 1] = True  # the inserted empty memories
+    return out, new_mask
+
+
+@register_model("memn2n")
+class MemN2N(nn.Module):
+    """End-to-End Memory Network over bAbI-style stories (SPEC §9).
+
+    Args:
+        vocab_size: number of word ids ``V`` (id 0 = padding / nil word).
+        embedding_dim: ``d`` (paper: 20 per task, 50 joint).
+        hops: ``K`` memory hops (paper: 3).
+        memory_size: ``M``, most memory slots a story may have (paper: 50); also the number of
+            temporal-encoding rows.
+        sentence_size: ``W``, most words per sentence or query.
+        weight_tying: ``"adjacent"`` (``A^{k+1} = C^k``, ``B = A^1``, ``Wᵀ = C^K``; K+1
+            embeddings) or ``"layerwise"`` (one ``A``, one ``C`` for all hops, separate ``B``,
+            ``W`` and the linear map ``H``: ``u^{k+1} = H u^k + o^k``).
+        position_encoding: PE sentence encoding (else bag of words).
+        temporal_encoding: add learned ``T_A(i)``, ``T_C(i)`` per memory slot.
+        answer_size: ``A`` answer classes, default ``V`` (must be ``V`` with adjacent tying).
+        linear_start: LS; while True the attention softmax of every hop is removed. A plain
+            attribute: set ``model.linear_start = False`` to re-insert the softmax.
+        random_noise: RN rate (paper: 0.1); applied in training mode only.
+        init_std: weights start from ``N(0, init_std²)`` (paper: 0.1).
+        impl: ``"matmul"`` (word-count bags times the embedding, :func:`bag_weights`; fast on
+            CPU) or ``"lookup"`` (embedding lookup per word, :func:`sentence_encoding`; the
+            plain reference). Both give the same values and gradients.
+
+    ``forward(stories [B, M', W'] long, query [B, W''] long, return_aux=False)`` with
+    ``M' ≤ M``, ``W', W'' ≤ W`` returns logits ``[B, A]``, or ``(logits, MemN2NAux)``.
+    """
+
+    def __init__(self, vocab_size: int, embedding_dim: int = 20, hops: int = 3, memory_size: int = 50,
+                 *, sentence_size: int, weight_tying: str = "adjacent", position_encoding: bool = True,
+                 temporal_encoding: bool = True, answer_size: int | None = None,
+                 linear_start: bool = False, random_noise: float = 0.0, init_std: float = 0.1,
+                 impl: str = "matmul"):
+        super().__init__()
+        if impl not in IMPLS:
+            raise ValueError(f"`impl` expected one of {IMPLS}, got {impl!r}")
+        self.impl = impl
+        for name, v in (("vocab_size", vocab_size), ("embedding_dim", embedding_dim), ("hops", hops),
+                        ("memory_size", memory_size), ("sentence_size", sentence_size)):
+            check_positive_int(name, v, minimum=2 if name == "vocab_size" else 1)
+        if weight_tying not in WEIGHT_TYING:
+            raise ValueError(f"`weight_tying` expected one of {WEIGHT_TYING}, got {weight_tying!r}")
+        A = vocab_size if answer_size is None else check_positive_int("answer_size", answer_size)
+        if weight_tying == "adjacent" and A != vocab_size:
+            raise ValueError(f"`answer_size` must equal vocab_size={vocab_size} with adjacent tying "
+                             f"(Wᵀ = C^K), got {A}")
+        if not 0.0 <= random_noise < 1.0:
+            raise ValueError(f"`random_noise` expected a rate in [0, 1), got {random_noise!r}")
+        self.config = MemN2NConfig(vocab_size, sentence_size, embedding_dim, hops, memory_size,
+                                   weight_tying, position_encoding, temporal_encoding, A,
+                                   linear_start, random_noise, init_std, impl)
+        self.linear_start = bool(linear_start)
+        self.random_noise = float(random_noise)
+        d, K = embedding_dim, hops
+        n_emb = K + 1 if weight_tying == "adjacent" else 3  # adjacent: E_0..E_K; layerwise: A, B, C
+        self.embeddings = nn.ModuleList(nn.Embedding(vocab_size, d, padding_idx=0) for _ in range(n_emb))
+        n_tem = (K + 1 if weight_tying == "adjacent" else 2) if temporal_encoding else 0  # layerwise: T_A, T_C
+        self.temporal = nn.ParameterList(nn.Parameter(torch.zeros(memory_size, d)) for _ in range(n_tem))
+        if weight_tying == "layerwise":
+            self.H = nn.Linear(d, d, bias=False)
+            self.W = nn.Linear(d, A, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw every weight from ``N(0, init_std²)``; the nil word's embedding stays 0."""
+        std = self.config.init_std
+        for p in self.parameters():
+            nn.init.normal_(p, 0.0, std)
+        with torch.no_grad():
+            for e in self.embeddings:
+                e.weight[0].zero_()
+
+    # The tied roles of each hop (0-based hop index k).
+    def embedding_A(self, k: int) -> nn.Embedding:
+        return self.embeddings[k] if self.config.weight_tying == "adjacent" else self.embeddings[0]
+
+    def embedding_C(self, k: int) -> nn.Embedding:
+        return self.embeddings[k + 1] if self.config.weight_tying == "adjacent" else self.embeddings[2]
+
+    def embedding_B(self) -> nn.Embedding:
+        return self.embeddings[0] if self.config.weight_tying == "adjacent" else self.embeddings[1]
+
+    def _temporal(self, k: int, role: str) -> torch.Tensor | None:
+        if not self.config.temporal_encoding:
+            return None
+        if self.config.weight_tying == "adjacent":
+            return self.temporal[k if role == "A" else k + 1]
+        return self.temporal[0 if role == "A" else 1]
+
+    def answer_weight(self) -> torch.Tensor:
+        """``W`` as ``[A, d]``: ``C^K``'s embedding (adjacent) or the separate matrix (layer-wise)."""
+        if self.config.weight_tying == "adjacent":
+            return self.embeddings[-1].weight
+        return self.W.weight
+
+    def forward(self, stories: torch.Tensor, query: torch.Tensor, return_aux: bool = False,
+                mask: torch.Tensor | None = None):
+        """Answer logits ``[B, A]`` (and :class:`MemN2NAux` when ``return_aux``).
+
+        stories ``[B, M', W']`` long with ``M' ≤ memory_size``, query ``[B, W'']`` long;
+        ``mask`` ``[B, M']`` bool overrides which slots are valid (default: the
+        non-empty sentences).
+        """
+        cfg = self.config
+        check_tensor("stories", stories)
+        check_shape("stories", stories, ["B", "M", "W"], [None, None, None])
+        B, M, W = stories.shape
+        check_shape("query", query, ["B", "W"], [B, None])
+        for name, x in (("stories", stories), ("query", query)):
+            if x.dtype not in (torch.long, torch.int32, torch.int64):
+                raise TypeError(f"`{name}` expected integer word ids (torch.long), got {x.dtype}")
+        if M > cfg.memory_size or W > cfg.sentence_size or query.shape[1] > cfg.sentence_size:
+            raise ValueError(
+                f"`stories` expected [B, M, W] with M <= memory_size={cfg.memory_size} and "
+                f"W <= sentence_size={cfg.sentence_size} (query too), got stories "
+                f"{list(stories.shape)}, query {list(query.shape)}")
+        for name, x in (("stories", stories), ("query", query)):
+            if x.numel() and (int(x.min()) < 0 or int(x.max()) >= cfg.vocab_size):
+                raise ValueError(f"`{name}` expected word ids in [0, vocab_size={cfg.vocab_size}), "
+                                 f"got range [{int(x.min())}, {int(x.max())}]")
+        mask = memory_mask(stories) if mask is None else check_shape(
+            "mask", mask, ["B", "M"], [B, M]).bool()
+        if self.training and self.random_noise > 0:
+            stories, mask = random_noise(stories, mask, self.random_noise)
+        use_pe = cfg.position_encoding
+        encoded: dict[int, torch.Tensor] = {}  # each embedding encodes the story once (tying)
+        if self.impl == "lookup":
+            u = sentence_encoding(query, self.embedding_B(), use_pe)  # [B, d]
+            pe = None
+            if use_pe:
+                lengths = (stories != 0).sum(-1)  # [B, M]
+                pe = position_encoding(lengths, cfg.embedding_dim, W)  # [B, M, W, d]
+
+            def encode(emb: nn.Embedding) -> torch.Tensor:
+                if id(emb) not in encoded:
+                    encoded[id(emb)] = sentence_encoding(stories, emb, use_pe, pe)  # [B, M, d]
+                return encoded[id(emb)]
+        else:
+            dtype = self.embeddings[0].weight.dtype
+            u = encode_bags(*bag_weights(query, cfg.vocab_size, use_pe, dtype), self.embedding_B().weight)
+            bags = bag_weights(stories, cfg.vocab_size, use_pe, dtype)  # 2 x [B, M, V]
+
+            def encode(emb: nn.Embedding) -> torch.Tensor:
+                if id(emb) not in encoded:
+                    encoded[id(emb)] = encode_bags(*bags, emb.weight)  # [B, M, d]
+                return encoded[id(emb)]
+
+        controller, attention = [u], []
+        for k in range(cfg.hops):
+            m = encode(self.embedding_A(k))  # [B, M, d]
+            c = encode(self.embedding_C(k))  # [B, M, d]
+            t_a, t_c = self._temporal(k, "A"), self._temporal(k, "C")
+            if t_a is not None:
+                m = m + t_a[:M]
+                c = c + t_c[:M]
+            p = memory_attention(u, m, mask, linear=self.linear_start)  # [B, M]
+            o = torch.einsum("bm,bmd->bd", p, c)
+            u = (self.H(u) if cfg.weight_tying == "layerwise" else u) + o
+            controller.append(u)
+            attention.append(p)
+        logits = u @ self.answer_weight().t()  # [B, A]
+        if not return_aux:
+            return logits
+        return logits, MemN2NAux(torch.stack(attention, 1), mask, torch.stack(controller, 1))
