@@ -16,6 +16,12 @@ from .base import MultiHeadBase
 __all__ = ["NAMAttention", "LinearAttention"]
 
 
+def _chunk_size(head_dim: int) -> int:
+    """Chunk length of the causal prefix-state form: about the head size, in [32, 64]
+    (measured fastest on CPU for dh = 16, 32, 64 at S = 2000)."""
+    return 32 if head_dim <= 32 else 64
+
+
 class NAMAttention(MultiHeadBase):
     """Multi-head normalized outer-product attention ``μ(Q)(μ(K)ᵀV)`` (SPEC §5).
 
@@ -33,7 +39,7 @@ class NAMAttention(MultiHeadBase):
             keep = mask[:, :, None, None].to(k.dtype)  # [B, S, 1, 1]
             k, v = k * keep, v * keep
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, dh]
-        y = nam_attention(q, k, v, causal=self.causal)  # [B, H, S, dh]
+        y = nam_attention(q, k, v, causal=self.causal, chunk_size=_chunk_size(self.head_dim))  # [B, H, S, dh]
         y = F.dropout(y, self.dropout, self.training)
         return self._merge(y.transpose(1, 2))  # [B, S, H, dh] -> [B, S, D]
 
@@ -53,6 +59,6 @@ class LinearAttention(MultiHeadBase):
         if mask is not None:
             k = k.masked_fill(~mask[:, :, None, None], float("-inf"))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, dh]
-        y = linear_attention(q, k, v, causal=self.causal)  # [B, H, S, dh]
+        y = linear_attention(q, k, v, causal=self.causal, chunk_size=_chunk_size(self.head_dim))  # [B, H, S, dh]
         y = F.dropout(y, self.dropout, self.training)
         return self._merge(y.transpose(1, 2))  # [B, S, H, dh] -> [B, S, D]
