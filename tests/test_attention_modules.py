@@ -276,3 +276,26 @@ def test_registered_and_trainable():
     assert not torch.equal(drop(x), drop(x))
     drop.eval()
     assert torch.equal(drop(x), drop(x))
+
+
+def _run_docstring_example(module):
+    """Execute the indented block after ``Example::`` in a module docstring."""
+    import textwrap
+
+    block = module.__doc__.split("Example::", 1)[1]
+    lines = [ln for ln in block.splitlines()[1:]]
+    code = []
+    for ln in lines:
+        if ln.strip() and not ln.startswith("    "):
+            break
+        code.append(ln)
+    ns: dict = {}
+    exec(textwrap.dedent("\n".join(code)), {"torch": torch}, ns)
+    return ns
+
+
+def test_docstring_example_runs():
+    import memnets.attention as mod
+
+    ns = _run_docstring_example(mod)
+    assert ns["y"].shape == (2, 10, 64)

@@ -173,3 +173,14 @@ def test_registered_and_trains():
         opt.step()
         losses.append(loss.item())
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:3]) / 3
+
+
+def test_docstring_example_runs():
+    import textwrap
+
+    import memnets.memories.fast_weights as mod
+
+    block = mod.__doc__.split("Example::", 1)[1]
+    ns: dict = {}
+    exec(textwrap.dedent(block), {"torch": torch, "FastWeightMemory": FastWeightMemory}, ns)
+    assert ns["y"].shape == (2, 50, 32) and ns["state"].weights.shape == (2, 4, 8, 16)

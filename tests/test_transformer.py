@@ -196,3 +196,22 @@ def test_trains_on_tiny_task(name, kw):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.3 * losses[0], losses
+
+
+def test_docstring_example_runs():
+    import textwrap
+
+    import memnets.models.transformer as mod
+
+    block = mod.__doc__.split("Example::", 1)[1]
+    ns: dict = {}
+    exec(textwrap.dedent(block), {"torch": torch, "TransformerEncoder": TransformerEncoder,
+                                  "UniversalTransformer": UniversalTransformer}, ns)
+    assert ns["y"].shape == (8, 100, 64) and ns["aux"].dim() == 0
+
+    import memnets.models.lstm_baseline as lstm_mod
+
+    block = lstm_mod.__doc__.split("Example::", 1)[1]
+    ns = {}
+    exec(textwrap.dedent(block), {"torch": torch, "LSTMAttentionBaseline": LSTMAttentionBaseline}, ns)
+    assert ns["y"].shape == (2, 20, 64) and not ns["y"][1, 12:].any()

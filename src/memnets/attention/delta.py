@@ -53,7 +53,7 @@ def fast_weight_scan(
     write_mask: torch.Tensor | None = None,
     initial_state: torch.Tensor | None = None,
     impl: str = "auto",
-    chunk_size: int = 64,
+    chunk_size: int = 32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run fast weights over a sequence (SPEC §6), read after write.
 
@@ -119,7 +119,8 @@ class DeltaRuleAttention(MultiHeadBase):
         causal: must be True (a fast-weight memory reads what was written so far).
         feature_map: ``"elu"``, ``"dpfp1"``, ``"dpfp2"`` or ``"dpfp3"``.
         impl: ``"auto"``, ``"chunked"`` or ``"reference"`` (see :func:`memnets.ops.nam_scan`).
-        chunk_size: chunk length of the chunked scan.
+        chunk_size: chunk length of the chunked scan (32 measured fastest on CPU for
+            head sizes 16 to 64 at S = 2000).
     """
 
     def __init__(
@@ -131,7 +132,7 @@ class DeltaRuleAttention(MultiHeadBase):
         *,
         feature_map: str = "elu",
         impl: str = "auto",
-        chunk_size: int = 64,
+        chunk_size: int = 32,
     ):
         if not causal:
             raise ValueError("DeltaRuleAttention is causal only: `causal` must be True")

@@ -68,7 +68,7 @@ class FastWeightMemory(nn.Module):
         update_rule: str = "delta",
         feature_map: str = "elu",
         impl: str = "auto",
-        chunk_size: int = 64,
+        chunk_size: int = 32,
     ):
         super().__init__()
         check_positive_int("input_size", input_size)

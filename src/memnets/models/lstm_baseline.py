@@ -9,6 +9,12 @@ As the authors ran it (Luong-style global attention over the encoder's own outpu
     y      = biLSTM_dec(dropout(z))                         [B, S, d]
 
 Each biLSTM has ``d/2`` units per direction, so widths stay ``d``.
+
+Example::
+
+    model = LSTMAttentionBaseline(d_model=64)
+    mask = torch.arange(20)[None, :] < torch.tensor([[20], [12]])   # right padding
+    y = model(torch.randn(2, 20, 64), mask)                         # [2, 20, 64], y[1, 12:] = 0
 """
 from __future__ import annotations
 
