@@ -299,3 +299,12 @@ def test_docstring_example_runs():
 
     ns = _run_docstring_example(mod)
     assert ns["y"].shape == (2, 10, 64)
+
+
+def test_bench_rows():
+    from memnets.attention.bench import run_cases
+
+    rows = run_cases(lengths=[16], repeat=1)
+    assert [r["model"] for r in rows] == ["transformer[nam]", "transformer[linear]", "transformer[nam]",
+                                          "transformer[linear]", "transformer[delta]"]
+    assert all(r["ratio"] > 0 and r["baseline_ms"] > 0 for r in rows)
