@@ -1,0 +1,29 @@
+"""``memnets report <run_dirs...> [--out report.html]``: one self-contained HTML page with the
+results table, the learning curves and the memory figures of every run (images embedded as
+base64 data URIs, inline CSS, no scripts; opens from disk without a server)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("report", help="write a self-contained HTML report of several runs", description=__doc__)
+    p.add_argument("run_dirs", nargs="+", help="directories written by `memnets train`")
+    p.add_argument("--out", default="report.html", help="HTML file to write (default report.html)")
+    p.add_argument("--task-sample", type=int, default=0, metavar="SEED", help="seed of the task sample (default 0)")
+    p.add_argument("--title", default="memnets report", help="page title")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from ..viz.report import build_report
+    from .main import UsageError
+
+    missing = [d for d in args.run_dirs if not Path(d).is_dir()]
+    if missing:
+        raise UsageError(f"not a directory: {', '.join(missing)}")
+    path = build_report(args.run_dirs, args.out, seed=args.task_sample, title=args.title)
+    print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)")
+    return 0

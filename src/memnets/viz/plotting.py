@@ -1,0 +1,237 @@
+"""Figures of what a memory does over time (matplotlib, no pyplot state, Agg rendering).
+
+Every function takes plain arrays or tensors for ONE sample (no batch dimension), returns a
+:class:`matplotlib.figure.Figure` whose axes all carry a title and labelled axes, with a colour
+bar beside every heatmap. Time runs along x, memory slots / tape cells / heads along y (the
+layout of the copy-task figure of Graves et al. 2014). Save with :func:`save_figure`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+__all__ = [
+    "to_numpy", "heatmap", "save_figure", "plot_read_write", "plot_dnc_memory",
+    "plot_tape_heads", "plot_gates", "plot_attention_maps",
+]
+
+
+def to_numpy(x) -> np.ndarray:
+    """A float64 numpy array from a tensor (detached, on CPU) or anything array-like."""
+    if hasattr(x, "detach"):
+        x = x.detach().to("cpu").double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _check_dims(name: str, x: np.ndarray, dims: Sequence[str]) -> np.ndarray:
+    if x.ndim != len(dims):
+        raise ValueError(f"`{name}` expected [{', '.join(dims)}] ({len(dims)} dims), got shape {list(x.shape)}")
+    return x
+
+
+def heatmap(fig: Figure, ax, data, *, title: str, xlabel: str, ylabel: str, cbar_label: str = "",
+            vmin: float | None = None, vmax: float | None = None, cmap: str = "viridis",
+            yticklabels: Sequence[str] | None = None):
+    """Draw ``data [rows, cols]`` on ``ax`` (row 0 at the top), with title, axis labels and a colour bar.
+
+    Returns the image. ``yticklabels``: one label per row (e.g. token characters).
+    """
+    a = _check_dims("data", to_numpy(data), ["rows", "cols"])
+    im = ax.imshow(a, aspect="auto", interpolation="nearest", cmap=cmap, vmin=vmin, vmax=vmax)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if yticklabels is not None:
+        ax.set_yticks(range(len(yticklabels)))
+        ax.set_yticklabels(list(yticklabels), fontsize=7)
+    else:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+    if cbar_label:
+        cb.set_label(cbar_label)
+    return im
+
+
+def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
+    """Write ``fig`` as a PNG to ``path`` (parent folders created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=dpi)
+    return path
+
+
+def _figure(n_rows: int, n_cols: int = 1, width: float = 9.0, row_height: float = 2.2) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width, max(2.5, row_height * n_rows + 0.6)), layout="constrained")
+    axes = fig.subplots(n_rows, n_cols, squeeze=False)
+    return fig, [ax for row in axes for ax in row]
+
+
+def _heads(name: str, w: np.ndarray) -> np.ndarray:
+    """``[T, N]`` or ``[T, H, N]`` -> ``[H, T, N]``."""
+    if w.ndim == 2:
+        return w[None]
+    _check_dims(name, w, ["T", "heads", "N"])
+    return w.transpose(1, 0, 2)
+
+
+def plot_read_write(inputs, outputs, write_weights, read_weights, *, model_name: str = "NTM",
+                    input_labels: Sequence[str] | None = None, output_labels: Sequence[str] | None = None,
+                    output_label: str = "output", title: str | None = None) -> Figure:
+    """The copy-task figure (Graves et al. 2014, Fig. 6; SPEC §7, §8): inputs, outputs, write
+    and read weightings of one sequence as heatmaps, time on x.
+
+    Args:
+        inputs: ``[T, in]`` input features (bits, or one-hot tokens).
+        outputs: ``[T, out]`` model outputs in [0, 1] (σ of bit logits, or token probabilities).
+        write_weights: ``[T, N]`` or ``[T, Hw, N]`` write weightings (each row sums to ≤ 1).
+        read_weights: ``[T, N]`` or ``[T, R, N]`` read weightings.
+        model_name: used in the titles. input_labels / output_labels: y tick labels.
+    Returns a Figure with ``2 + Hw + R`` heatmap panels (plus one colour-bar axis each).
+    """
+    x = _check_dims("inputs", to_numpy(inputs), ["T", "in"])
+    y = _check_dims("outputs", to_numpy(outputs), ["T", "out"])
+    ww = _heads("write_weights", to_numpy(write_weights))
+    rw = _heads("read_weights", to_numpy(read_weights))
+    T = x.shape[0]
+    for name, a in (("outputs", y), ("write_weights", ww.transpose(1, 0, 2)), ("read_weights", rw.transpose(1, 0, 2))):
+        if a.shape[0] != T:
+            raise ValueError(f"`{name}` expected T = {T} steps like `inputs`, got shape {list(a.shape)}")
+    fig, axes = _figure(2 + len(ww) + len(rw))
+    heatmap(fig, axes[0], x.T, title=f"{model_name}: inputs", xlabel="time step", ylabel="input channel",
+            cbar_label="value", yticklabels=input_labels)
+    heatmap(fig, axes[1], y.T, title=f"{model_name}: outputs", xlabel="time step", ylabel=f"{output_label} channel",
+            cbar_label="probability", vmin=0.0, vmax=1.0, yticklabels=output_labels)
+    i = 2
+    for kind, ws in (("write", ww), ("read", rw)):
+        for h, w in enumerate(ws):
+            head = f" (head {h})" if len(ws) > 1 else ""
+            heatmap(fig, axes[i], w.T, title=f"{model_name}: {kind} weighting{head}", xlabel="time step",
+                    ylabel="memory slot", cbar_label="weight", vmin=0.0, cmap="magma")
+            i += 1
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_dnc_memory(usage, link, *, read_modes=None, step: int | None = None, title: str | None = None) -> Figure:
+    """DNC memory allocation (SPEC §8): usage over time, the temporal link matrix, read modes.
+
+    Args:
+        usage: ``[T, N]`` usage ``u_t`` in [0, 1].
+        link: ``[N, N]`` temporal link matrix ``L_t`` (``L[i, j]``: slot i was written after j),
+            or ``[T, N, N]`` (then step ``step``, default the last, is shown).
+        read_modes: optional ``[T, R, 3]`` read modes (backward, content, forward).
+    Returns a Figure with 2 panels (3 with ``read_modes``).
+    """
+    u = _check_dims("usage", to_numpy(usage), ["T", "N"])
+    L = to_numpy(link)
+    if L.ndim == 3:
+        step = L.shape[0] - 1 if step is None else step
+        L = L[step]
+    _check_dims("link", L, ["N", "N"])
+    modes = None if read_modes is None else _check_dims("read_modes", to_numpy(read_modes), ["T", "R", "3"])
+    fig, axes = _figure(2 + (modes is not None), row_height=2.6)
+    heatmap(fig, axes[0], u.T, title="DNC: usage over time", xlabel="time step", ylabel="memory slot",
+            cbar_label="usage", vmin=0.0, vmax=1.0, cmap="magma")
+    when = f" at step {step}" if step is not None else ""
+    heatmap(fig, axes[1], L, title=f"DNC: temporal link matrix L{when}", xlabel="slot j (written before)",
+            ylabel="slot i (written after)", cbar_label="link weight", vmin=0.0, cmap="magma")
+    if modes is not None:
+        R = modes.shape[1]
+        flat = modes.transpose(1, 2, 0).reshape(R * 3, -1)  # [R*3, T]
+        labels = [f"r{r} {m}" for r in range(R) for m in ("bwd", "content", "fwd")]
+        heatmap(fig, axes[2], flat, title="DNC: read modes per read head", xlabel="time step",
+                ylabel="read head / mode", cbar_label="probability", vmin=0.0, vmax=1.0, yticklabels=labels)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_tape_heads(positions: dict, actions: dict | None = None, *, action_names: Sequence[str] | None = None,
+                    model_name: str = "NAM-TM", title: str | None = None) -> Figure:
+    """NAM Turing Machine heads on the tape (SPEC §3): head position weights and action
+    probabilities per tape over time.
+
+    Args:
+        positions: ``{label: [T, tapes, L]}`` head position vectors (e.g. ``{"read head": ...,
+            "write head": ...}``), cell on y.
+        actions: ``{label: [T, tapes, A]}`` action probabilities (LEFT, NO-OP, RIGHT, JUMP ...).
+        action_names: y tick labels of the action panels.
+    Returns a Figure with one panel per (entry, tape).
+    """
+    pos = {k: _check_dims(k, to_numpy(v), ["T", "tapes", "L"]) for k, v in positions.items()}
+    act = {k: _check_dims(k, to_numpy(v), ["T", "tapes", "A"]) for k, v in (actions or {}).items()}
+    panels = [(k, t, v[:, t].T, "pos") for k, v in pos.items() for t in range(v.shape[1])]
+    panels += [(k, t, v[:, t].T, "act") for k, v in act.items() for t in range(v.shape[1])]
+    if not panels:
+        raise ValueError("`positions` expected at least one [T, tapes, L] array")
+    fig, axes = _figure(len(panels))
+    for ax, (label, t, a, kind) in zip(axes, panels):
+        if kind == "pos":
+            heatmap(fig, ax, a, title=f"{model_name}: {label} position, tape {t}", xlabel="time step",
+                    ylabel="tape cell", cbar_label="weight", cmap="magma")
+        else:
+            names = list(action_names)[: a.shape[0]] if action_names else None
+            heatmap(fig, ax, a, title=f"{model_name}: {label} probabilities, tape {t}", xlabel="time step",
+                    ylabel="action", cbar_label="probability", vmin=0.0, vmax=1.0, yticklabels=names)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_gates(gates: dict, *, model_name: str = "LSAM", title: str | None = None) -> Figure:
+    """Read / write gates per head over time (SPEC §2 ``p_r, p_w``; SPEC §3 per tape).
+
+    Args:
+        gates: ``{label: [T, heads]}`` gate values in [0, 1], e.g.
+            ``{"layer 0 fwd p_r": ..., "layer 0 fwd p_w": ...}``.
+    Returns a Figure with one heatmap panel per entry (head on y, time on x).
+    """
+    g = {k: _check_dims(k, to_numpy(v), ["T", "heads"]) for k, v in gates.items()}
+    if not g:
+        raise ValueError("`gates` expected at least one [T, heads] array")
+    fig, axes = _figure(len(g), row_height=1.8)
+    for ax, (label, a) in zip(axes, g.items()):
+        heatmap(fig, ax, a.T, title=f"{model_name}: {label}", xlabel="time step", ylabel="head",
+                cbar_label="gate", vmin=0.0, vmax=1.0, cmap="cividis")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_attention_maps(maps: dict, *, tokens: Sequence[str] | None = None, title: str | None = None,
+                        max_cols: int = 4) -> Figure:
+    """Implied attention maps (SPEC §5, §6): ``{label: [S, S]}``, query on y, key on x.
+
+    ``tokens``: optional per-position labels shown on both axes (short sequences).
+    Returns a Figure with one square heatmap per entry.
+    """
+    m = {k: _check_dims(k, to_numpy(v), ["S", "S"]) for k, v in maps.items()}
+    if not m:
+        raise ValueError("`maps` expected at least one [S, S] array")
+    n = len(m)
+    cols = min(n, max_cols)
+    rows = -(-n // cols)
+    fig = Figure(figsize=(3.4 * cols + 0.6, 3.2 * rows + 0.6), layout="constrained")
+    axes = [ax for row in fig.subplots(rows, cols, squeeze=False) for ax in row]
+    for ax, (label, a) in zip(axes, m.items()):
+        lim = np.abs(a).max() or 1.0
+        signed = a.min() < -1e-12
+        heatmap(fig, ax, a, title=label, xlabel="key position", ylabel="query position",
+                cbar_label="weight", cmap="RdBu_r" if signed else "viridis",
+                vmin=-lim if signed else 0.0, vmax=lim)
+        if tokens is not None and len(tokens) == a.shape[0] and a.shape[0] <= 40:
+            ax.set_xticks(range(len(tokens)))
+            ax.set_xticklabels(list(tokens), fontsize=6)
+            ax.set_yticks(range(len(tokens)))
+            ax.set_yticklabels(list(tokens), fontsize=6)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    return fig

@@ -1,0 +1,167 @@
+"""One self-contained static HTML page for several runs: results table, learning curves and
+the memory figures of each run.
+
+Images are embedded as ``data:image/png;base64`` URIs and the CSS is inline; the page loads
+nothing from anywhere and runs no script, so it can be opened from disk or mailed around.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+from matplotlib.figure import Figure
+
+__all__ = ["build_report", "results_row", "figure_data_uri"]
+
+_CSS = """
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px auto;
+       max-width: 1100px; color: #1d2430; background: #fff; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; }
+h2 { font-size: 1.25em; border-bottom: 1px solid #d0d7de; padding-bottom: 4px; margin-top: 2em; }
+h3 { font-size: 1.0em; color: #445; }
+.meta { color: #57606a; font-size: 0.9em; }
+table.results { border-collapse: collapse; margin: 12px 0; font-size: 0.92em; }
+table.results th, table.results td { border: 1px solid #d0d7de; padding: 5px 10px; text-align: right; }
+table.results th { background: #f1f4f8; }
+table.results td:first-child, table.results th:first-child { text-align: left; }
+figure { margin: 10px 0 22px 0; }
+figure img { max-width: 100%; border: 1px solid #e4e8ec; }
+figcaption { color: #57606a; font-size: 0.85em; }
+.error { color: #b42318; }
+"""
+
+_CAPTIONS = {
+    "learning_curve": "Learning curve: training loss and evaluation sequence accuracy per split.",
+    "weightings": "Inputs, outputs and the write / read weightings over time (memory slot on y).",
+    "dnc_memory": "DNC usage over time, the temporal link matrix after the last step, and read modes.",
+    "tape_heads": "NAM-TM head positions on each tape and action probabilities over time.",
+    "gates": "Read and write gates per head over time.",
+    "attention": "Implied attention maps (query on y, key on x) for one sample.",
+}
+
+
+def figure_data_uri(fig: Figure, dpi: int = 90) -> str:
+    """``data:image/png;base64,...`` of ``fig``."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def results_row(run_dir: str | Path) -> dict[str, str]:
+    """One table row for ``run_dir`` from its ``results.json`` (and ``config.json``).
+
+    Keys: ``run``, ``model``, ``task``, ``params``, ``steps``, ``best epoch``, one
+    ``<split> seq_acc`` per split (at the selected epoch, in %) and, for copy runs,
+    ``final cost (bits)``. Missing values are ``"–"``.
+    """
+    d = Path(run_dir)
+    res = json.loads((d / "results.json").read_text()) if (d / "results.json").is_file() else {}
+    cfg = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
+    row = {
+        "run": res.get("name") or cfg.get("name") or d.name,
+        "model": res.get("backbone") or res.get("model") or cfg.get("model", {}).get("backbone"),
+        "task": res.get("task") or cfg.get("task", {}).get("name"),
+        "params": res.get("params"),
+        "steps": res.get("steps"),
+        "best epoch": res.get("best_epoch"),
+    }
+    for split, m in (res.get("splits") or {}).items():
+        if isinstance(m, dict) and "seq_acc" in m:
+            row[f"{split} seq_acc"] = f"{100 * float(m['seq_acc']):.1f}%"
+    if "final_cost_bits" in res:
+        row["final cost (bits)"] = res["final_cost_bits"]
+    return {k: _fmt(v) for k, v in row.items()}
+
+
+def _table(rows: list[dict[str, str]]) -> str:
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(r.get(c, '–'))}</td>" for c in cols) + "</tr>"
+                   for r in rows)
+    return f'<table class="results"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def build_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html", *, seed: int = 0,
+                 title: str = "memnets report", dpi: int = 90) -> Path:
+    """Write the HTML report of ``run_dirs`` to ``out``; returns its path.
+
+    For each run: a row of the results table (:func:`results_row`), its learning curve and the
+    memory figures of its model on one task sample drawn with ``seed``
+    (:func:`memnets.viz.runs.run_figures`). A run whose model cannot be rebuilt keeps its
+    table row and shows the reason instead of figures. When there are several runs, a combined
+    learning-curve figure comes first. Raises ValueError when ``run_dirs`` is empty.
+    """
+    from .curves import plot_learning_curves, read_metrics, train_curve
+    from .runs import run_figures
+
+    if not run_dirs:
+        raise ValueError("`run_dirs` expected at least one run directory")
+    rows, sections, curves = [], [], {}
+    for rd in run_dirs:
+        d = Path(rd)
+        row = results_row(d)
+        rows.append(row)
+        name = row["run"]
+        try:
+            recs = read_metrics(d)
+            if train_curve(recs):
+                curves[name] = recs
+        except FileNotFoundError:
+            pass
+        parts = [f'<h2 id="{html.escape(name)}">{html.escape(name)}</h2>',
+                 f'<p class="meta">{html.escape(str(d))}</p>']
+        try:
+            figs = run_figures(d, seed=seed)
+        except Exception as e:  # a broken run must not hide the others
+            parts.append(f'<p class="error">no figures: {html.escape(type(e).__name__)}: {html.escape(str(e))}</p>')
+            figs = {}
+        order = ["learning_curve"] + [k for k in figs if k != "learning_curve"]
+        for key in order:
+            if key not in figs:
+                continue
+            cap = _CAPTIONS.get(key, key.replace("_", " "))
+            parts.append(f'<figure><img alt="{html.escape(name)}: {html.escape(key)}" '
+                         f'src="{figure_data_uri(figs[key], dpi)}"><figcaption>{html.escape(cap)}</figcaption></figure>')
+        sections.append("\n".join(parts))
+    combined = ""
+    if len(curves) > 1:
+        uri = figure_data_uri(plot_learning_curves(curves, title="all runs"), dpi)
+        combined = (f'<h2>Learning curves</h2><figure><img alt="learning curves of all runs" src="{uri}">'
+                    f'<figcaption>{html.escape(_CAPTIONS["learning_curve"])}</figcaption></figure>')
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    page = f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{html.escape(title)}</title>
+<style>{_CSS}</style>
+</head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p class="meta">{len(rows)} run(s) · generated {stamp} · sample seed {seed}</p>
+<h2>Results</h2>
+{_table(rows)}
+{combined}
+{"".join(sections)}
+</body>
+</html>
+"""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out

@@ -1,0 +1,272 @@
+"""From a model (or a run directory) and one task sample to the figures that fit the model.
+
+Two run formats are understood:
+
+* a training-engine run (``memnets train``; :mod:`memnets.train.loop`): ``config.json``,
+  ``metrics.jsonl``, ``results.json`` and ``checkpoints/`` (``best.safetensors`` or the
+  ``last.json`` pointer). The model is a :class:`~memnets.models.seq.SequenceTaskModel`
+  rebuilt from the config; the sample is one masked-completion window of its task
+  (:mod:`memnets.tasks.nsp`).
+* an NTM copy run (:mod:`memnets.experiments.ntm_copy`): ``results.json`` with
+  ``"task": "copy"``, ``metrics.jsonl`` and ``model.pt`` (weights + NTM config). The sample
+  is one copy sequence (:class:`~memnets.tasks.ntm_tasks.CopyTask`).
+
+Figures by memory: NTM — inputs/outputs/write/read weightings; DNC — the same plus usage,
+temporal links and read modes; NAM-TM — head positions and action probabilities per tape
+(and its gates); LSAM — read/write gates per head; attention models — the implied attention
+maps; every run — its learning curve.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+
+from .attention_maps import attention_map, collect_attention_maps
+from .curves import plot_learning_curves, read_metrics, train_curve
+from .plotting import plot_attention_maps, plot_dnc_memory, plot_gates, plot_read_write, plot_tape_heads, save_figure
+from .trace import memory_kind, memory_trace
+
+__all__ = ["RunDirError", "LoadedRun", "load_run", "run_sample", "model_figures", "run_figures",
+           "write_figures", "QUICK_MODELS", "quick_model", "quick_figures"]
+
+QUICK_MODELS = ("ntm", "dnc", "nam_tm", "lsam", "softmax", "nam", "linear", "delta")
+
+
+class RunDirError(ValueError):
+    """The directory is not a run this module can read (the message says why)."""
+
+
+@dataclass
+class LoadedRun:
+    """A model rebuilt from a run directory. ``kind``: ``"engine"`` or ``"ntm_copy"``."""
+
+    run_dir: Path
+    kind: str
+    name: str
+    model: torch.nn.Module
+    config: dict
+    results: dict | None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise RunDirError(f"cannot read {path}: {e}") from e
+
+
+def load_run(run_dir: str | Path, checkpoint: str = "best") -> LoadedRun:
+    """Rebuild the trained model of ``run_dir`` in evaluation mode.
+
+    ``checkpoint``: ``"best"`` (falls back to the last checkpoint when there is no best) or
+    ``"last"``. Raises :class:`RunDirError` for a missing directory, an unknown layout or
+    missing weights.
+    """
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise RunDirError(f"{d} is not a directory")
+    results = _read_json(d / "results.json") if (d / "results.json").is_file() else None
+    if (d / "config.json").is_file():
+        from ..train import build_model, config_from_dict
+        from ..train.checkpoint import load_weights
+
+        raw = _read_json(d / "config.json")
+        try:
+            cfg = config_from_dict(raw)
+        except ValueError as e:
+            raise RunDirError(f"{d}/config.json is not a run config: {e}") from e
+        ck = d / "checkpoints"
+        path = ck / "best.safetensors"
+        if checkpoint == "last" or not path.is_file():
+            ptr = ck / "last.json"
+            path = ck / _read_json(ptr)["weights"] if ptr.is_file() else ck / "last.json"
+        if not path.is_file():
+            raise RunDirError(f"{d} has no saved weights (looked for checkpoints/best.safetensors and "
+                              f"checkpoints/last.json)")
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg)
+        load_weights(path, model)
+        return LoadedRun(d, "engine", cfg.name, model.eval(), raw, results)
+    if results is not None and results.get("task") == "copy" and (d / "model.pt").is_file():
+        from ..memories.ntm import NTM
+
+        blob = torch.load(d / "model.pt", map_location="cpu", weights_only=True)
+        model = NTM(**blob["config"])
+        model.load_state_dict(blob["model"])
+        return LoadedRun(d, "ntm_copy", d.name, model.eval(), dict(blob["config"]), results)
+    raise RunDirError(f"{d} is not a run directory: expected config.json + checkpoints/ (memnets train) "
+                      f"or results.json + model.pt (NTM copy experiment)")
+
+
+def _copy_sample(bits: int, length: int, seed: int) -> torch.Tensor:
+    from ..tasks.ntm_tasks import CopyTask
+
+    task = CopyTask(min_len=length, max_len=length, bits=bits, seed=seed)
+    return task.make_batch(1).inputs  # [1, 2L+1, bits+1]
+
+
+def run_sample(run: LoadedRun, seed: int = 0, split: str | None = None, length: int | None = None) -> torch.Tensor:
+    """One input for ``run``'s model: token ids ``[1, W]`` (engine runs; digits drawn from
+    ``split``, default ``"id"`` when the run has it, else the training range) or copy bits
+    ``[1, 2L+1, bits+1]`` (copy runs; ``length`` default the training maximum, at most 20)."""
+    if run.kind == "ntm_copy":
+        args = (run.results or {}).get("args", {})
+        L = length or min(int(args.get("max_len", 10)), 20)
+        return _copy_sample(run.model.config.input_size - 1, L, seed)
+    from ..tasks.nsp import make_split
+
+    task = run.config.get("task", {})
+    splits = task.get("splits") or {}
+    name = split or ("id" if "id" in splits else None)
+    if name is not None and name not in splits:
+        raise RunDirError(f"`split` expected one of {sorted(splits)}, got {name!r}")
+    lo, hi = splits[name] if name else task.get("train_digits", (1, 10))
+    return make_split(task.get("name", "reduce"), int(lo), int(hi), 1, seed).inputs  # [1, W]
+
+
+def _attention_figure(maps: dict[str, torch.Tensor], tokens=None, max_maps: int = 8, title: str | None = None) -> Figure:
+    flat = {}
+    for name, A in maps.items():
+        for h in range(A.shape[1]):
+            flat[f"{name or 'attention'} head {h}"] = A[0, h]
+    flat = dict(list(flat.items())[:max_maps])
+    return plot_attention_maps(flat, tokens=tokens, title=title)
+
+
+def _memory_figures(trace: dict, memory, inputs, outputs, in_labels, out_labels, out_label: str) -> dict[str, Figure]:
+    kind = trace["kind"]
+    figs: dict[str, Figure] = {}
+    if kind in ("ntm", "dnc"):
+        name = kind.upper()
+        figs["weightings"] = plot_read_write(inputs, outputs, trace["write_weights"][0], trace["read_weights"][0],
+                                             model_name=name, input_labels=in_labels, output_labels=out_labels,
+                                             output_label=out_label)
+    if kind == "dnc":
+        figs["dnc_memory"] = plot_dnc_memory(trace["usage"][0], trace["link"][0], read_modes=trace["read_modes"][0])
+    if kind == "lsam":
+        figs["gates"] = plot_gates({k: v[0] for k, v in trace["gates"].items()}, model_name="LSAM")
+    if kind == "nam_tm":
+        figs.update(_nam_tm_figures(trace, memory))
+    return figs
+
+
+def _nam_tm_figures(trace: dict, memory) -> dict[str, Figure]:
+    """Classify the NAM-TM aux fields by shape and name: positions, actions and gates."""
+    cfg = getattr(memory, "config", None)
+    names = getattr(memory, "actions", None) or getattr(cfg, "actions", None)
+    positions, actions, gates = {}, {}, {}
+    for key, t in trace.items():
+        if not isinstance(t, torch.Tensor) or key == "output" or t.dim() < 3:
+            continue
+        label = key.replace("_", " ")
+        if "action" in key or "move" in key:
+            if t.dim() == 5:  # [B, T, tapes, heads, A]
+                for h in range(t.shape[3]):
+                    actions[f"{label} {('read', 'write')[h] if t.shape[3] == 2 else h}"] = t[0, :, :, h]
+            elif t.dim() == 4:
+                actions[label] = t[0]
+        elif t.dim() == 4:
+            positions[label] = t[0]
+        elif t.dim() == 3:
+            gates[label] = t[0]
+    figs = {}
+    if positions:
+        figs["tape_heads"] = plot_tape_heads(positions, actions, action_names=names)
+    if gates:
+        figs["gates"] = plot_gates(gates, model_name="NAM-TM")
+    return figs
+
+
+@torch.no_grad()
+def model_figures(model: torch.nn.Module, x: torch.Tensor) -> dict[str, Figure]:
+    """The figures that fit ``model`` on the single sample ``x`` (batch of 1).
+
+    ``model``: a :class:`~memnets.models.seq.SequenceTaskModel` (``x``: token ids ``[1, W]``),
+    a bare NTM / DNC / NAM-TM / LSAM memory (``x``: ``[1, T, F]``; outputs shown through σ),
+    or an attention layer (``x``: ``[1, S, d_model]``). Returns ``{name: Figure}``; empty when
+    nothing fits (e.g. a plain LSTM).
+    """
+    from ..attention import MultiHeadBase
+
+    if isinstance(model, MultiHeadBase):
+        return {"attention": _attention_figure({type(model).__name__: attention_map(model.eval(), x)})}
+    seq = hasattr(model, "backbone") and hasattr(model, "embed") and hasattr(model, "head")
+    if seq:
+        from ..tasks.nsp import TOKEN_CHARS
+
+        memory = model.backbone
+        tokens = [TOKEN_CHARS[int(i)] for i in x[0]]
+        if memory_kind(memory) is None:
+            maps = collect_attention_maps(model, x)
+            return {"attention": _attention_figure(maps, tokens=tokens)} if maps else {}
+        model.eval()
+        trace = memory_trace(memory, model.embed(x))
+        probs = torch.softmax(model.head(trace["output"]), -1)[0]  # [W, V]
+        onehot = torch.nn.functional.one_hot(x[0], model.vocab_size).double()  # [W, V]
+        labels = list(TOKEN_CHARS[: model.vocab_size])
+        return _memory_figures(trace, memory, onehot, probs, labels, labels, "token")
+    if memory_kind(model) is None:
+        return {}
+    trace = memory_trace(model, x)
+    return _memory_figures(trace, model, x[0], torch.sigmoid(trace["output"][0]), None, None, "output")
+
+
+def run_figures(run_dir: str | Path, seed: int = 0, checkpoint: str = "best",
+                split: str | None = None) -> dict[str, Figure]:
+    """:func:`model_figures` of the run's model on one sample (``seed``) plus its
+    ``learning_curve`` (when ``metrics.jsonl`` holds training records)."""
+    run = load_run(run_dir, checkpoint)
+    figs = model_figures(run.model, run_sample(run, seed, split))
+    try:
+        records = read_metrics(run.run_dir)
+    except FileNotFoundError:
+        records = []
+    if train_curve(records):
+        figs["learning_curve"] = plot_learning_curves({run.name: records}, title=f"{run.name}: learning curve")
+    return figs
+
+
+def write_figures(figs: dict[str, Figure], out_dir: str | Path, prefix: str = "", dpi: int = 100) -> dict[str, Path]:
+    """Save every figure as ``<out_dir>/<prefix><name>.png``; returns ``{name: path}``."""
+    return {name: save_figure(fig, Path(out_dir) / f"{prefix}{name}.png", dpi=dpi) for name, fig in figs.items()}
+
+
+def quick_model(name: str, seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor]:
+    """An untrained small model ``name`` (one of :data:`QUICK_MODELS`) and one input for it:
+    memories get a copy-task sequence of 8-bit vectors (length 8), attention layers a random
+    ``[1, 12, 16]`` input. Raises ValueError for an unknown name, ImportError when the model's
+    module is not available."""
+    if name not in QUICK_MODELS:
+        raise ValueError(f"`model` expected one of {list(QUICK_MODELS)}, got {name!r}")
+    torch.manual_seed(seed)
+    if name in ("softmax", "nam", "linear", "delta"):
+        from ..attention import build_attention
+
+        return build_attention(name, 16, 2, causal=name == "delta"), torch.randn(1, 12, 16)
+    x = _copy_sample(8, 8, seed)
+    if name == "ntm":
+        from ..memories.ntm import NTM
+
+        return NTM(9, 8, memory_slots=24, word_size=12, controller_size=32), x
+    if name == "dnc":
+        from ..memories.dnc import DNC
+
+        return DNC(9, 8, memory_slots=16, word_size=12, read_heads=2, controller_size=32), x
+    if name == "lsam":
+        from ..memories.lsam import LSAM
+
+        return LSAM(9, 16, num_heads=4), x
+    from ..memories.nam_tm import NAMTuringMachine
+
+    return NAMTuringMachine(input_size=9, hidden_size=16, num_tapes=2, tape_length=16), x
+
+
+def quick_figures(name: str, seed: int = 0) -> dict[str, Figure]:
+    """:func:`model_figures` of :func:`quick_model` ``(name, seed)``."""
+    model, x = quick_model(name, seed)
+    return model_figures(model, x)
