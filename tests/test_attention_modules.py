@@ -217,6 +217,28 @@ def test_delta_whole_equals_halves_and_steps():
         o, w = fast_weight_step(q[:, t], k[:, t], v[:, t], beta[:, t], w)
         outs.append(o)
     torch.testing.assert_close(_out(layer, torch.stack(outs, 2)), y)
+    # the layer's own step
+    s, ys = None, []
+    for t in range(11):
+        yt, s = layer.step(x[:, t], s)
+        ys.append(yt)
+    torch.testing.assert_close(torch.stack(ys, 1), y)
+    torch.testing.assert_close(s.weights, st.weights)
+
+
+def test_delta_layer_chunked_equals_reference_with_grads():
+    x = torch.randn(2, 21, D, dtype=torch.float64)
+    mask = _mask(S=21)
+    grads = []
+    for impl in ("reference", "chunked"):
+        torch.manual_seed(8)
+        layer = DeltaRuleAttention(D, H, impl=impl, chunk_size=4, feature_map="dpfp1").double()
+        y, st = layer(x, mask=mask, return_state=True)
+        loss = (y * torch.cos(torch.arange(D, dtype=torch.float64))).sum() + st.weights.sum()
+        grads.append((y, torch.autograd.grad(loss, list(layer.parameters()))))
+    torch.testing.assert_close(grads[1][0], grads[0][0])
+    for a, b in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(b, a)
 
 
 def test_delta_dpfp_option_and_beta_one_overwrites():

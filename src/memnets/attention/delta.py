@@ -112,7 +112,7 @@ class DeltaRuleAttention(MultiHeadBase):
     ``β = σ(W_β x)`` per head; φ is sum-normalised elu+1 (``feature_map="elu"``) or DPFP-ν.
     Padded steps (``mask`` False) do not write (β = 0). Dropout is applied to the read
     values before the output projection. Running a sequence whole equals running it in
-    pieces passing ``state`` along.
+    pieces passing ``state`` along, and equals ``step(x_t, state)`` token by token.
 
     Args:
         d_model, num_heads, dropout: as every attention layer.
@@ -151,6 +151,24 @@ class DeltaRuleAttention(MultiHeadBase):
         w = torch.zeros(batch_size, self.num_heads, self.head_dim, self.feature_size, device=device, dtype=dtype)
         return DeltaAttentionState(w)
 
+    def _initial(self, state, x: torch.Tensor) -> torch.Tensor | None:
+        if state is None:
+            return None
+        w0 = state.weights if isinstance(state, DeltaAttentionState) else state
+        check_shape("state.weights", w0, ["B", "H", "dh", "dφ"],
+                    [x.shape[0], self.num_heads, self.head_dim, self.feature_size])
+        return w0.to(x.dtype)
+
+    def step(self, x_t: torch.Tensor, state: DeltaAttentionState | None = None):
+        """One token (recurrent decoding): ``x_t [B, d_model]`` → ``(y_t [B, d_model], state)``."""
+        check_shape("x_t", x_t, ["B", "d_model"], [None, self.d_model])
+        q, k, v = self._project(x_t.unsqueeze(1))  # [B, 1, H, dh]
+        beta = torch.sigmoid(self.beta(x_t))  # [B, H]
+        y, w = fast_weight_step(q[:, 0], k[:, 0], v[:, 0], beta, self._initial(state, x_t),
+                                feature_map=self.feature_map)
+        y = F.dropout(y, self.dropout, self.training)
+        return self._merge(y), DeltaAttentionState(w)  # [B, H, dh] -> [B, D]
+
     def forward(
         self,
         x: torch.Tensor,
@@ -159,15 +177,9 @@ class DeltaRuleAttention(MultiHeadBase):
         return_state: bool = False,
     ):
         x, mask = self._check(x, mask)
-        B = x.shape[0]
         q, k, v = self._project(x)  # [B, S, H, dh]
         beta = torch.sigmoid(self.beta(x))  # [B, S, H]
-        w0 = None
-        if state is not None:
-            w0 = state.weights if isinstance(state, DeltaAttentionState) else state
-            check_shape("state.weights", w0, ["B", "H", "dh", "dφ"],
-                        [B, self.num_heads, self.head_dim, self.feature_size])
-            w0 = w0.to(x.dtype)
+        w0 = self._initial(state, x)
         y, w = fast_weight_scan(
             q, k, v, beta, feature_map=self.feature_map, update_rule="delta", write_mask=mask,
             initial_state=w0, impl=self.impl, chunk_size=self.chunk_size,

@@ -25,19 +25,17 @@ class SoftmaxAttention(MultiHeadBase):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         x, mask = self._check(x, mask)
-        B, S, _ = x.shape
+        S = x.shape[1]
         q, k, v = (t.transpose(1, 2) for t in self._project(x))  # [B, H, S, dh]
         p = self.dropout if self.training else 0.0
         if mask is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
         else:
-            allowed = mask[:, None, None, :]  # [B, 1, 1, S]
+            allowed = mask[:, None, None, :]  # [B, 1, 1, S], broadcast over queries
             if self.causal:
                 tri = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
                 allowed = allowed & tri  # [B, 1, S, S]
-            else:
-                allowed = allowed.expand(B, 1, S, S)  # [B, 1, S, S]
-            empty = ~allowed.any(dim=-1, keepdim=True)  # [B, 1, S, 1] rows with no key
+            empty = ~allowed.any(dim=-1, keepdim=True)  # [B, 1, S or 1, 1]: rows with no key
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | empty, dropout_p=p)
             y = y.masked_fill(empty, 0.0)
         return self._merge(y.transpose(1, 2))  # [B, S, H, dh] -> [B, S, D]
