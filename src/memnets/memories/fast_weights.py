@@ -75,7 +75,9 @@ class FastWeightMemory(nn.Module):
         check_positive_int("num_heads", num_heads)
         if key_size is None:
             if input_size % num_heads:
-                raise ValueError(f"`input_size`={input_size} is not divisible by `num_heads`={num_heads}; pass key_size")
+                raise ValueError(
+                    f"`input_size`={input_size} is not divisible by `num_heads`={num_heads}; pass key_size"
+                )
             key_size = input_size // num_heads
         check_positive_int("key_size", key_size)
         value_size = key_size if value_size is None else check_positive_int("value_size", value_size)

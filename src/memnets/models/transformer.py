@@ -18,14 +18,15 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_positive_int, check_shape
 from ..attention import ATTENTION_KINDS, build_attention, check_mask
 from ..registry import register_model
 
-__all__ = ["TransformerConfig", "TransformerLayer", "TransformerEncoder", "UniversalTransformer", "sinusoidal_embedding"]
+__all__ = [
+    "TransformerConfig", "TransformerLayer", "TransformerEncoder", "UniversalTransformer", "sinusoidal_embedding",
+]
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
