@@ -1,0 +1,391 @@
+"""LSAM — Long Short-term Attention Memory (SPEC §2, §12).
+
+Per head, with ``z_t = [x_t : h_{t-1}]``::
+
+    [q_t : k_t : v_t] = W_qkv z_t + b_qkv
+    (p_r, p_w)        = σ(W_rw z_t + b_rw)
+    M_t               = WR(M_{t-1}, μ(k_t), v_t, p_w, p_w)
+    h_t               = RD(M_t, μ(q_t), p_r)
+
+:class:`LSAMCell` is the one-step reference written with :func:`memnets.ops.nam_write` /
+:func:`memnets.ops.nam_read`. :class:`LSAM` is the ``torch.nn.LSTM``-shaped layer stack: the
+input part of every projection is one matmul over the whole sequence, only the ``h_{t-1}``
+part runs per step, and a bidirectional layer runs both directions in the same batched step.
+
+Projection rows are laid out ``[q (D) | k (D) | v (D) | p_r (H) | p_w (H)]``; q, k, v are cut
+into H contiguous heads of width ``d = D / H``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .._checks import check_positive_int, check_shape, check_tensor
+from ..ops import merge_heads, nam_read, nam_write, split_heads, unit
+from ..registry import register_model
+
+__all__ = ["LSAMCell", "LSAMCellState", "LSAM", "LSAMState", "lsam_scan"]
+
+
+class LSAMCellState(NamedTuple):
+    """State of :class:`LSAMCell`: ``memory`` ``[B, H, d, d]`` (M_t) and ``h`` ``[B, D]``."""
+
+    memory: torch.Tensor
+    h: torch.Tensor
+
+
+class LSAMState(NamedTuple):
+    """State of :class:`LSAM` (like ``(h_n, c_n)`` of ``torch.nn.LSTM``).
+
+    ``memory``: ``[L*dirs, B, H/dirs, d, d]`` — NAM memories per layer and direction
+    (index ``l*dirs + j``, direction 0 forward, 1 backward), ``d = hidden_size / num_heads``.
+    ``h``: ``[L*dirs, B, hidden_size/dirs]`` — last read vectors. For the backward direction
+    the state given to ``forward`` is the one entering at the *last* time step and the
+    returned one is after the first time step, as in ``torch.nn.LSTM``.
+    """
+
+    memory: torch.Tensor
+    h: torch.Tensor
+
+
+def _head_major_index(Dp: int, Hp: int, device) -> torch.Tensor:
+    """Row permutation from ``[q | k | v | p_r | p_w]`` to per-head blocks ``[q_i k_i v_i r_i w_i]``."""
+    d = Dp // Hp
+    heads = torch.arange(Hp, device=device)
+    rows = torch.arange(d, device=device)
+    q = heads[:, None] * d + rows[None, :]  # [H', d]
+    idx = torch.cat([q, Dp + q, 2 * Dp + q, (3 * Dp + heads)[:, None], (3 * Dp + Hp + heads)[:, None]], 1)
+    return idx.reshape(-1)  # [H' * (3d + 2)]
+
+
+_EPS = 1e-6  # μ's eps, as in memnets.ops.unit
+
+
+class _LSAMRecurrence(torch.autograd.Function):
+    """The per-step part of :func:`lsam_scan` with a hand-written backward (SPEC §2).
+
+    Forward, per step (N = dirs·B·H' memories, rows of ``g`` in per-head blocks)::
+
+        g = gx_t + h_{t-1} W_hhᵀ;  (q, k) = μ(.);  (p_r, p_w) = σ(.)
+        (a_q, a_k) = (M q, M k);  u = p_w (v − a_k);  M ← M + u kᵀ
+        h_t = p_r (a_q + u (q·k))          # = RD(WR(M, k, v, p_w, p_w), q, p_r)
+
+    The memory is updated in place in one buffer (no per-step allocation of ``[N, d, d]``);
+    every ``C ≈ √T`` steps a copy is kept. Backward walks the segments in reverse,
+    recomputing each segment's memories from its copy with the same ops (bit-identical), so
+    memory use is O(√T) memories instead of O(T). The weight gradient ``Σ_t h_{t-1}ᵀ dg_t``
+    is one matmul after the loop. Not twice differentiable.
+    """
+
+    @staticmethod
+    def forward(ctx, gx, w_hhT, M0, h0):
+        T, dirs, B, G = gx.shape
+        Dp, N, d = w_hhT.shape[1], M0.shape[0], M0.shape[-1]
+        C = max(1, math.isqrt(T - 1) + 1) if T > 1 else 1  # segment length ≈ √T
+        ckpts = M0.new_empty((T + C - 1) // C, N, d, d)
+        M, h = M0.clone(), h0
+        saved, outs = [], []
+        for t in range(T):
+            if t % C == 0:
+                ckpts[t // C].copy_(M)
+            blk = torch.baddbmm(gx[t], h, w_hhT).view(N, 3 * d + 2)  # [N, 3d+2]
+            raw = blk[:, : 2 * d].view(N, 2, d)
+            nrm = raw.norm(dim=-1, keepdim=True)  # [N, 2, 1]
+            qk = raw / nrm.clamp_min(_EPS)  # [N, 2, d] = (μ(q), μ(k))
+            p = torch.sigmoid(blk[:, 3 * d:])  # [N, 2] = (p_r, p_w)
+            ab = torch.bmm(qk, M.transpose(1, 2))  # [N, 2, d] = (M q, M k)
+            e = blk[:, 2 * d: 3 * d] - ab[:, 1]  # v − M k
+            u = e * p[:, 1:]  # [N, d]
+            M.addcmul_(u.unsqueeze(-1), qk[:, 1:])  # M + u kᵀ, in place
+            c = (qk[:, 0] * qk[:, 1]).sum(-1, keepdim=True)  # q·k: [N, 1]
+            r = ab[:, 0] + u * c  # M_t q
+            h = (r * p[:, :1]).view(dirs, B, Dp)
+            saved.append((qk, nrm, p, e, u, c, r))
+            outs.append(h)
+        out = torch.stack(outs, 0)  # [T, dirs, B, D']
+        ctx.saved, ctx.C = saved, C
+        ctx.save_for_backward(w_hhT, h0, out, ckpts)
+        return out, M
+
+    @staticmethod
+    def backward(ctx, dout, dM):
+        w_hhT, h0, out, ckpts = ctx.saved_tensors
+        T, dirs, B, Dp = out.shape
+        N, d, C = ckpts.shape[1], ckpts.shape[-1], ctx.C
+        w_hh = w_hhT.transpose(1, 2)  # [dirs, G, D']
+        dM = torch.zeros_like(ckpts[0]) if dM is None else dM.clone()
+        dout = torch.zeros_like(out) if dout is None else dout
+        dh = torch.zeros_like(h0)
+        seg = ckpts.new_empty(min(C, T), N, d, d)  # memories M_{t-1} of one segment
+        dgs = [None] * T
+        for t in range(T - 1, -1, -1):
+            qk, nrm, p, e, u, c, r = ctx.saved[t]
+            i = t % C
+            if t == T - 1 or i == C - 1:  # recompute this segment's memories from its copy
+                seg[0].copy_(ckpts[t // C])
+                for j in range(1, i + 1):
+                    s = ctx.saved[t - i + j - 1]
+                    torch.addcmul(seg[j - 1], s[4].unsqueeze(-1), s[0][:, 1:], out=seg[j])
+            M = seg[i]
+            q, k = qk[:, 0], qk[:, 1]
+            dh = (dout[t] + dh).view(N, d)
+            dp_r = (dh * r).sum(-1, keepdim=True)
+            dr = dh * p[:, :1]  # = d(a_q)
+            du = dr * c + torch.bmm(k.unsqueeze(1), dM.transpose(1, 2)).squeeze(1)  # + dM k
+            dc = (dr * u).sum(-1, keepdim=True)
+            dk = torch.bmm(u.unsqueeze(1), dM).squeeze(1) + dc * q  # dMᵀ u + dc q
+            dp_w = (du * e).sum(-1, keepdim=True)
+            de = du * p[:, 1:]  # = dv = −d(a_k)
+            dab = torch.stack([dr, -de], 1)  # [N, 2, d]
+            dqk = torch.bmm(dab, M)  # [N, 2, d] = (Mᵀ da_q, Mᵀ da_k)ᵀ
+            dM.baddbmm_(dab.transpose(1, 2), qk)  # dM + da_q qᵀ + da_k kᵀ
+            dqk = dqk + torch.stack([dc * k, dk], 1)
+            # μ backward: (dy − y (y·dy)) / max(‖x‖, eps), the projection only where ‖x‖ > eps
+            proj = (dqk * qk).sum(-1, keepdim=True) * (nrm > _EPS)
+            draw = (dqk - qk * proj) / nrm.clamp_min(_EPS)  # [N, 2, d]
+            dpre = torch.cat([dp_r, dp_w], 1) * p * (1 - p)  # σ backward: [N, 2]
+            dg = torch.cat([draw.view(N, 2 * d), de, dpre], 1).view(dirs, B, -1)  # [dirs, B, G]
+            dgs[t] = dg
+            dh = torch.bmm(dg, w_hh)  # [dirs, B, D']
+        dgx = torch.stack(dgs, 0)  # [T, dirs, B, G]
+        dw = None
+        if ctx.needs_input_grad[1]:
+            hprev = torch.cat([h0.unsqueeze(0), out[:-1]], 0)  # [T, dirs, B, D']
+            hp = hprev.permute(1, 3, 0, 2).reshape(dirs, Dp, T * B)  # [dirs, D', T*B]
+            dw = torch.bmm(hp, dgx.permute(1, 0, 2, 3).reshape(dirs, T * B, -1))  # [dirs, D', G]
+        return dgx, dw, dM, dh
+
+
+def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor, bias: torch.Tensor,
+              memory: torch.Tensor, h: torch.Tensor, num_heads: int):
+    """Run one LSAM layer (all its directions at once) over a sequence — the fast path.
+
+    Args:
+        x: ``[T, B, F]`` time-major input.
+        weight_ih ``[dirs, G, F]``, weight_hh ``[dirs, G, D']``, bias ``[dirs, G]``: the
+            :class:`LSAMCell` parameters of each direction (rows ``q | k | v | p_r | p_w``).
+        memory: ``[dirs, B, H', d, d]``; h: ``[dirs, B, D']`` initial states.
+        num_heads: H' heads per direction.
+    Returns:
+        ``(out [T, B, dirs*D'], memory [dirs, B, H', d, d], h [dirs, B, D'])``; direction 1
+        runs from t = T-1 down to 0.
+
+    The input projection of every step and direction is one matmul; per step only
+    ``h_{t-1} W_hhᵀ`` (one batched matmul over directions) and the NAM update remain, with a
+    hand-written backward (:class:`_LSAMRecurrence`). Rows are permuted to per-head blocks
+    so that a step needs views only.
+    """
+    T, B, Fi = x.shape
+    dirs, G, Dp = weight_hh.shape
+    Hp = num_heads
+    d = Dp // Hp
+    idx = _head_major_index(Dp, Hp, x.device)
+    w_ih = weight_ih.index_select(1, idx)  # [dirs, G, F], head-major rows
+    w_hhT = weight_hh.index_select(1, idx).transpose(1, 2).contiguous()  # [dirs, D', G]
+    b = bias.index_select(1, idx)  # [dirs, G]
+    gx = F.linear(x, w_ih.reshape(dirs * G, Fi), b.reshape(dirs * G))  # [T, B, dirs*G]
+    gx = gx.unflatten(-1, (dirs, G)).transpose(1, 2)  # [T, dirs, B, G]
+    if dirs == 2:
+        gx = torch.stack([gx[:, 0], gx[:, 1].flip(0)], dim=1)  # backward direction reversed in time
+    M0 = memory.reshape(dirs * B * Hp, d, d)  # [N, d, d]
+    out, M = _LSAMRecurrence.apply(gx.contiguous(), w_hhT, M0, h.contiguous())
+    h_T = out[-1]  # [dirs, B, D']
+    if dirs == 2:
+        out = torch.cat([out[:, 0], out[:, 1].flip(0)], dim=-1)  # [T, B, 2D']
+    else:
+        out = out[:, 0]  # [T, B, D']
+    return out, M.view(dirs, B, Hp, d, d), h_T
+
+
+def _init_uniform(t: torch.Tensor, fan_in: int) -> None:
+    bound = 1.0 / math.sqrt(fan_in)
+    nn.init.uniform_(t, -bound, bound)
+
+
+class LSAMCell(nn.Module):
+    """One LSAM step straight from SPEC §2 (the reference for :class:`LSAM`).
+
+    Args:
+        input_size: width of ``x_t``.
+        hidden_size: D, width of ``h_t``; divisible by ``num_heads``.
+        num_heads: H, number of NAM memories of size ``d × d``, ``d = D / H``.
+
+    Parameters: ``weight_ih [3D+2H, input_size]``, ``weight_hh [3D+2H, D]``, ``bias [3D+2H]``
+    (rows ``q | k | v | p_r | p_w``).
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_heads: int):
+        super().__init__()
+        check_positive_int("input_size", input_size)
+        check_positive_int("hidden_size", hidden_size)
+        check_positive_int("num_heads", num_heads)
+        if hidden_size % num_heads:
+            raise ValueError(f"`hidden_size`={hidden_size} must be divisible by `num_heads`={num_heads}")
+        self.input_size, self.hidden_size, self.num_heads = input_size, hidden_size, num_heads
+        G = 3 * hidden_size + 2 * num_heads
+        self.weight_ih = nn.Parameter(torch.empty(G, input_size))
+        self.weight_hh = nn.Parameter(torch.empty(G, hidden_size))
+        self.bias = nn.Parameter(torch.empty(G))
+        for p in self.parameters():
+            _init_uniform(p, input_size + hidden_size)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> LSAMCellState:
+        """Zero memory ``[B, H, d, d]`` and zero ``h`` ``[B, D]`` (M_0 = 0, h_0 = 0)."""
+        dtype = dtype or self.weight_ih.dtype
+        d = self.head_dim
+        return LSAMCellState(
+            torch.zeros(batch_size, self.num_heads, d, d, device=device, dtype=dtype),
+            torch.zeros(batch_size, self.hidden_size, device=device, dtype=dtype),
+        )
+
+    def step(self, x_t: torch.Tensor, state: LSAMCellState | None = None):
+        """``x_t [B, input_size]`` -> ``(h_t [B, D], LSAMCellState)``."""
+        check_shape("x_t", x_t, ["B", "input_size"], [None, self.input_size])
+        B, D, H, d = x_t.shape[0], self.hidden_size, self.num_heads, self.head_dim
+        if state is None:
+            state = self.init_state(B, x_t.device, x_t.dtype)
+        check_shape("state.memory", state.memory, ["B", "H", "d", "d"], [B, H, d, d])
+        check_shape("state.h", state.h, ["B", "D"], [B, D])
+        z = torch.cat([x_t, state.h], dim=-1)  # [B, input_size + D]
+        g = F.linear(z, torch.cat([self.weight_ih, self.weight_hh], dim=1), self.bias)
+        q, k, v, a_r, a_w = g.split([D, D, D, H, H], dim=-1)
+        q = unit(split_heads(q, H))  # [B, H, d]
+        k = unit(split_heads(k, H))  # [B, H, d]
+        v = split_heads(v, H)  # [B, H, d]
+        p_r, p_w = torch.sigmoid(a_r), torch.sigmoid(a_w)  # [B, H]
+        memory = nam_write(state.memory, k, v, p_w, p_w)
+        h = merge_heads(nam_read(memory, q, p_r))  # [B, D]
+        return h, LSAMCellState(memory, h)
+
+    def forward(self, x: torch.Tensor, state: LSAMCellState | None = None):
+        """Loop :meth:`step` over ``x [B, T, input_size]`` -> ``(y [B, T, D], state)``."""
+        check_shape("x", x, ["B", "T", "input_size"], [None, None, self.input_size])
+        ys = []
+        for t in range(x.shape[1]):
+            y, state = self.step(x[:, t], state)
+            ys.append(y)
+        return torch.stack(ys, dim=1), state
+
+
+@register_model("lsam")
+class LSAM(nn.Module):
+    """Multi-layer (bi)directional LSAM shaped like ``torch.nn.LSTM`` (SPEC §2, §12).
+
+    Args:
+        input_size: width of the input features.
+        hidden_size: D, width of the output (also when bidirectional: each direction then
+            has width D/2 and H/2 heads, outputs concatenated ``[forward : backward]``).
+        num_heads: H, total heads per layer (even when bidirectional); head width D/H.
+        num_layers: stacked layers; layer l > 0 reads the output of layer l-1.
+        bidirectional: half the heads run forward in time, half backward.
+        batch_first: ``x`` is ``[B, T, F]`` (True) or ``[T, B, F]``.
+        dropout: dropout on the outputs of every layer except the last (training only).
+
+    Parameters per layer ``l`` (``dirs`` = 2 if bidirectional else 1, ``D' = D/dirs``,
+    ``H' = H/dirs``, ``G = 3D' + 2H'``): ``weight_ih_l{l} [dirs, G, in_l]``,
+    ``weight_hh_l{l} [dirs, G, D']``, ``bias_l{l} [dirs, G]``; direction j of layer l is
+    exactly an :class:`LSAMCell` (D', H') with ``weight_ih = weight_ih_l{l}[j]`` etc.
+
+    ``forward(x, state=None) -> (output [B, T, D], LSAMState)``.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_heads: int, num_layers: int = 1,
+                 bidirectional: bool = False, batch_first: bool = True, dropout: float = 0.0):
+        super().__init__()
+        check_positive_int("input_size", input_size)
+        check_positive_int("hidden_size", hidden_size)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("num_layers", num_layers)
+        dirs = 2 if bidirectional else 1
+        if num_heads % dirs or hidden_size % num_heads:
+            raise ValueError(
+                f"`num_heads`={num_heads} must divide `hidden_size`={hidden_size}"
+                + (" and be even (bidirectional)" if bidirectional else ""))
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"`dropout` expected a float in [0, 1), got {dropout!r}")
+        self.input_size, self.hidden_size, self.num_heads = input_size, hidden_size, num_heads
+        self.num_layers, self.bidirectional, self.batch_first = num_layers, bidirectional, batch_first
+        self.dropout, self.num_directions = float(dropout), dirs
+        Dp, Hp = hidden_size // dirs, num_heads // dirs
+        G = 3 * Dp + 2 * Hp
+        for l in range(num_layers):
+            in_l = input_size if l == 0 else hidden_size
+            for name, shape in ((f"weight_ih_l{l}", (dirs, G, in_l)), (f"weight_hh_l{l}", (dirs, G, Dp)),
+                                (f"bias_l{l}", (dirs, G))):
+                p = nn.Parameter(torch.empty(shape))
+                _init_uniform(p, in_l + Dp)
+                self.register_parameter(name, p)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def layer_weights(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(weight_ih [dirs, G, in], weight_hh [dirs, G, D'], bias [dirs, G])`` of a layer."""
+        return (getattr(self, f"weight_ih_l{layer}"), getattr(self, f"weight_hh_l{layer}"),
+                getattr(self, f"bias_l{layer}"))
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> LSAMState:
+        """Zero :class:`LSAMState` for ``batch_size`` sequences."""
+        dtype = dtype or self.weight_ih_l0.dtype
+        n, dirs, d = self.num_layers * self.num_directions, self.num_directions, self.head_dim
+        return LSAMState(
+            torch.zeros(n, batch_size, self.num_heads // dirs, d, d, device=device, dtype=dtype),
+            torch.zeros(n, batch_size, self.hidden_size // dirs, device=device, dtype=dtype),
+        )
+
+    def _check_state(self, state: LSAMState, B: int) -> None:
+        if not (isinstance(state, tuple) and len(state) == 2):
+            raise TypeError(f"`state` expected an LSAMState(memory, h), got {type(state).__name__}")
+        n, dirs, d = self.num_layers * self.num_directions, self.num_directions, self.head_dim
+        check_shape("state.memory", state.memory, ["L*dirs", "B", "H/dirs", "d", "d"],
+                    [n, B, self.num_heads // dirs, d, d])
+        check_shape("state.h", state.h, ["L*dirs", "B", "D/dirs"], [n, B, self.hidden_size // dirs])
+
+    def forward(self, x: torch.Tensor, state: LSAMState | None = None):
+        """``x [B, T, input_size]`` (or ``[T, B, ·]``) -> ``(output [B, T, D], LSAMState)``."""
+        check_tensor("x", x)
+        sym = ["B", "T", "input_size"] if self.batch_first else ["T", "B", "input_size"]
+        check_shape("x", x, sym, [None, None, self.input_size])
+        if not x.is_floating_point():
+            raise TypeError(f"`x` expected a floating-point tensor, got {x.dtype}")
+        xt = x.transpose(0, 1) if self.batch_first else x  # [T, B, F]
+        T, B = xt.shape[0], xt.shape[1]
+        if T == 0 or B == 0:
+            raise ValueError(f"`x` expected non-empty batch and time dims, got {list(x.shape)}")
+        if state is None:
+            state = self.init_state(B, x.device, x.dtype)
+        else:
+            self._check_state(state, B)
+        dirs, Hp = self.num_directions, self.num_heads // self.num_directions
+        mems, hs = [], []
+        inp = xt
+        for l in range(self.num_layers):
+            w_ih, w_hh, b = self.layer_weights(l)
+            sl = slice(l * dirs, (l + 1) * dirs)
+            out, M_T, h_T = lsam_scan(inp, w_ih, w_hh, b, state.memory[sl], state.h[sl], Hp)
+            mems.append(M_T)
+            hs.append(h_T)
+            inp = out  # [T, B, D]
+            if self.dropout and self.training and l < self.num_layers - 1:
+                inp = F.dropout(inp, self.dropout, training=True)
+        y = inp.transpose(0, 1) if self.batch_first else inp
+        return y, LSAMState(torch.cat(mems, 0), torch.cat(hs, 0))
+
+    def step(self, x_t: torch.Tensor, state: LSAMState | None = None):
+        """One token: ``x_t [B, input_size]`` -> ``(y_t [B, D], LSAMState)`` (unidirectional only)."""
+        if self.bidirectional:
+            raise ValueError("`step` needs a unidirectional LSAM (bidirectional=False)")
+        check_shape("x_t", x_t, ["B", "input_size"], [None, self.input_size])
+        x = x_t.unsqueeze(1) if self.batch_first else x_t.unsqueeze(0)
+        y, state = self.forward(x, state)
+        return (y[:, 0] if self.batch_first else y[0]), state

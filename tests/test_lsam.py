@@ -1,0 +1,232 @@
+"""LSAM (SPEC §2, §12): the fast layer against a loop of reference cells, state carrying,
+special cases, bad input, training, and the encoder–decoder."""
+import pytest
+import torch
+
+import memnets
+from memnets.memories.lsam import LSAM, LSAMCell, LSAMCellState, LSAMState, _LSAMRecurrence
+from memnets.models.lsam_seq2seq import LSAMEncDecState, LSAMEncoderDecoder
+from memnets.ops import nam_read, nam_write, unit
+
+DT = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny ops: intra-op threads only add contention on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def cell_of(m: LSAM, layer: int, direction: int) -> LSAMCell:
+    """An LSAMCell whose parameters ARE slices of the layer's (gradients flow to ``m``)."""
+    w_ih, w_hh, b = m.layer_weights(layer)
+    c = LSAMCell(w_ih.shape[-1], m.hidden_size // m.num_directions, m.num_heads // m.num_directions)
+    del c.weight_ih, c.weight_hh, c.bias
+    c.weight_ih, c.weight_hh, c.bias = w_ih[direction], w_hh[direction], b[direction]
+    return c
+
+
+def reference(m: LSAM, x: torch.Tensor, state: LSAMState):
+    """Plain loop of cells, layer by layer, the backward direction on the reversed sequence."""
+    dirs, inp, mems, hs = m.num_directions, x, [], []
+    for l in range(m.num_layers):
+        outs = []
+        for j in range(dirs):
+            s0 = LSAMCellState(state.memory[l * dirs + j], state.h[l * dirs + j])
+            xi = inp if j == 0 else inp.flip(1)
+            y, s = cell_of(m, l, j)(xi, s0)
+            mems.append(s.memory)
+            hs.append(s.h)
+            outs.append(y if j == 0 else y.flip(1))
+        inp = torch.cat(outs, -1)
+    return inp, torch.stack(mems), torch.stack(hs)
+
+
+def random_state(m, B, g):
+    s = m.init_state(B, dtype=DT)
+    return LSAMState(torch.randn(s.memory.shape, generator=g, dtype=DT).requires_grad_(),
+                     torch.randn(s.h.shape, generator=g, dtype=DT).requires_grad_())
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_layer_matches_cell_loop_values_and_grads(bidirectional):
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    m = LSAM(5, 12, 4, num_layers=2, bidirectional=bidirectional).to(DT)
+    x = torch.randn(3, 7, 5, generator=g, dtype=DT, requires_grad=True)
+    st = random_state(m, 3, g)
+    y, s = m(x, st)
+    yr, Mr, hr = reference(m, x, st)
+    assert y.shape == (3, 7, 12)
+    torch.testing.assert_close(y, yr, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(s.memory, Mr, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(s.h, hr, rtol=1e-10, atol=1e-12)
+    cy, cM, ch = (torch.randn(t.shape, generator=g, dtype=DT) for t in (yr, Mr, hr))
+    names = ["x", "state.memory", "state.h"] + [n for n, _ in m.named_parameters()]
+    ins = [x, st.memory, st.h] + list(m.parameters())
+    g1 = torch.autograd.grad((y * cy).sum() + (s.memory * cM).sum() + (s.h * ch).sum(), ins)
+    g2 = torch.autograd.grad((yr * cy).sum() + (Mr * cM).sum() + (hr * ch).sum(), ins)
+    for n, a, b in zip(names, g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=n)
+
+
+def test_cell_step_is_spec_formula():
+    g = torch.Generator().manual_seed(1)
+    c = LSAMCell(3, 8, 2).to(DT)
+    x = torch.randn(4, 3, generator=g, dtype=DT)
+    s0 = LSAMCellState(torch.randn(4, 2, 4, 4, generator=g, dtype=DT), torch.randn(4, 8, generator=g, dtype=DT))
+    h, s = c.step(x, s0)
+    z = torch.cat([x, s0.h], -1)
+    W = torch.cat([c.weight_ih, c.weight_hh], 1)
+    out = z @ W.T + c.bias
+    q, k, v = (out[:, i * 8:(i + 1) * 8].reshape(4, 2, 4) for i in range(3))
+    p_r, p_w = torch.sigmoid(out[:, 24:26]), torch.sigmoid(out[:, 26:28])
+    M = s0.memory.clone()
+    for b in range(4):
+        for hd in range(2):
+            kk, qq = k[b, hd] / k[b, hd].norm(), q[b, hd] / q[b, hd].norm()
+            M[b, hd] = M[b, hd] + p_w[b, hd] * torch.outer(v[b, hd] - M[b, hd] @ kk, kk)
+    r = torch.einsum("bhvk,bhk->bhv", M, unit(q)) * p_r[..., None]
+    torch.testing.assert_close(s.memory, M)
+    torch.testing.assert_close(h, r.reshape(4, 8))
+    torch.testing.assert_close(s.memory, nam_write(s0.memory, unit(k), v, p_w, p_w))
+    torch.testing.assert_close(h, nam_read(s.memory, unit(q), p_r).reshape(4, 8))
+
+
+def test_recurrence_gradcheck():
+    g = torch.Generator().manual_seed(2)
+    T, dirs, B, d, Hp = 3, 2, 1, 2, 2
+    G, Dp, N = Hp * (3 * d + 2), Hp * d, dirs * B * Hp
+    gx = torch.randn(T, dirs, B, G, generator=g, dtype=DT, requires_grad=True)
+    w = (0.5 * torch.randn(dirs, Dp, G, generator=g, dtype=DT)).requires_grad_()
+    M0 = torch.randn(N, d, d, generator=g, dtype=DT, requires_grad=True)
+    h0 = torch.randn(dirs, B, Dp, generator=g, dtype=DT, requires_grad=True)
+    assert torch.autograd.gradcheck(_LSAMRecurrence.apply, (gx, w, M0, h0))
+
+
+def test_whole_equals_halves_equals_tokens():
+    torch.manual_seed(3)
+    m = LSAM(4, 8, 2, num_layers=2).to(DT)
+    x = torch.randn(2, 9, 4, dtype=DT)
+    y, s = m(x)
+    y1, s1 = m(x[:, :4])
+    y2, s2 = m(x[:, 4:], s1)
+    torch.testing.assert_close(torch.cat([y1, y2], 1), y)
+    torch.testing.assert_close(s2.memory, s.memory)
+    st, ys = None, []
+    for t in range(9):
+        yt, st = m.step(x[:, t], st)
+        ys.append(yt)
+    torch.testing.assert_close(torch.stack(ys, 1), y)
+    torch.testing.assert_close(st.h, s.h)
+
+
+def test_time_major_and_bidirectional_shapes():
+    torch.manual_seed(4)
+    m = LSAM(3, 8, 4, num_layers=2, bidirectional=True)
+    x = torch.randn(2, 5, 3)
+    y, s = m(x)
+    assert y.shape == (2, 5, 8) and s.memory.shape == (4, 2, 2, 2, 2) and s.h.shape == (4, 2, 4)
+    m2 = LSAM(3, 8, 4, num_layers=2, bidirectional=True, batch_first=False)
+    m2.load_state_dict(m.state_dict())
+    y2, _ = m2(x.transpose(0, 1))
+    torch.testing.assert_close(y2.transpose(0, 1), y)
+    # one layer: the backward half at t=0 depends on the last input, the forward half does not
+    m1 = LSAM(3, 8, 4, bidirectional=True)
+    y, _ = m1(x)
+    x2 = x.clone()
+    x2[:, -1] += 1.0
+    y3, _ = m1(x2)
+    assert torch.equal(y3[:, 0, :4], y[:, 0, :4]) and not torch.allclose(y3[:, 0, 4:], y[:, 0, 4:])
+
+
+def test_zero_input_and_weights_give_no_nan():
+    m = LSAM(3, 8, 2, num_layers=2, bidirectional=True).to(DT)
+    for p in m.parameters():
+        torch.nn.init.zeros_(p)
+    x = torch.zeros(2, 6, 3, dtype=DT, requires_grad=True)
+    y, s = m(x)
+    assert torch.equal(y, torch.zeros_like(y)) and torch.equal(s.memory, torch.zeros_like(s.memory))
+    (y.sum() + s.memory.sum()).backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_bad_input_raises():
+    m = LSAM(3, 8, 2)
+    with pytest.raises(ValueError, match="`x`"):
+        m(torch.randn(2, 5, 4))
+    with pytest.raises(ValueError, match="`x`"):
+        m(torch.randn(5, 3))
+    with pytest.raises(ValueError, match="state.memory"):
+        m(torch.randn(2, 5, 3), LSAMState(torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 8)))
+    with pytest.raises(ValueError, match="num_heads"):
+        LSAM(3, 8, 3)
+    with pytest.raises(ValueError, match="num_heads"):
+        LSAM(3, 8, 1, bidirectional=True)
+    with pytest.raises(ValueError, match="bidirectional"):
+        LSAM(3, 8, 2, bidirectional=True).step(torch.randn(2, 3))
+    with pytest.raises(TypeError, match="`x`"):
+        m([1, 2, 3])
+    with pytest.raises(ValueError, match="`x_t`"):
+        LSAMCell(3, 8, 2).step(torch.randn(2, 4))
+
+
+def test_registry_builds_models():
+    assert isinstance(memnets.build_model("lsam", input_size=3, hidden_size=8, num_heads=2), LSAM)
+    assert memnets.LSAMCell is LSAMCell
+
+
+def test_lsam_trains_on_delayed_recall():
+    """Predict the token seen two steps earlier: needs memory; loss must drop clearly."""
+    torch.manual_seed(0)
+    V, B, T = 4, 32, 10
+    emb = torch.nn.Embedding(V, 16)
+    m = LSAM(16, 16, 2)
+    head = torch.nn.Linear(16, V)
+    params = [*emb.parameters(), *m.parameters(), *head.parameters()]
+    opt = torch.optim.Adam(params, lr=2e-2)
+    losses = []
+    for _ in range(60):
+        tok = torch.randint(0, V, (B, T))
+        y, _ = m(emb(tok))
+        loss = torch.nn.functional.cross_entropy(head(y[:, 2:]).reshape(-1, V), tok[:, :-2].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+
+
+def test_encoder_decoder_shapes_state_and_training():
+    torch.manual_seed(0)
+    m = LSAMEncoderDecoder(16, 4, 32, dropout=0.0)
+    assert isinstance(memnets.build_model("lsam_encdec", d_model=16, num_heads=4), LSAMEncoderDecoder)
+    x = torch.randn(3, 6, 16)
+    y, s = m(x)
+    assert y.shape == (3, 6, 16) and isinstance(s, LSAMEncDecState)
+    assert s.decoder.memory.shape == (1, 3, 4, 4, 4)
+    # the decoder starts from the encoder's final memories: changing them changes the output
+    e, enc = m.encode(x)
+    y0, _ = m.decoder(e)
+    assert not torch.allclose(y0, y)
+    with pytest.raises(ValueError, match="`x`"):
+        m(torch.randn(3, 6, 8))
+    # reverse a short sequence of tokens (needs the bidirectional encoder)
+    V = 4
+    emb, head = torch.nn.Embedding(V, 16), torch.nn.Linear(16, V)
+    params = [*emb.parameters(), *m.parameters(), *head.parameters()]
+    opt = torch.optim.Adam(params, lr=2e-2)
+    losses = []
+    for _ in range(50):
+        tok = torch.randint(0, V, (16, 5))
+        y, _ = m(emb(tok))
+        loss = torch.nn.functional.cross_entropy(head(y).reshape(-1, V), tok.flip(1).reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
