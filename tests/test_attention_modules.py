@@ -330,3 +330,15 @@ def test_bench_rows():
     assert [r["model"] for r in rows] == ["transformer[nam]", "transformer[linear]", "transformer[nam]",
                                           "transformer[linear]", "transformer[delta]"]
     assert all(r["ratio"] > 0 and r["baseline_ms"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("kind,causal", [("nam", True), ("linear", True), ("softmax", True), ("nam", False), ("delta", True)])
+@pytest.mark.parametrize("S", [1, 33, 70])
+def test_layers_across_chunk_boundaries(kind, causal, S):
+    """Several ragged chunks of the causal prefix-state form (chunk length 32 here)."""
+    layer = _layer(kind, causal)
+    torch.manual_seed(9)
+    x = torch.randn(2, S, D, dtype=torch.float64)
+    mask = torch.ones(2, S, dtype=torch.bool)
+    mask[1, S // 2 + 1:] = False
+    torch.testing.assert_close(layer(x, mask=mask), reference(layer, kind, causal, x, mask), rtol=1e-9, atol=1e-10)
