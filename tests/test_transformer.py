@@ -146,6 +146,15 @@ def test_lstm_baseline_packing_and_mask():
         LSTMAttentionBaseline(15)
 
 
+def test_attention_options_reach_the_layers():
+    enc = TransformerEncoder(D, 2, H, attention="delta", causal=True, attention_options={"feature_map": "dpfp2"})
+    assert all(layer.attn.feature_map == "dpfp2" for layer in enc.layers)
+    assert TransformerEncoder.from_config(enc.config).config == enc.config
+    ut = UniversalTransformer(D, H, attention="delta", causal=True, attention_options={"feature_map": "dpfp1"})
+    assert ut.layer.attn.feature_size == 2 * (D // H)
+    assert ut(torch.randn(1, 5, D)).shape == (1, 5, D)
+
+
 def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="causal only"):
         TransformerEncoder(D, 1, H, attention="delta")

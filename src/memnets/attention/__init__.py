@@ -51,10 +51,11 @@ for _kind, _cls in ATTENTION_KINDS.items():
 
 
 def build_attention(
-    kind: str, d_model: int, num_heads: int, causal: bool = False, dropout: float = 0.0
+    kind: str, d_model: int, num_heads: int, causal: bool = False, dropout: float = 0.0, **options
 ) -> nn.Module:
     """Build the attention layer ``kind`` (one of ``"softmax"``, ``"nam"``, ``"linear"``,
-    ``"delta"``); ``"delta"`` requires ``causal=True``."""
+    ``"delta"``); ``"delta"`` requires ``causal=True``. ``options`` go to the layer's
+    constructor (e.g. ``feature_map="dpfp2"`` for ``"delta"``)."""
     if kind not in ATTENTION_KINDS:
         raise ValueError(f"`kind` expected one of {tuple(ATTENTION_KINDS)}, got {kind!r}")
-    return ATTENTION_KINDS[kind](d_model, num_heads, causal=causal, dropout=dropout)
+    return ATTENTION_KINDS[kind](d_model, num_heads, causal=causal, dropout=dropout, **options)

@@ -46,6 +46,7 @@ class TransformerConfig:
     norm_first: bool = False
     max_len: int | None = None
     activation: str = "relu"
+    attention_options: dict | None = None
 
 
 def sinusoidal_embedding(length: int, dim: int, *, device=None, dtype=None) -> torch.Tensor:
@@ -67,13 +68,14 @@ class TransformerLayer(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, dim_feedforward: int | None = None, dropout: float = 0.0,
                  attention: str = "softmax", causal: bool = False, norm_first: bool = False,
-                 activation: str = "relu"):
+                 activation: str = "relu", attention_options: dict | None = None):
         super().__init__()
         if activation not in _ACTIVATIONS:
             raise ValueError(f"`activation` expected one of {tuple(_ACTIVATIONS)}, got {activation!r}")
         ff = 4 * d_model if dim_feedforward is None else check_positive_int("dim_feedforward", dim_feedforward)
         self.norm_first = bool(norm_first)
-        self.attn = build_attention(attention, d_model, num_heads, causal=causal, dropout=dropout)
+        self.attn = build_attention(attention, d_model, num_heads, causal=causal, dropout=dropout,
+                                    **(attention_options or {}))
         self.ff = nn.Sequential(nn.Linear(d_model, ff), _ACTIVATIONS[activation](), nn.Dropout(dropout),
                                 nn.Linear(ff, d_model))
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
@@ -131,23 +133,26 @@ class TransformerEncoder(nn.Module):
         norm_first: pre-LN (with a final LayerNorm) instead of post-LN.
         max_len: learned position embeddings of this many positions; ``None`` adds none.
         activation: ``"relu"`` or ``"gelu"``.
+        attention_options: extra keyword arguments of the attention layer
+            (e.g. ``{"feature_map": "dpfp2"}`` for ``"delta"``).
 
     ``forward(x [B, S, d_model], mask [B, S] bool or None) -> [B, S, d_model]``.
     """
 
     def __init__(self, d_model: int, num_layers: int, num_heads: int, dim_feedforward: int | None = None,
                  dropout: float = 0.0, attention: str = "softmax", causal: bool = False, norm_first: bool = False,
-                 max_len: int | None = None, activation: str = "relu"):
+                 max_len: int | None = None, activation: str = "relu", attention_options: dict | None = None):
         super().__init__()
         check_positive_int("num_layers", num_layers)
         _check_attention(attention, causal)
         self.config = TransformerConfig(d_model, num_layers, num_heads, dim_feedforward, dropout, attention,
-                                        causal, norm_first, max_len, activation)
+                                        causal, norm_first, max_len, activation, attention_options)
         self.d_model = d_model
         self.positions = _Positions(d_model, max_len, fixed=False)
         self.drop = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
-            TransformerLayer(d_model, num_heads, dim_feedforward, dropout, attention, causal, norm_first, activation)
+            TransformerLayer(d_model, num_heads, dim_feedforward, dropout, attention, causal, norm_first, activation,
+                             attention_options)
             for _ in range(num_layers)
         )
         self.norm = nn.LayerNorm(d_model) if norm_first else None
@@ -182,13 +187,21 @@ class UniversalTransformer(nn.Module):
     mean of ``N + R`` over kept positions (a differentiable scalar to add, scaled, to the loss)
     and :attr:`ponder_times` the per-position ``N + R`` ``[B, S]`` (both ``None`` without ACT).
 
+    Args:
+        d_model, num_heads, dim_feedforward, dropout, attention, causal, activation,
+            attention_options: as :class:`TransformerEncoder` (for the one shared layer).
+        num_steps: how many times the layer is applied (the ACT maximum with ``act``).
+        act, act_threshold: ACT halting and its threshold ``1 − ε`` in (0, 1].
+        norm_first: pre-LN shared layer plus a final LayerNorm (the paper's UT), else post-LN.
+        max_len: learned position embeddings of this many positions; ``None``: sinusoidal.
+
     ``forward(x [B, S, d_model], mask [B, S] bool or None) -> [B, S, d_model]``.
     """
 
     def __init__(self, d_model: int, num_heads: int, num_steps: int = 8, dim_feedforward: int | None = None,
                  dropout: float = 0.0, attention: str = "softmax", act: bool = False, act_threshold: float = 0.99,
                  norm_first: bool = True, max_len: int | None = None, causal: bool = False,
-                 activation: str = "relu"):
+                 activation: str = "relu", attention_options: dict | None = None):
         super().__init__()
         check_positive_int("num_steps", num_steps)
         _check_attention(attention, causal)
@@ -197,7 +210,7 @@ class UniversalTransformer(nn.Module):
         self.d_model, self.num_steps = d_model, num_steps
         self.act, self.act_threshold = bool(act), float(act_threshold)
         self.layer = TransformerLayer(d_model, num_heads, dim_feedforward, dropout, attention, causal,
-                                      norm_first, activation)
+                                      norm_first, activation, attention_options)
         self.positions = _Positions(d_model, max_len, fixed=True)
         self.drop = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(d_model) if norm_first else None
