@@ -94,9 +94,22 @@ def _mask(B=2, S=7):
 def test_layer_matches_reference(kind, causal, masked):
     layer = _layer(kind, causal)
     torch.manual_seed(1)
-    x = torch.randn(2, 7, D, dtype=torch.float64)
+    x = torch.randn(2, 7, D, dtype=torch.float64, requires_grad=True)
     mask = _mask() if masked else None
-    torch.testing.assert_close(layer(x, mask=mask), reference(layer, kind, causal, x, mask), rtol=1e-9, atol=1e-10)
+    y, y_ref = layer(x, mask=mask), reference(layer, kind, causal, x, mask)
+    torch.testing.assert_close(y, y_ref, rtol=1e-9, atol=1e-10)
+    g = torch.randn_like(y)
+    params = [x, *layer.parameters()]
+    for a, b in zip(torch.autograd.grad((y * g).sum(), params), torch.autograd.grad((y_ref * g).sum(), params)):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind,causal", KINDS_CAUSAL)
+def test_layer_gradcheck(kind, causal):
+    layer = _layer(kind, causal)
+    x = torch.randn(1, 4, D, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True, True, True, False]])
+    assert torch.autograd.gradcheck(lambda t: layer(t, mask=mask), (x,))
 
 
 @pytest.mark.parametrize("kind", ["softmax", "nam", "linear", "delta"])
