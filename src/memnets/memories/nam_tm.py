@@ -1,0 +1,255 @@
+"""NAM Turing Machine (SPEC §3, §12): differentiable tapes read and written with NAM.
+
+Per tape (value tape ``T`` and key tape ``K``, ``[C, L]``, column i = cell i; read and
+write head positions ``H_r, H_w ∈ R^L``, starting at ``e₁``), one step does, in order::
+
+    T'     = WR(T, H_w, v, p_w, p_e)              # write value (p_e = p_w by default)
+    R      = RD(T', H_r, p_r)                      # read sees the fresh write
+    K'     = WR(K, H_w, μ(W_k x), p_w, p_e)        # write key
+    H_JUMP = K'ᵀ q_jump                            # raw, no softmax
+    H'     = Σ_a p_a · move_a(H)  for each head with its own action probabilities
+             move: LEFT = roll⁻¹(H), NO-OP = H, RIGHT = roll(H) (e_i → e_{i+1}), JUMP = H_JUMP
+
+Each head moves itself (the **fix** of SPEC §12). The tape length L is chosen per call and
+no parameter depends on it. The controller (bidirectional GRU by default) reads the layer
+input and emits, for all steps up front, per tape: read and write action softmaxes,
+σ(p_r, p_w[, p_e]) and the unit jump query; values ``W_v x`` and keys ``μ(W_k x)`` come from
+the input too, so only the tape operations run per step. Output ``W_o [r¹; …; r^T]``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .._checks import check_positive_int, check_shape, check_tensor
+from ..ops import nam_read, nam_write, unit
+from ..registry import register_model
+
+__all__ = ["NAMTuringMachine", "NAMTMState", "NAMTMAux", "nam_tm_step", "move_head", "ACTIONS"]
+
+ACTIONS = ("LEFT", "NOOP", "RIGHT", "JUMP")
+
+
+class NAMTMState(NamedTuple):
+    """Tapes and heads of every layer (Ly layers, Tn tapes of width C, length L).
+
+    ``tape``, ``key_tape``: ``[Ly, B, Tn, C, L]``; ``h_r``, ``h_w``: ``[Ly, B, Tn, L]``.
+    """
+
+    tape: torch.Tensor
+    key_tape: torch.Tensor
+    h_r: torch.Tensor
+    h_w: torch.Tensor
+
+
+class NAMTMAux(NamedTuple):
+    """Per-step diagnostics of the last layer: head positions used at step t
+    (``read_pos``, ``write_pos``: ``[B, T, Tn, L]``) and action probabilities
+    (``read_actions``, ``write_actions``: ``[B, T, Tn, A]``, order of ``actions``)."""
+
+    read_pos: torch.Tensor
+    write_pos: torch.Tensor
+    read_actions: torch.Tensor
+    write_actions: torch.Tensor
+
+
+def move_head(h: torch.Tensor, act: torch.Tensor, jump: torch.Tensor | None,
+              actions: Sequence[str] = ACTIONS) -> torch.Tensor:
+    """H' = Σ_a act_a · move_a(H) (SPEC §3). h, jump: ``[..., L]``; act: ``[..., A]``."""
+    if "JUMP" in actions and jump is None:
+        raise ValueError("`jump` is required when `actions` include 'JUMP'")
+    moves = {"LEFT": lambda: torch.roll(h, -1, -1), "NOOP": lambda: h,
+             "RIGHT": lambda: torch.roll(h, 1, -1), "JUMP": lambda: jump}
+    return sum(act[..., i:i + 1] * moves[a]() for i, a in enumerate(actions))
+
+
+def nam_tm_step(tape, key_tape, h_r, h_w, v, k, q_jump, p_r, p_w, p_e, act_r, act_w,
+                actions: Sequence[str] = ACTIONS, normalize_heads: bool = False):
+    """One NAM-TM step for one tape per batch element, from :func:`nam_write` / :func:`nam_read`.
+
+    Args:
+        tape, key_tape: ``[..., C, L]``; h_r, h_w: ``[..., L]``.
+        v: value ``[..., C]``; k: unit key ``[..., C]``; q_jump: unit query ``[..., C]``.
+        p_r, p_w, p_e: ``[...]`` in [0, 1]; act_r, act_w: ``[..., A]`` action probabilities.
+        actions: names of the A actions, a subset of ``ACTIONS`` in any order.
+        normalize_heads: use μ(H) for the value tape's write and read.
+    Returns:
+        ``(r [..., C], tape, key_tape, h_r, h_w)`` after the step.
+    """
+    hw = unit(h_w) if normalize_heads else h_w
+    hr = unit(h_r) if normalize_heads else h_r
+    tape = nam_write(tape, hw, v, p_w, p_e)  # write value
+    r = nam_read(tape, hr, p_r)  # read (after the write)
+    key_tape = nam_write(key_tape, h_w, k, p_w, p_e)  # write key
+    jump = nam_read(key_tape.transpose(-1, -2), q_jump) if "JUMP" in actions else None  # [..., L]
+    return r, tape, key_tape, move_head(h_r, act_r, jump, actions), move_head(h_w, act_w, jump, actions)
+
+
+def _fused_step(tk, heads, vk, q, p, act, order, normalize_heads):
+    """:func:`nam_tm_step` for all tapes with value and key tapes stacked (fewer small ops).
+
+    tk ``[B, Tn, 2, C, L]`` (value, key tape); heads ``[B, Tn, 2, L]`` (read, write);
+    vk ``[B, Tn, 2, C]`` (v, k); q ``[B, Tn, C]``; p ``[B, Tn, 3]`` (p_r, p_w, p_e);
+    act ``[B, Tn, 2, A]``; order: indices into (LEFT, NOOP, RIGHT, JUMP) of the actions.
+    """
+    h_w = heads[:, :, 1]  # [B, Tn, L]
+    if normalize_heads:
+        hv = unit(heads)  # [B, Tn, 2, L]
+        wk = torch.stack([hv[:, :, 1], h_w], 2)  # value tape uses μ(H_w), key tape H_w
+        h_read = hv[:, :, 0]
+    else:
+        wk = h_w.unsqueeze(2).expand(-1, -1, 2, -1)  # [B, Tn, 2, L]
+        h_read = heads[:, :, 0]
+    old = torch.einsum("btscl,btsl->btsc", tk, wk)  # T H_w, K H_w
+    u = vk * p[..., 1:2, None] - old * p[..., 2:3, None]  # [B, Tn, 2, C]
+    tk = tk + u.unsqueeze(-1) * wk.unsqueeze(-2)  # both writes
+    r = torch.einsum("btcl,btl->btc", tk[:, :, 0], h_read) * p[..., 0:1]  # [B, Tn, C]
+    moves = [torch.roll(heads, -1, -1), heads, torch.roll(heads, 1, -1)]
+    if 3 in order:
+        jump = torch.einsum("btcl,btc->btl", tk[:, :, 1], q)  # K'ᵀ q: [B, Tn, L]
+        moves.append(jump.unsqueeze(2).expand_as(heads))
+    stacked = torch.stack([moves[i] for i in order], -1)  # [B, Tn, 2, L, A]
+    heads = torch.einsum("btsla,btsa->btsl", stacked, act)
+    return r, tk, heads
+
+
+class _NAMTMLayer(nn.Module):
+    """One NAM-TM layer: controller, value/key projections, tape loop and output W_o."""
+
+    def __init__(self, input_size, hidden_size, num_tapes, actions, controller, bidirectional,
+                 normalize_heads, separate_erase):
+        super().__init__()
+        C, A = hidden_size // num_tapes, len(actions)
+        self.num_tapes, self.width, self.actions = num_tapes, C, tuple(actions)
+        self.order = [ACTIONS.index(a) for a in actions]
+        self.normalize_heads, self.separate_erase = normalize_heads, separate_erase
+        rnn = nn.GRU if controller == "gru" else nn.LSTM
+        hc = hidden_size // 2 if bidirectional else hidden_size
+        self.controller = rnn(input_size, hc, batch_first=True, bidirectional=bidirectional)
+        self.n_ctrl = 2 * A + (3 if separate_erase else 2) + C
+        self.control = nn.Linear(hc * (2 if bidirectional else 1), num_tapes * self.n_ctrl)
+        self.value = nn.Linear(input_size, hidden_size)
+        self.key = nn.Linear(input_size, hidden_size)
+        self.out = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, x, tape, key_tape, h_r, h_w):
+        B, T, _ = x.shape
+        Tn, C, A = self.num_tapes, self.width, len(self.actions)
+        ctrl = self.control(self.controller(x)[0]).view(B, T, Tn, self.n_ctrl)  # [B, T, Tn, n_ctrl]
+        act = F.softmax(ctrl[..., : 2 * A].unflatten(-1, (2, A)), dim=-1)  # [B, T, Tn, 2, A]
+        n_p = 3 if self.separate_erase else 2
+        p = torch.sigmoid(ctrl[..., 2 * A: 2 * A + n_p])  # [B, T, Tn, n_p]
+        if not self.separate_erase:
+            p = torch.cat([p, p[..., 1:2]], -1)  # p_e = p_w
+        q = unit(ctrl[..., 2 * A + n_p:])  # [B, T, Tn, C]
+        v = self.value(x).view(B, T, Tn, C)
+        k = unit(self.key(x).view(B, T, Tn, C))
+        vk = torch.stack([v, k], 3)  # [B, T, Tn, 2, C]
+        tk = torch.stack([tape, key_tape], 2)  # [B, Tn, 2, C, L]
+        heads = torch.stack([h_r, h_w], 2)  # [B, Tn, 2, L]
+        reads, pos = [], []
+        for t in range(T):
+            pos.append(heads)
+            r, tk, heads = _fused_step(tk, heads, vk[:, t], q[:, t], p[:, t], act[:, t],
+                                       self.order, self.normalize_heads)
+            reads.append(r)
+        y = self.out(torch.stack(reads, 1).flatten(2))  # [B, T, Tn*C]
+        pos = torch.stack(pos, 1)  # [B, T, Tn, 2, L]
+        aux = NAMTMAux(pos[..., 0, :], pos[..., 1, :], act[..., 0, :], act[..., 1, :])
+        return y, (tk[:, :, 0], tk[:, :, 1], heads[:, :, 0], heads[:, :, 1]), aux
+
+
+@register_model("nam_tm")
+class NAMTuringMachine(nn.Module):
+    """Multi-tape NAM Turing Machine (SPEC §3, §12).
+
+    Args:
+        input_size: width of ``x``.
+        hidden_size: D = num_tapes · C (C = tape width); output width.
+        num_tapes: Tn tapes, each with its own read/write head and key tape.
+        tape_length: default L when neither ``state`` nor ``tape_length`` is given to forward.
+        actions: head moves, a subset of ("LEFT", "NOOP", "RIGHT", "JUMP"); without "JUMP"
+            it is the paper's "No Jmp" ablation.
+        controller: "gru" or "lstm"; bidirectional_controller: run it in both directions
+            (hidden_size/2 per direction).
+        num_layers: layer l > 0 re-reads the same input and starts from layer l-1's final
+            value tape (SPEC §12); the output is the last layer's.
+        normalize_heads: value tape accessed with μ(H) (later option of the authors' code).
+        separate_erase: a separate erase gate p_e (else p_e = p_w).
+
+    ``forward(x [B, T, input_size], state=None, tape_length=None, return_aux=False)
+    -> (y [B, T, D], NAMTMState[, NAMTMAux])``. The controller runs over each call's input
+    from a zero state; the tapes and heads carry over through ``state``.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_tapes: int = 1, tape_length: int = 32,
+                 actions: Sequence[str] = ACTIONS, controller: str = "gru",
+                 bidirectional_controller: bool = True, num_layers: int = 1,
+                 normalize_heads: bool = False, separate_erase: bool = False):
+        super().__init__()
+        for name, val in (("input_size", input_size), ("hidden_size", hidden_size),
+                          ("num_tapes", num_tapes), ("tape_length", tape_length), ("num_layers", num_layers)):
+            check_positive_int(name, val)
+        if hidden_size % num_tapes:
+            raise ValueError(f"`hidden_size`={hidden_size} must be divisible by `num_tapes`={num_tapes}")
+        if bidirectional_controller and hidden_size % 2:
+            raise ValueError(f"`hidden_size`={hidden_size} must be even with a bidirectional controller")
+        actions = tuple(actions)
+        if not actions or len(set(actions)) != len(actions) or any(a not in ACTIONS for a in actions):
+            raise ValueError(f"`actions` expected distinct names among {ACTIONS}, got {actions!r}")
+        if controller not in ("gru", "lstm"):
+            raise ValueError(f"`controller` expected 'gru' or 'lstm', got {controller!r}")
+        self.input_size, self.hidden_size, self.num_tapes = input_size, hidden_size, num_tapes
+        self.tape_length, self.actions, self.num_layers = tape_length, actions, num_layers
+        self.width = hidden_size // num_tapes
+        self.layers = nn.ModuleList(
+            _NAMTMLayer(input_size, hidden_size, num_tapes, actions, controller, bidirectional_controller,
+                        normalize_heads, separate_erase) for _ in range(num_layers))
+
+    def init_state(self, batch_size: int, device=None, dtype=None, tape_length: int | None = None) -> NAMTMState:
+        """Empty tapes ``[Ly, B, Tn, C, L]`` and both heads at cell 1 (``e₁``)."""
+        L = check_positive_int("tape_length", self.tape_length if tape_length is None else tape_length)
+        dtype = dtype or self.layers[0].value.weight.dtype
+        shape = (self.num_layers, batch_size, self.num_tapes)
+        tape = torch.zeros(*shape, self.width, L, device=device, dtype=dtype)
+        head = torch.zeros(*shape, L, device=device, dtype=dtype)
+        head[..., 0] = 1.0
+        return NAMTMState(tape, tape.clone(), head, head.clone())
+
+    def forward(self, x: torch.Tensor, state: NAMTMState | None = None, tape_length: int | None = None,
+                return_aux: bool = False):
+        check_tensor("x", x)
+        check_shape("x", x, ["B", "T", "input_size"], [None, None, self.input_size])
+        B = x.shape[0]
+        if B == 0 or x.shape[1] == 0:
+            raise ValueError(f"`x` expected non-empty batch and time dims, got {list(x.shape)}")
+        if state is None:
+            state = self.init_state(B, x.device, x.dtype, tape_length)
+        else:
+            L = state.tape.shape[-1] if isinstance(state, tuple) and len(state) == 4 else None
+            if L is None:
+                raise TypeError(f"`state` expected a NAMTMState, got {type(state).__name__}")
+            if tape_length is not None and tape_length != L:
+                raise ValueError(f"`tape_length`={tape_length} differs from the state's tape length {L}")
+            Ly, Tn, C = self.num_layers, self.num_tapes, self.width
+            check_shape("state.tape", state.tape, ["Ly", "B", "Tn", "C", "L"], [Ly, B, Tn, C, L])
+            check_shape("state.key_tape", state.key_tape, ["Ly", "B", "Tn", "C", "L"], [Ly, B, Tn, C, L])
+            check_shape("state.h_r", state.h_r, ["Ly", "B", "Tn", "L"], [Ly, B, Tn, L])
+            check_shape("state.h_w", state.h_w, ["Ly", "B", "Tn", "L"], [Ly, B, Tn, L])
+        finals, tape = [], state.tape[0]
+        for l, layer in enumerate(self.layers):
+            y, fin, aux = layer(x, tape, state.key_tape[l], state.h_r[l], state.h_w[l])
+            finals.append(fin)
+            tape = fin[0]  # the next layer starts from this layer's value tape
+        new = NAMTMState(*(torch.stack(parts, 0) for parts in zip(*finals)))
+        return (y, new, aux) if return_aux else (y, new)
+
+    def step(self, x_t: torch.Tensor, state: NAMTMState | None = None):
+        """One token ``x_t [B, input_size]`` -> ``(y_t [B, D], state)``: :meth:`forward` on a
+        length-1 sequence (a bidirectional controller then sees only this token)."""
+        check_shape("x_t", x_t, ["B", "input_size"], [None, self.input_size])
+        y, state = self.forward(x_t.unsqueeze(1), state)
+        return y[:, 0], state
