@@ -256,9 +256,9 @@ def test_learns_babi_task1_subset():
 
 @pytest.mark.parametrize("pe", [True, False])
 @pytest.mark.parametrize("tying", ["adjacent", "layerwise"])
-def test_matmul_impl_equals_lookup_reference(pe, tying):
+def test_bag_impl_equals_lookup_reference(pe, tying):
     kw = dict(position_encoding=pe, weight_tying=tying, answer_size=12)
-    fast, ref = _model(impl="matmul", **kw), _model(impl="lookup", **kw)
+    fast, ref = _model(impl="bag", **kw), _model(impl="lookup", **kw)
     ref.load_state_dict(fast.state_dict())
     s, q = _stories(B=4, M=7, W=5)
     s[1, :, 4] = 3  # a 5-word sentence and varied lengths
@@ -280,3 +280,22 @@ def test_out_of_vocab_ids_raise():
     s, q = _stories()
     with pytest.raises(ValueError, match="vocab_size=12"):
         m(s, q + 20)
+
+
+@pytest.mark.skipif(_data_dir() is None, reason="no bAbI archive under $MEMNETS_DATA or ../shared/data")
+def test_experiment_smoke(tmp_path):
+    import json
+
+    from memnets.experiments import babi_memn2n
+
+    threads = torch.get_num_threads()
+    try:
+        res = babi_memn2n.main(["--tasks", "1", "--epochs", "2", "--data-dir", str(_data_dir()),
+                                "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["tasks"]["1"]["name"] == "single-supporting-fact"
+    assert 0.0 <= saved["tasks"]["1"]["test_error"] <= 100.0 and saved["mean_error"] == res["mean_error"]
+    table = (tmp_path / "results.md").read_text()
+    assert "| 1 | single-supporting-fact |" in table and "| mean |" in table

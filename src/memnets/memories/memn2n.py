@@ -24,11 +24,11 @@ from memnets._checks import check_positive_int, check_shape, check_tensor
 from memnets.registry import register_model
 
 __all__ = ["MemN2N", "MemN2NConfig", "MemN2NAux", "position_encoding", "sentence_encoding",
-           "bag_weights", "encode_bags",
+           "Bags", "bag_weights", "encode_bags",
            "memory_attention", "random_noise", "memory_mask"]
 
 WEIGHT_TYING = ("adjacent", "layerwise")
-IMPLS = ("matmul", "lookup")
+IMPLS = ("bag", "lookup")
 
 
 class MemN2NAux(NamedTuple):
@@ -61,7 +61,7 @@ class MemN2NConfig:
     linear_start: bool = False
     random_noise: float = 0.0
     init_std: float = 0.1
-    impl: str = "matmul"
+    impl: str = "bag"
 
 
 def position_encoding(sentence_length: torch.Tensor | int, embedding_dim: int,
@@ -105,42 +105,49 @@ def sentence_encoding(words: torch.Tensor, embedding: nn.Embedding, use_pe: bool
     return emb.sum(-2)
 
 
-def bag_weights(words: torch.Tensor, vocab_size: int, use_pe: bool,
-                dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Word-count form of the sentence encoding, shared by every embedding matrix.
+class Bags(NamedTuple):
+    """Word ids with their PE coefficients, shared by every embedding matrix (:func:`bag_weights`).
+
+    ids ``[N, W]``; a, b ``[N, W]`` (b is None without PE); shape: the leading shape ``[...]``.
+    """
+
+    ids: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor | None
+    shape: tuple[int, ...]
+
+
+def bag_weights(words: torch.Tensor, use_pe: bool, dtype: torch.dtype | None = None) -> Bags:
+    """Per-word weights of the sentence encoding, computed once per batch.
 
     PE splits as ``l_kj = a_j + (k/d) b_j`` with ``a_j = 1 - j/J`` and ``b_j = 2j/J - 1``, so
-    ``Σ_j l_j ∘ E x_j = S_a E + (k/d) ∘ (S_b E)`` where ``S_a[v] = Σ_{j: x_j = v} a_j`` (and
-    ``S_b`` alike). Without PE, ``S_a`` holds word counts and ``S_b`` is None. Column 0 (the
-    nil word) is zero, so padding never reaches an embedding.
-    ids ``[..., W]`` → ``(S_a, S_b)`` each ``[..., V]`` (float).
+    ``Σ_j l_j ∘ E x_j = Σ_j a_j E x_j + (k/d) ∘ Σ_j b_j E x_j`` (two weighted bags). Without
+    PE, ``a_j = 1`` and ``b`` is None. Padding words (id 0) get weight 0.
+    ids ``[..., W]`` → :class:`Bags` with ``[N, W]`` tensors, ``N = prod(...)``.
     """
-    lead, W = words.shape[:-1], words.shape[-1]
+    lead, W = tuple(words.shape[:-1]), words.shape[-1]
     flat = words.reshape(-1, W)  # [N, W]
-    valid = flat != 0
-    dtype = dtype or torch.get_default_dtype()
-    if use_pe:
-        J = valid.sum(-1, keepdim=True).clamp(min=1).to(dtype)  # [N, 1]
-        ratio = torch.arange(1, W + 1, dtype=dtype, device=words.device) / J  # [N, W]
-        coeffs = [(1 - ratio), (2 * ratio - 1)]
-    else:
-        coeffs = [torch.ones(flat.shape, dtype=dtype, device=words.device)]
-    out = []
-    for c in coeffs:
-        S = torch.zeros(flat.shape[0], vocab_size, dtype=dtype, device=words.device)
-        S.scatter_add_(1, flat, c * valid.to(dtype))
-        out.append(S.reshape(*lead, vocab_size))  # [..., V]
-    return out[0], (out[1] if use_pe else None)
+    valid = (flat != 0).to(dtype or torch.get_default_dtype())
+    if not use_pe:
+        return Bags(flat, valid, None, lead)
+    J = valid.sum(-1, keepdim=True).clamp(min=1)  # [N, 1]
+    ratio = torch.arange(1, W + 1, dtype=valid.dtype, device=words.device) / J  # [N, W]
+    return Bags(flat, (1 - ratio) * valid, (2 * ratio - 1) * valid, lead)
 
 
-def encode_bags(S_a: torch.Tensor, S_b: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
-    """``S_a E + (k/d) ∘ (S_b E)``: bags ``[..., V]`` and embedding ``[V, d]`` → ``[..., d]``."""
-    out = S_a.to(weight.dtype) @ weight
-    if S_b is not None:
+def encode_bags(bags: Bags, weight: torch.Tensor) -> torch.Tensor:
+    """``Σ_j a_j E x_j + (k/d) ∘ Σ_j b_j E x_j`` with ``F.embedding_bag``: embedding ``[V, d]``
+    → ``[..., d]``."""
+    def bag(w: torch.Tensor) -> torch.Tensor:
+        return F.embedding_bag(bags.ids, weight, per_sample_weights=w.to(weight.dtype), mode="sum",
+                               padding_idx=0)  # [N, d]
+
+    out = bag(bags.a)
+    if bags.b is not None:
         d = weight.shape[-1]
         k = torch.arange(1, d + 1, dtype=weight.dtype, device=weight.device) / d
-        out = out + k * (S_b.to(weight.dtype) @ weight)
-    return out
+        out = out + k * bag(bags.b)
+    return out.reshape(*bags.shape, weight.shape[-1])  # [..., d]
 
 
 def memory_mask(stories: torch.Tensor) -> torch.Tensor:
@@ -208,8 +215,7 @@ class MemN2N(nn.Module):
             attribute: set ``model.linear_start = False`` to re-insert the softmax.
         random_noise: RN rate (paper: 0.1); applied in training mode only.
         init_std: weights start from ``N(0, init_std²)`` (paper: 0.1).
-        impl: ``"matmul"`` (word-count bags times the embedding, :func:`bag_weights`; fast on
-            CPU) or ``"lookup"`` (embedding lookup per word, :func:`sentence_encoding`; the
+        impl: ``"bag"`` (PE-weighted ``F.embedding_bag`` sums, :func:`bag_weights`; fast) or ``"lookup"`` (embedding lookup per word, :func:`sentence_encoding`; the
             plain reference). Both give the same values and gradients.
 
     ``forward(stories [B, M', W'] long, query [B, W''] long, return_aux=False)`` with
@@ -220,7 +226,7 @@ class MemN2N(nn.Module):
                  *, sentence_size: int, weight_tying: str = "adjacent", position_encoding: bool = True,
                  temporal_encoding: bool = True, answer_size: int | None = None,
                  linear_start: bool = False, random_noise: float = 0.0, init_std: float = 0.1,
-                 impl: str = "matmul"):
+                 impl: str = "bag"):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"`impl` expected one of {IMPLS}, got {impl!r}")
@@ -327,12 +333,12 @@ class MemN2N(nn.Module):
                 return encoded[id(emb)]
         else:
             dtype = self.embeddings[0].weight.dtype
-            u = encode_bags(*bag_weights(query, cfg.vocab_size, use_pe, dtype), self.embedding_B().weight)
-            bags = bag_weights(stories, cfg.vocab_size, use_pe, dtype)  # 2 x [B, M, V]
+            u = encode_bags(bag_weights(query, use_pe, dtype), self.embedding_B().weight)  # [B, d]
+            bags = bag_weights(stories, use_pe, dtype)
 
             def encode(emb: nn.Embedding) -> torch.Tensor:
                 if id(emb) not in encoded:
-                    encoded[id(emb)] = encode_bags(*bags, emb.weight)  # [B, M, d]
+                    encoded[id(emb)] = encode_bags(bags, emb.weight)  # [B, M, d]
                 return encoded[id(emb)]
 
         controller, attention = [u], []
