@@ -1,0 +1,82 @@
+"""Benchmark cases for the NAM recurrent models, aggregated by ``memnets bench models``.
+
+- LSAM (8 heads of 32) against ``torch.nn.LSTM`` of the same hidden size, B=32, T=100,
+  hidden 256, forward + backward of the output sum. Bar: ratio ≤ 1.5. Also the
+  bidirectional layer against a bidirectional LSTM with the same output width (128 per
+  direction).
+- NAM-TM at a typical small configuration (input 64, hidden 128, 4 tapes, tape length 32,
+  bidirectional GRU controller), B=32, T=50, against ``torch.nn.LSTM`` (hidden 128) as a
+  reference point.
+
+Baseline and ours run alternately and the medians are compared, so that a change of machine
+load affects both alike. ``quick`` shrinks every size (a smoke test, not a measurement).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from ..memories.lsam import LSAM
+from ..memories.nam_tm import NAMTuringMachine
+from .timing import fwd_bwd
+
+__all__ = ["run_cases"]
+
+
+def _paired(base: Callable[[], None], ours: Callable[[], None], repeat: int) -> tuple[float, float]:
+    """Median seconds of ``base`` and ``ours`` run alternately after one warm-up each."""
+    base()
+    ours()
+    tb, to = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        base()
+        tb.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        ours()
+        to.append(time.perf_counter() - t0)
+    return statistics.median(tb), statistics.median(to)
+
+
+def _row(model, config, baseline, tb, to, note) -> dict:
+    return {"model": model, "config": config, "baseline": baseline, "baseline_ms": 1e3 * tb,
+            "ours_ms": 1e3 * to, "ratio": to / tb, "note": note}
+
+
+def _lsam_cases(quick: bool, repeat: int) -> list[dict]:
+    B, T, D, H = (8, 20, 64, 4) if quick else (32, 100, 256, 8)
+    rows = []
+    for bi in (False, True):
+        torch.manual_seed(0)
+        x = torch.randn(B, T, D, requires_grad=True)
+        lstm = torch.nn.LSTM(D, D // 2 if bi else D, batch_first=True, bidirectional=bi)
+        lsam = LSAM(D, D, H, bidirectional=bi)
+        tb, to = _paired(fwd_bwd(lambda: lstm(x)[0], [*lstm.parameters(), x]),
+                         fwd_bwd(lambda: lsam(x)[0], [*lsam.parameters(), x]), repeat)
+        cfg = f"B={B} T={T} hidden={D} heads={H}" + (" bidirectional" if bi else "")
+        note = ("bar: ratio <= 1.5" if not bi else "LSTM 2 x hidden/2, same output width") + \
+            f"; fwd+bwd, float32, {torch.get_num_threads()} threads"
+        rows.append(_row("LSAM" + (" (bi)" if bi else ""), cfg, "torch.nn.LSTM", tb, to, note))
+    return rows
+
+
+def _nam_tm_case(quick: bool, repeat: int) -> dict:
+    B, T, Fi, D, Tn, L = (8, 12, 16, 32, 2, 8) if quick else (32, 50, 64, 128, 4, 32)
+    torch.manual_seed(0)
+    x = torch.randn(B, T, Fi, requires_grad=True)
+    lstm = torch.nn.LSTM(Fi, D, batch_first=True)
+    tm = NAMTuringMachine(Fi, D, num_tapes=Tn, tape_length=L)
+    tb, to = _paired(fwd_bwd(lambda: lstm(x)[0], [*lstm.parameters(), x]),
+                     fwd_bwd(lambda: tm(x)[0], [*tm.parameters(), x]), repeat)
+    cfg = f"B={B} T={T} in={Fi} hidden={D} tapes={Tn} L={L} biGRU controller"
+    return _row("NAM-TM", cfg, "torch.nn.LSTM", tb, to,
+                f"reference point (LSTM of the same hidden size); {torch.get_num_threads()} threads")
+
+
+def run_cases(quick: bool = False) -> list[dict]:
+    """Rows with keys model, config, baseline, baseline_ms, ours_ms, ratio (ours / baseline), note."""
+    repeat = 2 if quick else 7
+    return [*_lsam_cases(quick, repeat), _nam_tm_case(quick, repeat)]
