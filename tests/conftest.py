@@ -33,3 +33,13 @@ def real_data_dir() -> Path:
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """Tests run tiny models, where intra-op threading costs more than it gives (and a loaded
+    machine makes it far worse); one thread keeps timings stable."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

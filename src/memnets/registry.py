@@ -27,7 +27,11 @@ _MODEL_MODULES = (
     "memnets.memories.memn2n",
     "memnets.memories.fast_weights",
     "memnets.attention",
-    "memnets.models",
+    "memnets.models.transformer",
+    "memnets.models.lstm_baseline",
+    "memnets.models.lsam_seq2seq",
+    "memnets.models.conv4",
+    "memnets.models.seq",
 )
 _loaded = False
 

@@ -58,8 +58,10 @@ def nam_scan_chunked(
     pe = _to_chunks(p_e, N, C).unsqueeze(-1)  # [B, H, N, C, 1]
 
     # Intra-chunk system (I + A) [W_v, W_k] = [P_w V, P_e K], all chunks at once.
-    A = (pe * (kc @ kc.transpose(-1, -2))).tril(-1)  # [B, H, N, C, C]
-    eye = torch.eye(C, dtype=A.dtype, device=A.device)
+    # Triangular masks as multiplications: batched .tril() is slow on CPU.
+    lower = torch.ones(C, C, dtype=kc.dtype, device=kc.device).tril()  # incl. diagonal
+    eye = torch.eye(C, dtype=kc.dtype, device=kc.device)
+    A = pe * (kc @ kc.transpose(-1, -2)) * (lower - eye)  # strictly lower: [B, H, N, C, C]
     rhs = torch.cat([pw * vc, pe * kc], dim=-1)  # [B, H, N, C, dv + dk]
     sol = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)
     Wv, Wk = sol.split([dv, dk], dim=-1)  # [B, H, N, C, dv], [B, H, N, C, dk]
@@ -79,7 +81,7 @@ def nam_scan_chunked(
     U = torch.stack(us, dim=2)  # [B, H, N, C, dv]
 
     # Read after write: o_t = S_t q_t = S_0 q_t + Σ_{s<=t} (k_s·q_t) u_s.
-    O = qc @ S0.transpose(-1, -2) + (qc @ kc.transpose(-1, -2)).tril() @ U  # [B, H, N, C, dv]
+    O = qc @ S0.transpose(-1, -2) + ((qc @ kc.transpose(-1, -2)) * lower) @ U  # [B, H, N, C, dv]
     O = O.reshape(B, H, N * C, dv)[:, :, :T].movedim(2, 1)  # [B, T, H, dv]
     if p_r is not None:
         O = O * p_r.unsqueeze(-1)
