@@ -48,6 +48,13 @@ def test_tiny_pretraining_reduces_loss():
     assert losses[-1] < 0.8 * losses[0]
     info = fs.pretrain(m, h, images, samples=torch.arange(2), epochs=0.5, batch_size=2, seed=0)
     assert info["steps"] == info["planned_steps"] == 2
+    info = fs.pretrain(m, h, images, samples=torch.arange(4), epochs=0.5, batch_size=8, seed=0, mode="episodic")
+    assert info["steps"] == 1
+    x = fs.og.to_float(images[:, :4])  # [4 classes, 2 support + 2 query, 1, 16, 16]
+    ep_losses = [fs.episodic_step(m, h, opt, x, 2) for _ in range(4)]
+    assert ep_losses[-1] < ep_losses[0]
+    with pytest.raises(ValueError, match="mode"):
+        fs.pretrain(m, h, images, samples=torch.arange(4), epochs=0.5, batch_size=8, mode="proto")
     f = fs.extract_features(m, images[:2, :3])
     assert f.shape == (2, 3, 64) and not m.training
 

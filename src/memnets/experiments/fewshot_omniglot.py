@@ -40,7 +40,7 @@ from ..models.conv4 import Conv4, CosineHead, l2_normalize
 from ..tasks import omniglot as og
 
 __all__ = [
-    "BASE_TRAIN_DRAWERS", "BASE_TEST_DRAWERS", "pretrain_step", "pretrain", "extract_features",
+    "BASE_TRAIN_DRAWERS", "BASE_TEST_DRAWERS", "pretrain_step", "episodic_step", "pretrain", "extract_features",
     "mean_ci", "Gates", "nam_fewshot_weights", "cosine_fewshot_weights", "episode_accuracies",
     "train_gates", "evaluate_setting", "run_settings", "results_markdown", "main",
 ]
@@ -72,10 +72,36 @@ def pretrain_step(backbone: Conv4, head: CosineHead, opt: torch.optim.Optimizer,
     return float(loss.detach())
 
 
+def episodic_step(backbone: Conv4, head: CosineHead, opt: torch.optim.Optimizer, x: torch.Tensor,
+                  n_support: int) -> float:
+    """One step of the episodic cosine classifier: images ``x`` ``[N, S + Q, 1, 28, 28]``.
+
+    The classifier rows are the episode's class means ``μ(mean_s μ(f(x_ns)))`` ``[N, F]``; the
+    queries ``x_n,S:`` are scored ``s · μ(W) μ(f(x))`` with the head's learned scale ``s`` and
+    trained with cross-entropy (a cosine Prototypical-Networks loss).
+    """
+    n, m = x.shape[:2]
+    f = backbone(x.reshape(n * m, *x.shape[2:])).reshape(n, m, -1)  # [N, S+Q, F]
+    w = l2_normalize(l2_normalize(f[:, :n_support]).mean(1))  # [N, F]
+    q = l2_normalize(f[:, n_support:]).reshape(-1, f.shape[-1])  # [N*Q, F]
+    y = torch.arange(n).repeat_interleave(m - n_support)
+    loss = F.cross_entropy(head.scale * q @ w.T, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return float(loss.detach())
+
+
 def pretrain(backbone: Conv4, head: CosineHead, images: torch.Tensor, *, samples: torch.Tensor,
              epochs: float, batch_size: int = 64, lr: float = 2e-3, seed: int = 0,
-             max_minutes: float | None = None, log: Path | None = None) -> dict:
+             max_minutes: float | None = None, log: Path | None = None, mode: str = "classifier",
+             n_support: int = 2) -> dict:
     """Pre-train on uint8 images ``[C, S, 28, 28]`` (drawers ``samples``), class = row index.
+
+    ``mode="classifier"``: batches of ``batch_size`` images, cross-entropy of the cosine head
+    over all C classes. ``mode="episodic"``: batches of ``batch_size // 4`` classes × 4 images
+    (``n_support`` of them build the class means, see :func:`episodic_step`); the head's scale
+    is learned, its rows are unused. An epoch is ``C · len(samples)`` images in both modes.
 
     Adam with a cosine learning-rate decay over the progress
     ``max(step / planned_steps, elapsed / max_minutes)``, so the decay completes when either
@@ -101,17 +127,26 @@ def pretrain(backbone: Conv4, head: CosineHead, images: torch.Tensor, *, samples
             break
         for group in opt.param_groups:
             group["lr"] = lr * 0.5 * (1.0 + math.cos(math.pi * progress))
-        if pos + batch_size > n:
-            perm, pos = torch.randperm(n, generator=g), 0
-        idx = perm[pos:pos + batch_size]
-        pos += batch_size
-        x = og.to_float(images[cls[idx], smp[idx]])  # [B, 1, 28, 28]
-        loss = pretrain_step(backbone, head, opt, x, cls[idx])
+        if mode == "episodic":
+            ep = og.sample_episode(num_classes, images.shape[1], max(2, batch_size // 4), n_support,
+                                   4 - n_support, g, allowed_samples=samples)
+            idx = torch.cat([ep.support, ep.query], dim=1)  # [N, 4]
+            x = og.to_float(images[ep.classes[:, None], idx])  # [N, 4, 1, 28, 28]
+            loss = episodic_step(backbone, head, opt, x, n_support)
+        elif mode == "classifier":
+            if pos + batch_size > n:
+                perm, pos = torch.randperm(n, generator=g), 0
+            idx = perm[pos:pos + batch_size]
+            pos += batch_size
+            x = og.to_float(images[cls[idx], smp[idx]])  # [B, 1, 28, 28]
+            loss = pretrain_step(backbone, head, opt, x, cls[idx])
+        else:
+            raise ValueError(f"`mode` expected 'classifier' or 'episodic', got {mode!r}")
         step += 1
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         if step % 50 == 0 or step == total:
             _log(log, stage="pretrain", step=step, of=total, loss=round(ema, 4), lr=opt.param_groups[0]["lr"],
-                 scale=round(float(head.scale), 3), seconds=round(time.time() - t0, 1))
+                 scale=round(float(head.scale.detach()), 3), seconds=round(time.time() - t0, 1))
     return {"steps": step, "planned_steps": total, "seconds": time.time() - t0, "final_loss": ema}
 
 
@@ -284,14 +319,14 @@ def _stage_pretrain(args: argparse.Namespace, out: Path, base: torch.Tensor) -> 
     backbone, head = Conv4(), CosineHead(64, base.shape[0])
     info = pretrain(backbone, head, base, samples=BASE_TRAIN_DRAWERS, epochs=args.epochs,
                     batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                    max_minutes=args.max_minutes, log=out / "metrics.jsonl")
+                    max_minutes=args.max_minutes, log=out / "metrics.jsonl", mode=args.pretrain_mode)
     blob = {"backbone": backbone.state_dict(), "head": head.state_dict(), "info": info}
     _atomic_torch_save(blob, path)
     return blob
 
 
 def _stage_features(out: Path, blob: dict, base: torch.Tensor, novel: torch.Tensor, *,
-                    base_classes: int, seed: int) -> dict:
+                    base_classes: int, seed: int, mode: str) -> dict:
     path = out / "features.pt"
     if path.is_file():
         return torch.load(path, weights_only=True)
@@ -300,9 +335,14 @@ def _stage_features(out: Path, blob: dict, base: torch.Tensor, novel: torch.Tens
     t0 = time.time()
     g = torch.Generator().manual_seed(seed)
     subset = torch.randperm(base.shape[0], generator=g)[:base_classes].sort().values
-    feats = {"base": extract_features(backbone, base[subset]), "base_ids": subset,
-             "novel": extract_features(backbone, novel),
-             "w_base": blob["head"]["weight"].clone(), "scale": blob["head"]["scale"].clone()}
+    fb = extract_features(backbone, base[subset])  # [Bs, 20, F]
+    if mode == "episodic":  # imprinted rows: mean unit feature of the training drawers
+        w_base = l2_normalize(l2_normalize(fb[:, BASE_TRAIN_DRAWERS]).mean(1))
+    else:
+        w_base = blob["head"]["weight"][subset].clone()
+    feats = {"base": fb, "base_ids": torch.arange(subset.numel()), "base_split_rows": subset,
+             "novel": extract_features(backbone, novel), "w_base": w_base,
+             "scale": blob["head"]["scale"].clone()}
     _log(out / "metrics.jsonl", stage="features", seconds=round(time.time() - t0, 1))
     _atomic_torch_save(feats, path)
     return feats
@@ -360,8 +400,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-minutes", type=float, default=20.0, help="wall-time cap on pre-training")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--base-feature-classes", type=int, default=1000,
-                   help="base classes whose image features are extracted (gate training, base queries)")
+    p.add_argument("--pretrain-mode", choices=["classifier", "episodic"], default="episodic",
+                   help="cosine head over all base classes, or episodic cosine classifier (class means)")
+    p.add_argument("--base-classes", type=int, default=500,
+                   help="base classes (a fixed random subset of the train split) in the generalised setting")
     p.add_argument("--episodes", type=int, default=1000, help="test episodes per setting")
     p.add_argument("--gate-episodes", type=int, default=600, help="episodic gate-training steps per setting")
     p.add_argument("--queries", type=int, default=15, help="query images per novel class (≤ 20 − K)")
@@ -382,7 +424,8 @@ def main(argv: list[str] | None = None) -> dict:
     blob = _stage_pretrain(args, out, base)
     if args.stop_after == "pretrain":
         return {}
-    feats = _stage_features(out, blob, base, novel, base_classes=args.base_feature_classes, seed=args.seed)
+    feats = _stage_features(out, blob, base, novel, base_classes=args.base_classes, seed=args.seed,
+                            mode=args.pretrain_mode)
     if args.stop_after == "features":
         return {}
     results = run_settings(args, out, feats, blob["info"])
