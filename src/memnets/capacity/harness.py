@@ -60,7 +60,7 @@ class MQARConfig:
     d_model: int = 64
     steps: int = 400
     batch_size: int = 32
-    lr: float = 3e-3
+    lr: float = 1e-2
     eval_batch: int = 128
     seed: int = 0
 

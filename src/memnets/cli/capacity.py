@@ -15,7 +15,7 @@ from pathlib import Path
 
 __all__ = ["add_parser"]
 
-CPU = {"sizes": "8,16,32,64,128", "edit_sizes": "8,16,32,64", "d_key": 32, "steps": 200, "batch_size": 32}
+CPU = {"sizes": "8,16,32,64,128", "edit_sizes": "8,16,32,64", "d_key": 32, "steps": 400, "batch_size": 32}
 PAPER = {"sizes": "20,40,60,80,100,150,200,250,300,350,400,450,500,600", "edit_sizes": "20,40,60,80,100,150,200",
          "d_key": 64, "steps": 3000, "batch_size": 32}
 QUICK = {"sizes": "4,8", "edit_sizes": "4", "d_key": 8, "steps": 10, "batch_size": 4}
@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
     p.add_argument("--sizes", default=None, help="numbers of stored pairs S (default 8,16,32,64,128)")
     p.add_argument("--edit-sizes", default=None, help="numbers of keys for --edits (default 8,16,32,64)")
     p.add_argument("--num-writes", type=int, default=None, help="writes per sequence with --edits (default 2·S)")
-    p.add_argument("--steps", type=int, default=None, help="training steps per (memory, S) (default 200)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per (memory, S) (default 400)")
     p.add_argument("--batch-size", type=int, default=None, help="training batch (default 32)")
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default %(default)s)")
     p.add_argument("--d-key", type=int, default=None, help="key width d_key (default 32; paper 64)")
@@ -58,6 +58,7 @@ def add_parser(sub) -> None:
     p.add_argument("--vocab", type=int, default=512, help="MQAR vocabulary (default %(default)s; Zoology 8192)")
     p.add_argument("--d-model", type=int, default=64, help="MQAR model width (default %(default)s)")
     p.add_argument("--mqar-steps", type=int, default=400, help="MQAR training steps (default %(default)s)")
+    p.add_argument("--mqar-lr", type=float, default=1e-2, help="MQAR Adam learning rate (default %(default)s)")
     p.add_argument("--out", default="runs/capacity", help="output folder (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -108,7 +109,7 @@ def _run(args) -> int:
             if args.quick else dict(seq_len=args.seq_len, num_pairs=args.pairs, vocab_size=args.vocab,
                                     d_model=args.d_model, steps=args.mqar_steps, batch_size=common["batch_size"])
         mq_mems = [m.strip() for m in args.mqar_memories.split(",") if m.strip()]
-        r = run_mqar(mq_mems, log=log, lr=args.lr, seed=args.seed, **mq)
+        r = run_mqar(mq_mems, log=log, lr=args.mqar_lr, seed=args.seed, **mq)
         save("mqar", r, False)
         tables.append(mqar_table(r))
     text = "\n\n".join(tables) + f"\n\nwall time: {time.perf_counter() - t0:.0f} s\n"
