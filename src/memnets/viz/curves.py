@@ -17,6 +17,8 @@ from typing import Sequence
 
 from matplotlib.figure import Figure
 
+from .plotting import grid_figure
+
 __all__ = ["read_metrics", "plot_learning_curves", "train_curve", "eval_curves"]
 
 _LOSS_KEYS = ("loss", "cost_bits")
@@ -87,8 +89,7 @@ def plot_learning_curves(runs, *, title: str | None = None, log_loss: bool = Tru
     if not any(curves.values()):
         raise ValueError("no training records (loss or cost_bits against step) in " + ", ".join(map(str, runs)))
     has_eval = any(evals.values())
-    fig = Figure(figsize=(10 if has_eval else 6, 3.8), layout="constrained")
-    axes = fig.subplots(1, 2 if has_eval else 1, squeeze=False)[0]
+    fig, axes = grid_figure(1, 2 if has_eval else 1, panel_w=4.2, panel_h=2.8, title=title)
     ax = axes[0]
     keys = set()
     lo, hi = float("inf"), 0.0
@@ -118,6 +119,4 @@ def plot_learning_curves(runs, *, title: str | None = None, log_loss: bool = Tru
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
     return fig

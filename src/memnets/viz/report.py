@@ -135,13 +135,13 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html"
             if key not in figs:
                 continue
             cap = _CAPTIONS.get(key, key.replace("_", " "))
-            parts.append(f'<figure><img alt="{html.escape(name)}: {html.escape(key)}" '
-                         f'src="{figure_data_uri(figs[key], dpi)}"><figcaption>{html.escape(cap)}</figcaption></figure>')
+            parts.append(f'<figure><img src="{figure_data_uri(figs[key], dpi)}" alt="{html.escape(name)}: '
+                         f'{html.escape(key)}"><figcaption>{html.escape(cap)}</figcaption></figure>')
         sections.append("\n".join(parts))
     combined = ""
     if len(curves) > 1:
         uri = figure_data_uri(plot_learning_curves(curves, title="all runs"), dpi)
-        combined = (f'<h2>Learning curves</h2><figure><img alt="learning curves of all runs" src="{uri}">'
+        combined = (f'<h2>Learning curves</h2><figure><img src="{uri}" alt="learning curves of all runs">'
                     f'<figcaption>{html.escape(_CAPTIONS["learning_curve"])}</figcaption></figure>')
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     page = f"""<!DOCTYPE html>

@@ -163,7 +163,7 @@ def _nam_tm_figures(trace: dict, memory) -> dict[str, Figure]:
     for key, t in trace.items():
         if not isinstance(t, torch.Tensor) or key == "output" or t.dim() < 3:
             continue
-        label = key.replace("_", " ")
+        label = key.replace("_pos", " head").replace("_actions", " action").replace("_", " ")
         if "action" in key or "move" in key:
             if t.dim() == 5:  # [B, T, tapes, heads, A]
                 for h in range(t.shape[3]):

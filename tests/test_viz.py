@@ -1,0 +1,326 @@
+"""memnets.viz and `memnets viz`: traces equal the models' own computation, figures have the
+expected panels (title, labelled axes, a colour bar per heatmap), PNGs are valid, bad input
+and bad run directories are rejected."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import torch
+
+from memnets.cli.main import main
+from memnets.viz import (attention_map, collect_attention_maps, lsam_gates, memory_trace, model_figures,
+                         plot_attention_maps, plot_dnc_memory, plot_gates, plot_learning_curves, plot_read_write,
+                         plot_tape_heads, quick_figures, run_figures)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+HAS_NAM_TM = importlib.util.find_spec("memnets.memories.nam_tm") is not None
+NAM_TM_REASON = "memnets.memories.nam_tm (NAMTuringMachine) is not available in this checkout"
+
+TINY_OPTIONS = {
+    "ntm": {"memory_slots": 8, "word_size": 8, "controller_size": 16},
+    "dnc": {"memory_slots": 8, "word_size": 8, "read_heads": 2, "controller_size": 16},
+    "nam_tm": {"num_tapes": 2, "tape_length": 8},
+    "lsam": {"num_heads": 2},
+    "transformer": {"num_layers": 1, "num_heads": 2, "max_len": 64},
+}
+
+
+def make_engine_run(root: Path, backbone: str) -> Path:
+    """A real run directory written by the training engine: 1 epoch of 2 steps, seconds."""
+    from memnets.train import config_from_dict
+    from memnets.train.loop import train
+
+    cfg = config_from_dict({
+        "name": f"tiny-{backbone}", "epochs": 1, "batch_size": 2, "log_every": 1, "threads": 1, "seed": 0,
+        "model": {"backbone": backbone, "d_model": 16, "options": TINY_OPTIONS[backbone]},
+        "task": {"name": "reduce", "train_digits": [1, 3], "train_size": 4, "eval_size": 2,
+                 "splits": {"id": [2, 3]}},
+        "select_split": "id", "optim": {"lr": 1e-3}})
+    run_dir = root / f"tiny-{backbone}"
+    train(cfg, run_dir, quiet=True)
+    return run_dir
+
+
+def make_copy_run(root: Path) -> Path:
+    """A run directory in the NTM copy experiment's format (results.json, metrics.jsonl, model.pt)."""
+    from memnets.memories.ntm import NTM
+    from memnets.tasks.ntm_tasks import CopyTask, bits_per_sequence
+
+    torch.manual_seed(0)
+    model = NTM(9, 8, memory_slots=12, word_size=8, controller_size=16)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    task = CopyTask(min_len=1, max_len=4, bits=8)
+    g = torch.Generator().manual_seed(0)
+    d = root / "copy"
+    d.mkdir()
+    with open(d / "metrics.jsonl", "w") as f:
+        for step in (1, 2, 3):
+            b = task.make_batch(2, g)
+            loss = bits_per_sequence(model(b.inputs)[0], b.targets, b.mask)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            f.write(json.dumps({"step": step, "sequences": 2 * step, "cost_bits": float(loss.detach())}) + "\n")
+    (d / "results.json").write_text(json.dumps({"task": "copy", "model": "ntm", "args": {"max_len": 4},
+                                                "steps": 3, "final_cost_bits": float(loss)}))
+    torch.save({"model": model.state_dict(), "config": dict(model.config.__dict__), "step": 3}, d / "model.pt")
+    return d
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("runs")
+    out = {bb: make_engine_run(root, bb) for bb in ("ntm", "dnc")}
+    out["copy"] = make_copy_run(root)
+    return out
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def panels(fig):
+    """The heatmap axes of a figure (those holding an image), in order."""
+    return [ax for ax in fig.axes if ax.images]
+
+
+def assert_well_formed(fig, n_heatmaps: int | None = None):
+    """Every visible plot axis has a title and labelled axes; every heatmap has a colour bar."""
+    heat = panels(fig)
+    plots = [ax for ax in fig.axes if ax.get_visible() and (ax.images or ax.lines)]
+    assert plots, "figure has no plots"
+    for ax in plots:
+        assert ax.get_title(), "an axis has no title"
+        assert ax.get_xlabel() and ax.get_ylabel(), f"axis {ax.get_title()!r} has unlabelled axes"
+    colorbars = [ax for ax in fig.axes if not ax.images and not ax.lines and ax.get_visible()]
+    assert len(colorbars) >= len(heat), "a heatmap has no colour bar"
+    if n_heatmaps is not None:
+        assert len(heat) == n_heatmaps, [ax.get_title() for ax in heat]
+
+
+def assert_png(path: Path):
+    assert path.is_file(), path
+    assert path.read_bytes()[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
+    img = matplotlib.image.imread(path)
+    assert img.ndim == 3 and img.shape[0] > 50 and img.shape[1] > 50
+    assert img[..., :3].std() > 0.01, f"{path} is blank"
+
+
+# ----------------------------------------------------------------------------- `memnets viz` on runs
+
+def test_viz_cli_ntm_run(runs, tmp_path, capsys):
+    out = tmp_path / "fig"
+    assert main(["viz", str(runs["ntm"]), "--task-sample", "3", "--out", str(out), "--dpi", "40"]) == 0
+    for name in ("weightings", "learning_curve"):
+        assert_png(out / f"{name}.png")
+    assert "weightings" in capsys.readouterr().out
+
+
+def test_viz_cli_dnc_run(runs, tmp_path):
+    out = tmp_path / "fig"
+    assert main(["viz", str(runs["dnc"]), "--out", str(out), "--dpi", "40"]) == 0
+    for name in ("weightings", "dnc_memory", "learning_curve"):
+        assert_png(out / f"{name}.png")
+
+
+def test_viz_cli_default_out_is_inside_run(runs):
+    assert main(["viz", str(runs["copy"]), "--dpi", "40"]) == 0
+    assert_png(runs["copy"] / "figures" / "weightings.png")
+
+
+def test_run_figures_ntm_panels(runs):
+    figs = run_figures(runs["ntm"], seed=1)
+    assert set(figs) == {"weightings", "learning_curve"}
+    assert_well_formed(figs["weightings"], n_heatmaps=4)
+    titles = [ax.get_title() for ax in panels(figs["weightings"])]
+    assert titles == ["NTM: inputs", "NTM: outputs", "NTM: write weighting", "NTM: read weighting"]
+    assert_well_formed(figs["learning_curve"], n_heatmaps=0)
+    assert [ax.get_title() for ax in figs["learning_curve"].axes] == ["training loss", "evaluation sequence accuracy"]
+
+
+def test_run_figures_dnc_panels(runs):
+    figs = run_figures(runs["dnc"])
+    assert_well_formed(figs["weightings"], n_heatmaps=2 + 1 + 2)  # in, out, write, 2 read heads
+    assert_well_formed(figs["dnc_memory"], n_heatmaps=3)
+    titles = [ax.get_title() for ax in panels(figs["dnc_memory"])]
+    assert titles[0] == "DNC: usage over time" and titles[1].startswith("DNC: temporal link matrix")
+
+
+def test_copy_run_figures(runs):
+    figs = run_figures(runs["copy"], seed=0)
+    heat = panels(figs["weightings"])
+    assert len(heat) == 4
+    T = 2 * 4 + 1  # copy of length max_len = 4
+    assert heat[0].images[0].get_array().shape == (9, T)  # input bits + delimiter over time
+    assert heat[2].images[0].get_array().shape == (12, T)  # memory slots over time
+    assert figs["learning_curve"].axes[0].get_ylabel().startswith("cost_bits")
+
+
+def test_viz_bad_run_dir_exits_2(tmp_path, capsys):
+    assert main(["viz", str(tmp_path / "missing")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["viz", str(tmp_path / "empty")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    bad = tmp_path / "nockpt"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"name": "x"}))
+    assert main(["viz", str(bad)]) == 2
+    assert "no saved weights" in capsys.readouterr().err
+
+
+def test_viz_needs_run_or_model(capsys):
+    assert main(["viz"]) == 2
+    assert "either a run directory or --model" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- quick models
+
+@pytest.mark.parametrize("name, expected", [("ntm", {"weightings": 4}), ("dnc", {"weightings": 5, "dnc_memory": 3}),
+                                            ("lsam", {"gates": 2}), ("softmax", {"attention": 2}),
+                                            ("delta", {"attention": 2})])
+def test_quick_figures(name, expected):
+    figs = quick_figures(name, seed=0)
+    assert set(figs) == set(expected)
+    for key, n in expected.items():
+        assert_well_formed(figs[key], n_heatmaps=n)
+
+
+def test_viz_cli_quick_model(tmp_path):
+    assert main(["viz", "--model", "ntm", "--out", str(tmp_path), "--dpi", "40"]) == 0
+    assert_png(tmp_path / "weightings.png")
+
+
+def test_nam_tm_figures(tmp_path):
+    if not HAS_NAM_TM:
+        print(NAM_TM_REASON)
+        pytest.skip(NAM_TM_REASON)
+    figs = quick_figures("nam_tm", seed=0)  # 2 tapes
+    assert "tape_heads" in figs
+    titles = [ax.get_title() for ax in panels(figs["tape_heads"])]
+    assert "NAM-TM: read head position, tape 0" in titles and "NAM-TM: write head position, tape 1" in titles
+    assert "NAM-TM: read action probabilities, tape 1" in titles, titles
+    assert_well_formed(figs["tape_heads"], n_heatmaps=2 * 4)  # (read, write) x (position, action) per tape
+    run = make_engine_run(tmp_path, "nam_tm")
+    assert main(["viz", str(run), "--out", str(tmp_path / "fig")]) == 0
+    assert_png(tmp_path / "fig" / "tape_heads.png")
+
+
+# ----------------------------------------------------------------------------- traces == the models
+
+def test_lsam_gates_replay_matches_forward():
+    from memnets.memories.lsam import LSAM
+
+    torch.manual_seed(0)
+    m = LSAM(5, 8, num_heads=4, num_layers=2, bidirectional=True).double()
+    x = torch.randn(2, 6, 5, dtype=torch.float64)
+    y, gates = lsam_gates(m, x)
+    torch.testing.assert_close(y, m(x)[0], rtol=1e-10, atol=1e-12)
+    assert set(gates) == {f"layer {l} {d} {g}" for l in (0, 1) for d in ("fwd", "bwd") for g in ("p_r", "p_w")}
+    for g in gates.values():
+        assert g.shape == (2, 6, 2) and bool(((g >= 0) & (g <= 1)).all())
+
+
+def test_ntm_trace_is_the_models_aux():
+    from memnets.memories.ntm import NTM
+
+    torch.manual_seed(0)
+    m = NTM(3, 2, memory_slots=6, word_size=4, controller_size=8)
+    x = torch.randn(1, 5, 3)
+    tr = memory_trace(m, x)
+    y, _, aux = m(x, return_aux=True)
+    torch.testing.assert_close(tr["output"], y)
+    torch.testing.assert_close(tr["write_weights"], aux.write_weights)
+    torch.testing.assert_close(tr["read_weights"].sum(-1), torch.ones(1, 5, 1))
+    with pytest.raises(ValueError, match="`memory` expected"):
+        memory_trace(torch.nn.Linear(2, 2), x)
+
+
+@pytest.mark.parametrize("kind, causal", [("softmax", False), ("softmax", True), ("nam", False), ("nam", True),
+                                          ("linear", False), ("linear", True), ("delta", True)])
+def test_attention_map_reproduces_layer(kind, causal):
+    from memnets.attention import build_attention
+
+    torch.manual_seed(0)
+    layer = build_attention(kind, 8, 2, causal=causal).double().eval()
+    x = torch.randn(2, 7, 8, dtype=torch.float64)
+    A = attention_map(layer, x)
+    assert A.shape == (2, 2, 7, 7)
+    _, _, v = layer._project(x)  # [B, S, H, dh]
+    y = layer._merge(torch.einsum("bhts,bshd->bthd", A, v))
+    torch.testing.assert_close(y, layer(x), rtol=1e-5, atol=1e-6)
+    if causal:
+        assert float(A.triu(1).abs().max()) == 0.0
+    if kind in ("softmax", "linear"):
+        torch.testing.assert_close(A.sum(-1), torch.ones(2, 2, 7, dtype=torch.float64))
+
+
+def test_attention_map_mask_and_zero_input():
+    from memnets.attention import build_attention
+
+    layer = build_attention("softmax", 8, 2).eval()
+    mask = torch.tensor([[True] * 5 + [False] * 2])
+    A = attention_map(layer, torch.randn(1, 7, 8), mask)
+    assert float(A[..., 5:].abs().max()) == 0.0
+    nam = build_attention("nam", 8, 2).eval()
+    torch.nn.init.zeros_(nam.qkv.bias)
+    A0 = attention_map(nam, torch.zeros(1, 4, 8))  # zero queries and keys
+    assert torch.isfinite(A0).all() and float(A0.abs().max()) == 0.0
+    fig = plot_attention_maps({"zero": A0[0, 0]})
+    assert_well_formed(fig, n_heatmaps=1)
+
+
+def test_collect_attention_maps_of_a_transformer():
+    from memnets.models.transformer import TransformerEncoder
+
+    torch.manual_seed(0)
+    enc = TransformerEncoder(d_model=8, num_layers=2, num_heads=2, attention="nam")
+    maps = collect_attention_maps(enc, torch.randn(1, 5, 8))
+    assert len(maps) == 2 and all(A.shape == (1, 2, 5, 5) for A in maps.values())
+    assert enc.training  # mode restored
+
+
+# ----------------------------------------------------------------------------- plots: shapes, errors
+
+def test_plot_functions_reject_bad_shapes():
+    with pytest.raises(ValueError, match="`inputs` expected"):
+        plot_read_write(torch.zeros(5), torch.zeros(5, 2), torch.zeros(5, 4), torch.zeros(5, 4))
+    with pytest.raises(ValueError, match="`outputs` expected T = 5"):
+        plot_read_write(torch.zeros(5, 3), torch.zeros(4, 2), torch.zeros(5, 4), torch.zeros(5, 4))
+    with pytest.raises(ValueError, match="`link` expected"):
+        plot_dnc_memory(torch.zeros(5, 4), torch.zeros(4))
+    with pytest.raises(ValueError, match="at least one"):
+        plot_gates({})
+    with pytest.raises(ValueError, match="at least one"):
+        plot_tape_heads({})
+
+
+def test_plots_on_degenerate_inputs():
+    """All-zero weightings (an untouched memory) still draw, with no NaN in the images."""
+    fig = plot_read_write(torch.zeros(4, 3), torch.zeros(4, 2), torch.zeros(4, 2, 6), torch.zeros(4, 6))
+    assert_well_formed(fig, n_heatmaps=2 + 2 + 1)
+    fig = plot_dnc_memory(torch.zeros(4, 6), torch.zeros(4, 6, 6), read_modes=torch.full((4, 1, 3), 1 / 3))
+    assert_well_formed(fig, n_heatmaps=3)
+    fig = plot_tape_heads({"read head": torch.zeros(4, 2, 8)}, {"read action": torch.full((4, 2, 4), 0.25)},
+                          action_names=["LEFT", "NOOP", "RIGHT", "JUMP"])
+    assert_well_formed(fig, n_heatmaps=4)
+    assert [t.get_text() for t in panels(fig)[2].get_yticklabels()] == ["LEFT", "NOOP", "RIGHT", "JUMP"]
+
+
+def test_learning_curves_from_records():
+    recs = [{"kind": "train", "step": s, "loss": 3.0 / s} for s in range(1, 5)]
+    fig = plot_learning_curves({"a": recs})
+    assert len(fig.axes) == 1 and len(fig.axes[0].lines) == 1
+    recs += [{"kind": "eval", "step": 4, "epoch": 1, "splits": {"id": {"seq_acc": 0.5}, "od": {"seq_acc": 0.1}}}]
+    fig = plot_learning_curves({"a": recs, "b": recs[:2]})
+    assert len(fig.axes) == 2 and len(fig.axes[0].lines) == 2 and len(fig.axes[1].lines) == 2
+    assert_well_formed(fig)
+    with pytest.raises(ValueError, match="no training records"):
+        plot_learning_curves({"a": [{"kind": "eval", "step": 1, "splits": {}}]})
+
+
+def test_model_figures_of_an_unsupported_model_is_empty():
+    assert model_figures(torch.nn.Linear(3, 3), torch.zeros(1, 2, 3)) == {}
