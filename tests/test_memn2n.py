@@ -138,8 +138,11 @@ def test_random_noise_inserts_empty_memories():
     s[:, 6:] = 0
     mask = memory_mask(s)
     g = torch.Generator().manual_seed(0)
-    out, new_mask = random_noise(s, mask, rate=0.3, generator=g)
+    out, new_mask = random_noise(s, mask, rate=0.3, generator=g, attend_empty=True)
     assert out.shape == s.shape and new_mask.shape == mask.shape
+    g = torch.Generator().manual_seed(0)
+    out2, mask2 = random_noise(s, mask, rate=0.3, generator=g)  # default: empties stay masked
+    assert torch.equal(out2, out) and torch.equal(mask2, memory_mask(out))
     for b in range(64):
         real = [tuple(r.tolist()) for r, v in zip(s[b], mask[b]) if v]
         got = [tuple(r.tolist()) for r in out[b] if r.any()]

@@ -170,13 +170,16 @@ def memory_attention(u: torch.Tensor, m: torch.Tensor, mask: torch.Tensor,
 
 
 def random_noise(stories: torch.Tensor, mask: torch.Tensor, rate: float = 0.1,
-                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 generator: torch.Generator | None = None,
+                 attend_empty: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Random noise (RN): insert empty memories, about ``rate`` per real sentence.
 
     Before each valid sentence an empty memory is inserted with probability ``rate``,
     shifting it (and all older ones) one slot back in time; sentences pushed past the last
-    slot are dropped. Inserted memories are marked valid, so they take part in the
-    attention with their temporal encoding only (the paper's regulariser for ``T_A``).
+    slot are dropped. This jitters the temporal index each sentence sees (the regulariser
+    for ``T_A``). With ``attend_empty=False`` (the default, as in the authors' released
+    code, which perturbs the time index) the inserted slots stay masked; with
+    ``attend_empty=True`` they are valid memories holding only their temporal encoding.
     stories ``[B, M, W]``, mask ``[B, M]`` → ``(stories', mask')`` of the same shapes.
     """
     B, M, _ = stories.shape
@@ -188,9 +191,9 @@ def random_noise(stories: torch.Tensor, mask: torch.Tensor, rate: float = 0.1,
     out[b_idx, new_pos[b_idx, m_idx]] = stories[b_idx, m_idx]
     new_mask = torch.zeros_like(mask)
     new_mask[b_idx, new_pos[b_idx, m_idx]] = True
-    e_keep = ins & (new_pos - 1 < M)
-    eb, em = e_keep.nonzero(as_tuple=True)
-    new_mask[eb, new_pos[eb, em] - 1] = True  # the inserted empty memories
+    if attend_empty:
+        eb, em = (ins & (new_pos - 1 < M)).nonzero(as_tuple=True)
+        new_mask[eb, new_pos[eb, em] - 1] = True  # the inserted empty memories
     return out, new_mask
 
 
@@ -215,8 +218,9 @@ class MemN2N(nn.Module):
             attribute: set ``model.linear_start = False`` to re-insert the softmax.
         random_noise: RN rate (paper: 0.1); applied in training mode only.
         init_std: weights start from ``N(0, init_std²)`` (paper: 0.1).
-        impl: ``"bag"`` (PE-weighted ``F.embedding_bag`` sums, :func:`bag_weights`; fast) or ``"lookup"`` (embedding lookup per word, :func:`sentence_encoding`; the
-            plain reference). Both give the same values and gradients.
+        impl: ``"bag"`` (PE-weighted ``F.embedding_bag`` sums, :func:`bag_weights`) or
+            ``"lookup"`` (embedding lookup per word, :func:`sentence_encoding`; the plain
+            reference). Both give the same values and gradients (tested).
 
     ``forward(stories [B, M', W'] long, query [B, W''] long, return_aux=False)`` with
     ``M' ≤ M``, ``W', W'' ≤ W`` returns logits ``[B, A]``, or ``(logits, MemN2NAux)``.
