@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 import pytest
@@ -106,7 +105,7 @@ def test_validation_split_seeded_and_per_task():
     assert va3 != va
 
 
-def test_missing_10k_task3(recwarn):
+def test_missing_10k_task3():
     with pytest.raises(FileNotFoundError, match="en-10k task 3 train"):
         babi.load_task(3, "train", DATA, ten_k=True)
     assert len(babi.load_task(1, "train", DATA, ten_k=True)) == 10000
