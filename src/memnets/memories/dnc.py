@@ -1,0 +1,284 @@
+"""Differentiable Neural Computer (SPEC §8; Graves et al. 2016).
+
+An LSTM controller (``controller_layers`` stacked cells) reads ``[x_t ; r^1_{t-1} … r^R_{t-1}]``
+and emits the interface vector, split as in SPEC §8: R read keys, R read strengths
+``oneplus``, write key, write strength ``oneplus``, erase ``σ``, write vector, R free gates
+``σ``, allocation gate ``σ``, write gate ``σ``, R read modes ``softmax`` over
+(backward, content, forward). The memory access per step is, in order: retention, usage,
+allocation, write weighting, erase/add write, link, precedence, directional and read
+weightings, read. The output is ``y_t = W_y h_t + W_r [r^1_t; …; r^R_t]`` (logits).
+
+Everything is batched; the input half of the first controller layer and both output
+projections are computed for the whole sequence at once, only the recurrence is per step.
+The initial state is all zeros (memory, usage, link, precedence, weightings, reads, LSTM).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import check_positive_int, check_shape
+from ..ops.addressing import content_weights, erase_add_write, weighted_read
+from ..ops.dnc import (dnc_allocation, dnc_directional_weights, dnc_link, dnc_precedence, dnc_read_weights,
+                       dnc_retention, dnc_usage, dnc_write_weighting)
+from ..registry import register_model
+
+__all__ = ["DNC", "DNCConfig", "DNCState", "DNCAccessState", "DNCControllerState", "DNCAux"]
+
+
+@dataclass(frozen=True)
+class DNCConfig:
+    """Hyper-parameters of :class:`DNC` (defaults: the copy setup of the ``dnc`` package README)."""
+
+    input_size: int
+    output_size: int
+    memory_slots: int = 16
+    word_size: int = 20
+    read_heads: int = 4
+    controller: str = "lstm"
+    controller_size: int = 64
+    controller_layers: int = 1
+
+
+class DNCControllerState(NamedTuple):
+    h: torch.Tensor  # [B, layers, C]
+    c: torch.Tensor  # [B, layers, C]
+
+
+class DNCAccessState(NamedTuple):
+    memory: torch.Tensor  # [B, N, W]
+    usage: torch.Tensor  # [B, N]
+    link: torch.Tensor  # [B, N, N]
+    precedence: torch.Tensor  # [B, N]
+    read_weights: torch.Tensor  # [B, R, N]
+    write_weights: torch.Tensor  # [B, N]
+
+
+class DNCState(NamedTuple):
+    """Nested DNC state: controller, memory access and the last read vectors ``[B, R, W]``."""
+
+    controller: DNCControllerState
+    access: DNCAccessState
+    reads: torch.Tensor  # [B, R, W]
+
+
+class DNCAux(NamedTuple):
+    """Per-step traces returned by ``forward(..., return_aux=True)``."""
+
+    read_weights: torch.Tensor  # [B, T, R, N]
+    write_weights: torch.Tensor  # [B, T, N]
+    usage: torch.Tensor  # [B, T, N]
+    link: torch.Tensor  # [B, T, N, N]
+    read_modes: torch.Tensor  # [B, T, R, 3]
+
+
+def oneplus(x: torch.Tensor) -> torch.Tensor:
+    """``1 + softplus(x)`` ∈ [1, ∞) (SPEC §8)."""
+    return 1 + F.softplus(x)
+
+
+@register_model("dnc")
+class DNC(nn.Module):
+    """Differentiable Neural Computer (SPEC §8).
+
+    Args:
+        input_size, output_size: features of ``x_t`` and ``y_t`` (logits).
+        memory_slots: N. word_size: W. read_heads: R.
+        controller: ``"lstm"`` (the only kind). controller_size: C. controller_layers: stacked cells.
+        impl: ``"fast"`` (default: the same equations regrouped into fewer tensor ops, without
+            per-op argument checks) or ``"reference"`` (one :mod:`memnets.ops.dnc` call per
+            equation). Both give the same values and gradients (tested).
+
+    ``forward(x [B, T, input_size], state=None, return_aux=False)`` returns
+    ``(y [B, T, output_size], state)`` and with ``return_aux`` also a :class:`DNCAux`.
+    """
+
+    def __init__(self, input_size: int, output_size: int, memory_slots: int = 16, word_size: int = 20,
+                 read_heads: int = 4, controller: str = "lstm", controller_size: int = 64,
+                 controller_layers: int = 1, impl: str = "fast") -> None:
+        super().__init__()
+        if impl not in ("fast", "reference"):
+            raise ValueError(f"`impl` expected 'fast' or 'reference', got {impl!r}")
+        self.impl = impl
+        for name, v in (("input_size", input_size), ("output_size", output_size), ("memory_slots", memory_slots),
+                        ("word_size", word_size), ("read_heads", read_heads), ("controller_size", controller_size),
+                        ("controller_layers", controller_layers)):
+            check_positive_int(name, v)
+        if controller != "lstm":
+            raise ValueError(f"`controller` expected 'lstm', got {controller!r}")
+        self.config = DNCConfig(input_size, output_size, memory_slots, word_size, read_heads, controller,
+                                controller_size, controller_layers)
+        N, W, R, C = memory_slots, word_size, read_heads, controller_size
+        self.ctrl_x = nn.Linear(input_size, 4 * C)
+        self.ctrl_rec = nn.ModuleList(
+            [nn.Linear(R * W + C, 4 * C, bias=False)]
+            + [nn.Linear(2 * C, 4 * C) for _ in range(controller_layers - 1)]
+        )
+        # read keys, read strengths, write key, write strength, erase, write vector,
+        # free gates, allocation gate, write gate, read modes
+        self._sizes = [R * W, R, W, 1, W, W, R, 1, 1, 3 * R]
+        self.interface = nn.Linear(C, sum(self._sizes))
+        self.out_h = nn.Linear(C, output_size)
+        self.out_r = nn.Linear(R * W, output_size, bias=False)
+        with torch.no_grad():  # forget-gate bias 1
+            self.ctrl_x.bias[C:2 * C].fill_(1.0)
+            for lin in self.ctrl_rec[1:]:
+                lin.bias[C:2 * C].fill_(1.0)
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> DNCState:
+        """All-zero initial state for ``batch_size`` sequences."""
+        check_positive_int("batch_size", batch_size)
+        cfg = self.config
+        kw = {"device": device or self.interface.weight.device, "dtype": dtype or self.interface.weight.dtype}
+        B, N, W, R, C, Lc = batch_size, cfg.memory_slots, cfg.word_size, cfg.read_heads, cfg.controller_size, \
+            cfg.controller_layers
+        ctrl = DNCControllerState(torch.zeros(B, Lc, C, **kw), torch.zeros(B, Lc, C, **kw))
+        access = DNCAccessState(torch.zeros(B, N, W, **kw), torch.zeros(B, N, **kw), torch.zeros(B, N, N, **kw),
+                                torch.zeros(B, N, **kw), torch.zeros(B, R, N, **kw), torch.zeros(B, N, **kw))
+        return DNCState(ctrl, access, torch.zeros(B, R, W, **kw))
+
+    def _check_state(self, state: DNCState, B: int) -> None:
+        cfg = self.config
+        N, W, R, C, Lc = cfg.memory_slots, cfg.word_size, cfg.read_heads, cfg.controller_size, cfg.controller_layers
+        if not isinstance(state, DNCState):
+            raise TypeError(f"`state` expected a DNCState, got {type(state).__name__}")
+        check_shape("state.controller.h", state.controller.h, ["B", "layers", "C"], [B, Lc, C])
+        check_shape("state.controller.c", state.controller.c, ["B", "layers", "C"], [B, Lc, C])
+        a = state.access
+        check_shape("state.access.memory", a.memory, ["B", "N", "W"], [B, N, W])
+        check_shape("state.access.usage", a.usage, ["B", "N"], [B, N])
+        check_shape("state.access.link", a.link, ["B", "N", "N"], [B, N, N])
+        check_shape("state.access.precedence", a.precedence, ["B", "N"], [B, N])
+        check_shape("state.access.read_weights", a.read_weights, ["B", "R", "N"], [B, R, N])
+        check_shape("state.access.write_weights", a.write_weights, ["B", "N"], [B, N])
+        check_shape("state.reads", state.reads, ["B", "R", "W"], [B, R, W])
+
+    def _controller(self, gx: torch.Tensor, reads: torch.Tensor, ctrl: DNCControllerState):
+        B = gx.shape[0]
+        hs, cs = [], []
+        inp = reads.reshape(B, -1)  # [B, R*W]
+        for layer, lin in enumerate(self.ctrl_rec):
+            z = lin(torch.cat([inp, ctrl.h[:, layer]], dim=-1)) + (gx if layer == 0 else 0)
+            i, f, g, o = z.chunk(4, dim=-1)
+            c = torch.sigmoid(f) * ctrl.c[:, layer] + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            hs.append(h)
+            cs.append(c)
+            inp = h
+        return inp, DNCControllerState(torch.stack(hs, 1), torch.stack(cs, 1))
+
+    def _access(self, xi: torch.Tensor, a: DNCAccessState):
+        """Memory access for one step from the interface vector ``xi [B, |interface|]`` (SPEC §8)."""
+        cfg = self.config
+        B, R, W = xi.shape[0], cfg.read_heads, cfg.word_size
+        (k_r, b_r, k_w, b_w, erase, v, free, g_a, g_w, modes) = torch.split(xi, self._sizes, dim=-1)
+        k_r = k_r.reshape(B, R, W)  # [B, R, W]
+        read_modes = torch.softmax(modes.reshape(B, R, 3), dim=-1)  # [B, R, 3]
+        psi = dnc_retention(torch.sigmoid(free), a.read_weights)
+        usage = dnc_usage(a.usage, a.write_weights, psi)
+        alloc = dnc_allocation(usage)
+        c_w = content_weights(a.memory, k_w, oneplus(b_w).squeeze(-1))
+        w_w = dnc_write_weighting(c_w, alloc, torch.sigmoid(g_w).squeeze(-1), torch.sigmoid(g_a).squeeze(-1))
+        memory = erase_add_write(a.memory, w_w, torch.sigmoid(erase), v)
+        link = dnc_link(a.link, a.precedence, w_w)
+        precedence = dnc_precedence(a.precedence, w_w)
+        fwd, bwd = dnc_directional_weights(link, a.read_weights)
+        c_r = content_weights(memory, k_r, oneplus(b_r))
+        w_r = dnc_read_weights(c_r, fwd, bwd, read_modes)
+        reads = weighted_read(memory, w_r)  # [B, R, W]
+        return reads, DNCAccessState(memory, usage, link, precedence, w_r, w_w), read_modes
+
+    def _access_fast(self, xi: torch.Tensor, a: DNCAccessState, offdiag: torch.Tensor, eps: float = 1e-6):
+        """:meth:`_access` with the equations regrouped into fewer ops (same values)."""
+        cfg = self.config
+        B, R, W, N = xi.shape[0], cfg.read_heads, cfg.word_size, cfg.memory_slots
+        sizes = self._sizes
+        k_r, _, k_w, _, _, v, _, _, _, modes = torch.split(xi, sizes, dim=-1)
+        _, b_r, _, b_w, _, _, _, _, _, _ = torch.split(F.softplus(xi), sizes, dim=-1)
+        _, _, _, _, erase, _, free, g_a, g_w, _ = torch.split(torch.sigmoid(xi), sizes, dim=-1)
+        # retention, usage and sort-based allocation
+        psi = (1 - free.unsqueeze(-1) * a.read_weights).prod(1)
+        usage = (a.usage + a.write_weights * (1 - a.usage)) * psi
+        with torch.no_grad():
+            phi = torch.sort(usage, dim=-1, stable=True)[1]
+        su = usage.gather(-1, phi)
+        excl = torch.cumprod(F.pad(su[:, :-1], (1, 0), value=1.0), dim=-1)  # Π_{i<j} u[φ_i]
+        alloc = torch.zeros_like(su).scatter(-1, phi, (1 - su) * excl)
+        # write weighting: β·cos folded into the scaled unit key
+        kw = k_w * ((1 + b_w) * torch.rsqrt((k_w * k_w).sum(-1, keepdim=True) + eps))
+        mem = a.memory
+        c_w = torch.softmax(torch.bmm(mem, kw.unsqueeze(-1)).squeeze(-1) * torch.rsqrt((mem * mem).sum(-1) + eps), -1)
+        w_w = g_w * (c_w + g_a * (alloc - c_w))
+        wcol = w_w.unsqueeze(-1)  # [B, N, 1]
+        mem = torch.baddbmm(mem * (1 - wcol * erase.unsqueeze(1)), wcol, v.unsqueeze(1))
+        link = torch.baddbmm(a.link * (1 - wcol - w_w.unsqueeze(1)), wcol, a.precedence.unsqueeze(1)) * offdiag
+        precedence = (1 - w_w.sum(-1, keepdim=True)) * a.precedence + w_w
+        # read weighting: forward and backward from one product, then the read modes
+        fb = torch.bmm(a.read_weights, torch.cat([link.transpose(1, 2), link], -1)).view(B, R, 2, N)  # [B, R, (f, b), N]
+        kr = k_r.view(B, R, W)  # [B, R, W]
+        kr = kr * ((1 + b_r).unsqueeze(-1) * torch.rsqrt((kr * kr).sum(-1, keepdim=True) + eps))
+        c_r = torch.softmax(torch.bmm(kr, mem.transpose(1, 2)) * torch.rsqrt((mem * mem).sum(-1) + eps).unsqueeze(1), -1)
+        read_modes = torch.softmax(modes.view(B, R, 3), dim=-1)  # [B, R, 3]
+        w_r = read_modes[..., 1:2] * c_r + (read_modes[..., [2, 0]].unsqueeze(-1) * fb).sum(2)
+        reads = torch.bmm(w_r, mem)  # [B, R, W]
+        return reads, DNCAccessState(mem, usage, link, precedence, w_r, w_w), read_modes
+
+    def _cell(self, gx: torch.Tensor, state: DNCState, offdiag: torch.Tensor | None = None):
+        h, ctrl = self._controller(gx, state.reads, state.controller)
+        if self.impl == "fast":
+            if offdiag is None:
+                offdiag = self._offdiag(gx)
+            reads, access, modes = self._access_fast(self.interface(h), state.access, offdiag)
+        else:
+            reads, access, modes = self._access(self.interface(h), state.access)
+        return h, DNCState(ctrl, access, reads), modes
+
+    def _offdiag(self, ref: torch.Tensor) -> torch.Tensor:
+        n = self.config.memory_slots
+        return 1 - torch.eye(n, dtype=ref.dtype, device=ref.device)
+
+    def _readout(self, h: torch.Tensor, reads: torch.Tensor) -> torch.Tensor:
+        return self.out_h(h) + self.out_r(reads.flatten(-2))  # reads [..., R, W] -> [..., R*W]
+
+    def step(self, x_t: torch.Tensor, state: DNCState | None = None):
+        """One time step: ``x_t [B, input_size] -> (y_t [B, output_size], state)``."""
+        check_shape("x_t", x_t, ["B", "input_size"], [None, self.config.input_size])
+        B = x_t.shape[0]
+        state = self.init_state(B, x_t.device, x_t.dtype) if state is None else state
+        self._check_state(state, B)
+        h, state, _ = self._cell(self.ctrl_x(x_t), state)
+        return self._readout(h, state.reads), state
+
+    def forward(self, x: torch.Tensor, state: DNCState | None = None, return_aux: bool = False):
+        """Run a sequence ``x [B, T, input_size]``; returns ``(y [B, T, output_size], state[, aux])``."""
+        cfg = self.config
+        check_shape("x", x, ["B", "T", "input_size"], [None, None, cfg.input_size])
+        B, T = x.shape[:2]
+        state = self.init_state(B, x.device, x.dtype) if state is None else state
+        self._check_state(state, B)
+        gx = self.ctrl_x(x).unbind(1)  # T x [B, 4C]
+        offdiag = self._offdiag(x)
+        hs, rs, trace = [], [], []
+        for t in range(T):
+            h, state, modes = self._cell(gx[t], state, offdiag)
+            hs.append(h)
+            rs.append(state.reads)
+            if return_aux:
+                a = state.access
+                trace.append((a.read_weights, a.write_weights, a.usage, a.link, modes))
+        if T:
+            y = self._readout(torch.stack(hs, 1), torch.stack(rs, 1))  # [B, T, output_size]
+        else:
+            y = x.new_zeros(B, 0, cfg.output_size)
+        if not return_aux:
+            return y, state
+        N, R = cfg.memory_slots, cfg.read_heads
+        if T:
+            aux = DNCAux(*(torch.stack(z, 1) for z in zip(*trace)))
+        else:
+            aux = DNCAux(*(x.new_zeros(B, 0, *e) for e in ((R, N), (N,), (N,), (N, N), (R, 3))))
+        return y, state, aux

@@ -1,0 +1,231 @@
+"""Neural Turing Machine (SPEC §7; Graves et al. 2014) with the stabilisers of seed 002.
+
+A controller (LSTM or feed-forward) reads ``[x_t ; r_{t-1}]``; from its output ``h_t`` each
+head emits key ``k = tanh(·)``, strength ``β = softplus(·)``, gate ``g = σ(·)``, shift
+``s = softmax(·)`` over ``−n..+n``, sharpening ``γ = 1 + softplus(·)``; write heads also
+emit erase ``e = σ(·)`` and add ``a``. Per step the write heads address and write ``M_{t-1}``
+first, then the read heads address and read the fresh ``M_t``; the output is
+``y_t = W_o [h_t ; r_t]`` (logits).
+
+Stabilisers (Collier & Beel 2018, seed 002): learned initial controller state, read vectors
+and head weightings (softmax of learned logits); memory initialised to the constant 1e-6;
+LSTM forget-gate bias 1. Gradient-norm clipping belongs to the training loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import check_positive_int, check_shape
+from ..ops.addressing import circular_shift, content_weights, erase_add_write, interpolate, sharpen, weighted_read
+from ..registry import register_model
+
+__all__ = ["NTM", "NTMConfig", "NTMState", "NTMAux"]
+
+
+@dataclass(frozen=True)
+class NTMConfig:
+    """Hyper-parameters of :class:`NTM` (defaults: the copy task of Graves et al. 2014)."""
+
+    input_size: int
+    output_size: int
+    memory_slots: int = 128
+    word_size: int = 20
+    read_heads: int = 1
+    write_heads: int = 1
+    controller: str = "lstm"
+    controller_size: int = 100
+    shift_range: int = 1
+    memory_init: float = 1e-6
+
+
+class NTMState(NamedTuple):
+    """NTM state (B = batch, N = slots, W = word size, R / Hw = read / write heads, C = controller)."""
+
+    memory: torch.Tensor  # [B, N, W]
+    read_weights: torch.Tensor  # [B, R, N]
+    write_weights: torch.Tensor  # [B, Hw, N]
+    reads: torch.Tensor  # [B, R, W]
+    h: torch.Tensor  # [B, C]
+    c: torch.Tensor  # [B, C] for the LSTM controller, [B, 0] for the MLP one
+
+
+class NTMAux(NamedTuple):
+    """Per-step traces returned by ``forward(..., return_aux=True)``."""
+
+    read_weights: torch.Tensor  # [B, T, R, N]
+    write_weights: torch.Tensor  # [B, T, Hw, N]
+    reads: torch.Tensor  # [B, T, R, W]
+    erase: torch.Tensor  # [B, T, Hw, W]
+    add: torch.Tensor  # [B, T, Hw, W]
+
+
+@register_model("ntm")
+class NTM(nn.Module):
+    """Neural Turing Machine (SPEC §7).
+
+    Args:
+        input_size: features of ``x_t``.
+        output_size: features of ``y_t`` (logits; apply σ for bit outputs).
+        memory_slots: N. word_size: W. read_heads: R. write_heads: Hw.
+        controller: ``"lstm"`` or ``"mlp"`` (one tanh layer). controller_size: C.
+        shift_range: n, shifts ``−n..+n`` are allowed.
+        memory_init: constant every memory cell starts at.
+
+    ``forward(x [B, T, input_size], state=None, return_aux=False)`` returns
+    ``(y [B, T, output_size], state)`` and with ``return_aux`` also an :class:`NTMAux`.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        memory_slots: int = 128,
+        word_size: int = 20,
+        read_heads: int = 1,
+        write_heads: int = 1,
+        controller: str = "lstm",
+        controller_size: int = 100,
+        shift_range: int = 1,
+        memory_init: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        for name, v, lo in (("input_size", input_size, 1), ("output_size", output_size, 1),
+                            ("memory_slots", memory_slots, 1), ("word_size", word_size, 1),
+                            ("read_heads", read_heads, 1), ("write_heads", write_heads, 1),
+                            ("controller_size", controller_size, 1), ("shift_range", shift_range, 0)):
+            check_positive_int(name, v, minimum=lo)
+        if controller not in ("lstm", "mlp"):
+            raise ValueError(f"`controller` expected 'lstm' or 'mlp', got {controller!r}")
+        self.config = NTMConfig(input_size, output_size, memory_slots, word_size, read_heads,
+                                write_heads, controller, controller_size, shift_range, float(memory_init))
+        N, W, R, Hw, C = memory_slots, word_size, read_heads, write_heads, controller_size
+        self._lstm = controller == "lstm"
+        gates = 4 * C if self._lstm else C
+        self.ctrl_x = nn.Linear(input_size, gates)
+        self.ctrl_rh = nn.Linear(R * W + (C if self._lstm else 0), gates, bias=False)
+        self._p = W + 3 + (2 * shift_range + 1)  # key, β, g, γ, shift
+        self.heads = nn.Linear(C, (R + Hw) * self._p + Hw * 2 * W)
+        self.out = nn.Linear(C + R * W, output_size)
+        # learned initial state (seed 002)
+        self.h0 = nn.Parameter(torch.rand(C) * 0.05)
+        self.c0 = nn.Parameter(torch.rand(C) * 0.05 if self._lstm else torch.zeros(0))
+        self.r0 = nn.Parameter(torch.randn(R, W) * 0.05)
+        self.read_w0 = nn.Parameter(torch.randn(R, N))
+        self.write_w0 = nn.Parameter(torch.randn(Hw, N))
+        if self._lstm:
+            with torch.no_grad():
+                self.ctrl_x.bias.zero_()
+                self.ctrl_x.bias[C:2 * C].fill_(1.0)  # forget-gate bias 1
+
+    # ------------------------------------------------------------------ state
+    def init_state(self, batch_size: int, device=None, dtype=None) -> NTMState:
+        """Initial state for ``batch_size`` sequences (learned parts broadcast over the batch)."""
+        check_positive_int("batch_size", batch_size)
+        dtype = dtype or self.h0.dtype
+        device = device or self.h0.device
+        cfg = self.config
+        B = batch_size
+
+        def rep(p: torch.Tensor) -> torch.Tensor:
+            return p.to(device=device, dtype=dtype).unsqueeze(0).expand(B, *p.shape)
+
+        memory = torch.full((B, cfg.memory_slots, cfg.word_size), cfg.memory_init, device=device, dtype=dtype)
+        return NTMState(memory, torch.softmax(rep(self.read_w0), -1), torch.softmax(rep(self.write_w0), -1),
+                        rep(self.r0), rep(self.h0), rep(self.c0))
+
+    def _check_state(self, state: NTMState, B: int) -> None:
+        cfg = self.config
+        N, W, R, Hw, C = cfg.memory_slots, cfg.word_size, cfg.read_heads, cfg.write_heads, cfg.controller_size
+        if not isinstance(state, NTMState):
+            raise TypeError(f"`state` expected an NTMState, got {type(state).__name__}")
+        check_shape("state.memory", state.memory, ["B", "N", "W"], [B, N, W])
+        check_shape("state.read_weights", state.read_weights, ["B", "R", "N"], [B, R, N])
+        check_shape("state.write_weights", state.write_weights, ["B", "Hw", "N"], [B, Hw, N])
+        check_shape("state.reads", state.reads, ["B", "R", "W"], [B, R, W])
+        check_shape("state.h", state.h, ["B", "C"], [B, C])
+        check_shape("state.c", state.c, ["B", "C"], [B, C if self._lstm else 0])
+
+    # ------------------------------------------------------------------ one step
+    def _address(self, memory: torch.Tensor, p: torch.Tensor, w_prev: torch.Tensor) -> torch.Tensor:
+        """Heads' weightings from their parameters ``p [B, H, P]`` (SPEC §7, in order)."""
+        W = self.config.word_size
+        key = torch.tanh(p[..., :W])
+        beta = F.softplus(p[..., W])
+        gate = torch.sigmoid(p[..., W + 1])
+        gamma = 1 + F.softplus(p[..., W + 2])
+        shift = torch.softmax(p[..., W + 3:], dim=-1)
+        w = content_weights(memory, key, beta)
+        w = interpolate(w, w_prev, gate)
+        w = circular_shift(w, shift)
+        return sharpen(w, gamma)
+
+    def _cell(self, gx: torch.Tensor, state: NTMState):
+        """One step given the input part of the controller pre-activation ``gx [B, G]``."""
+        cfg = self.config
+        R, Hw, W = cfg.read_heads, cfg.write_heads, cfg.word_size
+        B = gx.shape[0]
+        r_prev = state.reads.reshape(B, R * W)  # [B, R*W]
+        if self._lstm:
+            z = gx + self.ctrl_rh(torch.cat([r_prev, state.h], dim=-1))
+            i, f, g, o = z.chunk(4, dim=-1)
+            c = torch.sigmoid(f) * state.c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+        else:
+            h = torch.tanh(gx + self.ctrl_rh(r_prev))
+            c = state.c
+        p = self.heads(h)
+        hp = p[:, : (R + Hw) * self._p].reshape(B, R + Hw, self._p)  # [B, R+Hw, P]
+        ea = p[:, (R + Hw) * self._p:].reshape(B, Hw, 2 * W)  # [B, Hw, 2W]
+        erase, add = torch.sigmoid(ea[..., :W]), ea[..., W:]
+        w_w = self._address(state.memory, hp[:, R:], state.write_weights)
+        memory = erase_add_write(state.memory, w_w, erase, add)
+        w_r = self._address(memory, hp[:, :R], state.read_weights)
+        reads = weighted_read(memory, w_r)  # [B, R, W]
+        return NTMState(memory, w_r, w_w, reads, h, c), erase, add
+
+    def _readout(self, h: torch.Tensor, reads: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.cat([h, reads.flatten(-2)], dim=-1))  # reads [..., R, W] -> [..., R*W]
+
+    def step(self, x_t: torch.Tensor, state: NTMState | None = None):
+        """One time step: ``x_t [B, input_size] -> (y_t [B, output_size], state)``."""
+        check_shape("x_t", x_t, ["B", "input_size"], [None, self.config.input_size])
+        B = x_t.shape[0]
+        state = self.init_state(B, x_t.device, x_t.dtype) if state is None else state
+        self._check_state(state, B)
+        state, _, _ = self._cell(self.ctrl_x(x_t), state)
+        return self._readout(state.h, state.reads), state
+
+    def forward(self, x: torch.Tensor, state: NTMState | None = None, return_aux: bool = False):
+        """Run a sequence ``x [B, T, input_size]``; returns ``(y [B, T, output_size], state[, aux])``."""
+        check_shape("x", x, ["B", "T", "input_size"], [None, None, self.config.input_size])
+        B, T = x.shape[:2]
+        state = self.init_state(B, x.device, x.dtype) if state is None else state
+        self._check_state(state, B)
+        gx = self.ctrl_x(x).unbind(1)  # T x [B, G]: the input part of every step at once
+        hs, rs, trace = [], [], []
+        for t in range(T):
+            state, erase, add = self._cell(gx[t], state)
+            hs.append(state.h)
+            rs.append(state.reads)
+            if return_aux:
+                trace.append((state.read_weights, state.write_weights, state.reads, erase, add))
+        if T == 0:
+            y = x.new_zeros(B, 0, self.config.output_size)
+        else:
+            y = self._readout(torch.stack(hs, 1), torch.stack(rs, 1))  # [B, T, output_size]
+        if not return_aux:
+            return y, state
+        cfg = self.config
+        empty = ((cfg.read_heads, cfg.memory_slots), (cfg.write_heads, cfg.memory_slots),
+                 (cfg.read_heads, cfg.word_size), (cfg.write_heads, cfg.word_size),
+                 (cfg.write_heads, cfg.word_size))
+        if T:
+            aux = NTMAux(*(torch.stack(z, 1) for z in zip(*trace)))
+        else:
+            aux = NTMAux(*(x.new_zeros(B, 0, *e) for e in empty))
+        return y, state, aux

@@ -1,0 +1,131 @@
+"""DNC module (SPEC §8): fast == reference, state round trip, aux ranges, bad input, tiny learning run."""
+import pytest
+import torch
+
+import memnets
+from memnets.memories.dnc import DNC, DNCState
+from memnets.state import map_state
+from memnets.tasks.ntm_tasks import CopyTask, bits_per_sequence
+
+D = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors: one intra-op thread avoids oversubscription on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _tiny(**kw):
+    torch.manual_seed(0)
+    args = dict(memory_slots=6, word_size=5, read_heads=2, controller_size=16)
+    args.update(kw)
+    return DNC(4, 3, **args)
+
+
+def test_shapes_aux_and_registry():
+    m = memnets.build_model("dnc", input_size=4, output_size=3, memory_slots=6, word_size=5, read_heads=2,
+                            controller_size=16, controller_layers=2)
+    assert isinstance(m, memnets.DNC)
+    x = torch.randn(3, 7, 4)
+    y, state, aux = m(x, return_aux=True)
+    assert y.shape == (3, 7, 3) and isinstance(state, DNCState)
+    assert state.controller.h.shape == (3, 2, 16) and state.access.link.shape == (3, 6, 6)
+    assert aux.read_weights.shape == (3, 7, 2, 6) and aux.write_weights.shape == (3, 7, 6)
+    assert aux.usage.shape == (3, 7, 6) and aux.link.shape == (3, 7, 6, 6) and aux.read_modes.shape == (3, 7, 2, 3)
+    assert (aux.usage >= 0).all() and (aux.usage <= 1).all()
+    assert (aux.write_weights.sum(-1) <= 1 + 1e-5).all()
+    assert (aux.read_weights.sum(-1) <= 1 + 1e-5).all() and (aux.read_weights >= 0).all()
+    assert torch.all(torch.diagonal(aux.link, dim1=-2, dim2=-1) == 0)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_fast_equals_reference_values_and_grads(layers):
+    m = _tiny(controller_layers=layers).double()
+    x = torch.randn(3, 9, 4, dtype=D)
+    g = torch.Generator().manual_seed(1)
+    results = []
+    for impl in ("fast", "reference"):
+        m.impl = impl
+        m.zero_grad()
+        xi = x.clone().requires_grad_()
+        y, s = m(xi)
+        cot_y = torch.randn(y.shape, generator=torch.Generator().manual_seed(2), dtype=D)
+        loss = (y * cot_y).sum()
+        for i, t in enumerate(torch.utils._pytree.tree_leaves(s)):
+            loss = loss + (t * torch.randn(t.shape, generator=torch.Generator().manual_seed(10 + i), dtype=D)).sum()
+        loss.backward()
+        results.append((y.detach(), map_state(torch.Tensor.detach, s), xi.grad.clone(),
+                        {n: p.grad.clone() for n, p in m.named_parameters()}))
+    (y1, s1, gx1, gp1), (y2, s2, gx2, gp2) = results
+    torch.testing.assert_close(y1, y2)
+    for a, b in zip(torch.utils._pytree.tree_leaves(s1), torch.utils._pytree.tree_leaves(s2)):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(gx1, gx2)
+    for n in gp1:
+        torch.testing.assert_close(gp1[n], gp2[n], msg=lambda msg: f"{n}: {msg}")
+    assert g is not None
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_whole_equals_halves_and_steps(impl):
+    m = _tiny(impl=impl, controller_layers=2).double()
+    x = torch.randn(2, 8, 4, dtype=D)
+    y, s = m(x)
+    y1, s1 = m(x[:, :5])
+    y2, s2 = m(x[:, 5:], s1)
+    torch.testing.assert_close(torch.cat([y1, y2], 1), y)
+    for a, b in zip(torch.utils._pytree.tree_leaves(s2), torch.utils._pytree.tree_leaves(s)):
+        torch.testing.assert_close(a, b)
+    st, ys = None, []
+    for t in range(8):
+        yt, st = m.step(x[:, t], st)
+        ys.append(yt)
+    torch.testing.assert_close(torch.stack(ys, 1), y)
+
+
+def test_zero_input_no_nan():
+    m = _tiny()
+    y, _ = m(torch.zeros(2, 5, 4))
+    y.sum().backward()
+    assert torch.isfinite(y).all()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+def test_bad_input_raises():
+    m = _tiny()
+    with pytest.raises(ValueError, match="x"):
+        m(torch.randn(2, 5))
+    s = m.init_state(2)
+    with pytest.raises(ValueError, match="state.access.link"):
+        m(torch.randn(2, 5, 4), s._replace(access=s.access._replace(link=torch.zeros(2, 6, 5))))
+    with pytest.raises(ValueError, match="impl"):
+        DNC(4, 3, impl="cuda")
+    with pytest.raises(ValueError, match="read_heads"):
+        DNC(4, 3, read_heads=0)
+
+
+def test_tiny_dnc_learns_copy():
+    torch.manual_seed(0)
+    task = CopyTask(min_len=1, max_len=3, bits=3)
+    m = DNC(task.input_size, task.output_size, memory_slots=6, word_size=6, read_heads=1, controller_size=32)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    eval_batch = task.make_batch(64, torch.Generator().manual_seed(99))
+
+    def cost():
+        with torch.no_grad():
+            return float(bits_per_sequence(m(eval_batch.inputs)[0], eval_batch.targets, eval_batch.mask))
+
+    start = cost()
+    for _ in range(150):
+        b = task.make_batch(16, g)
+        loss = bits_per_sequence(m(b.inputs)[0], b.targets, b.mask)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 10.0)
+        opt.step()
+    assert cost() < 0.5 * start

@@ -1,0 +1,120 @@
+"""NTM module (SPEC §7): shapes, state round trip, stabilisers, bad input, a tiny learning run."""
+import pytest
+import torch
+
+import memnets
+from memnets.memories.ntm import NTM, NTMState
+from memnets.tasks.ntm_tasks import CopyTask, bits_per_sequence
+
+D = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors: one intra-op thread avoids oversubscription on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _tiny(**kw):
+    torch.manual_seed(0)
+    args = dict(memory_slots=8, word_size=5, controller_size=16)
+    args.update(kw)
+    return NTM(4, 3, **args)
+
+
+def test_shapes_aux_and_registry():
+    m = memnets.build_model("ntm", input_size=4, output_size=3, memory_slots=8, word_size=5, read_heads=2,
+                            write_heads=2, controller_size=16, shift_range=2)
+    assert isinstance(m, memnets.NTM)
+    x = torch.randn(3, 6, 4)
+    y, state, aux = m(x, return_aux=True)
+    assert y.shape == (3, 6, 3)
+    assert isinstance(state, NTMState) and state.memory.shape == (3, 8, 5)
+    assert aux.read_weights.shape == (3, 6, 2, 8) and aux.write_weights.shape == (3, 6, 2, 8)
+    assert aux.reads.shape == (3, 6, 2, 5)
+    for w in (aux.read_weights, aux.write_weights):
+        assert (w >= 0).all()
+        torch.testing.assert_close(w.sum(-1), torch.ones(3, 6, 2))
+    y2, _ = m(x)
+    torch.testing.assert_close(y, y2)
+
+
+def test_stabilisers():
+    m = _tiny()
+    s = m.init_state(2)
+    assert torch.all(s.memory == 1e-6)
+    C = 16
+    assert torch.all(m.ctrl_x.bias[C:2 * C] == 1.0) and torch.all(m.ctrl_x.bias[:C] == 0.0)
+    x = torch.randn(2, 4, 4)
+    y, _ = m(x)
+    y.sum().backward()
+    for p in (m.h0, m.c0, m.r0, m.read_w0, m.write_w0):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("controller", ["lstm", "mlp"])
+def test_whole_equals_halves_and_steps(controller):
+    m = _tiny(controller=controller).double()
+    x = torch.randn(2, 7, 4, dtype=D)
+    y, s = m(x)
+    y1, s1 = m(x[:, :3])
+    y2, s2 = m(x[:, 3:], s1)
+    torch.testing.assert_close(torch.cat([y1, y2], 1), y)
+    for a, b in zip(s2, s):
+        torch.testing.assert_close(a, b)
+    st = None
+    ys = []
+    for t in range(7):
+        yt, st = m.step(x[:, t], st)
+        ys.append(yt)
+    torch.testing.assert_close(torch.stack(ys, 1), y)
+
+
+def test_zero_memory_no_nan():
+    m = _tiny(memory_init=0.0)
+    x = torch.zeros(2, 5, 4)
+    y, s = m(x)
+    y.sum().backward()
+    assert torch.isfinite(y).all()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+def test_bad_input_raises():
+    m = _tiny()
+    with pytest.raises(ValueError, match="x"):
+        m(torch.randn(2, 5, 3))
+    with pytest.raises(ValueError, match="state.memory"):
+        s = m.init_state(2)
+        m(torch.randn(2, 5, 4), s._replace(memory=torch.zeros(2, 7, 5)))
+    with pytest.raises(TypeError):
+        m(torch.randn(2, 5, 4), (1, 2))
+    with pytest.raises(ValueError, match="controller"):
+        NTM(4, 3, controller="gru")
+    with pytest.raises(ValueError, match="memory_slots"):
+        NTM(4, 3, memory_slots=0)
+
+
+def test_tiny_ntm_learns_copy():
+    torch.manual_seed(0)
+    task = CopyTask(min_len=1, max_len=3, bits=3)
+    m = NTM(task.input_size, task.output_size, memory_slots=8, word_size=6, controller_size=32)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    eval_batch = task.make_batch(64, torch.Generator().manual_seed(99))
+
+    def cost():
+        with torch.no_grad():
+            return float(bits_per_sequence(m(eval_batch.inputs)[0], eval_batch.targets, eval_batch.mask))
+
+    start = cost()
+    for _ in range(150):
+        b = task.make_batch(16, g)
+        loss = bits_per_sequence(m(b.inputs)[0], b.targets, b.mask)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 10.0)
+        opt.step()
+    assert cost() < 0.5 * start
