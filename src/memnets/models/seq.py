@@ -56,7 +56,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "universal_transformer": {"d_model": 32, "num_heads": 4, "num_steps": 2, "max_len": 64},
         "lstm_attention": {"d_model": 32, "num_layers": 2},
         "dnc": {"d_model": 32, "memory_slots": 16, "word_size": 16, "read_heads": 2, "controller_size": 32},
-        "ntm": {"d_model": 32, "memory_slots": 16, "word_size": 16},
+        "ntm": {"d_model": 32, "memory_slots": 16, "word_size": 16, "controller_size": 32},
         "lstm": {"d_model": 32, "num_layers": 2},
     },
     "small": {

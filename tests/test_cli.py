@@ -1,0 +1,96 @@
+"""``memnets train / eval / table / configs / demo`` (in-process, tiny sizes)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memnets.cli.main import main
+
+TINY = """
+seed = 0
+epochs = 1
+batch_size = 16
+threads = 1
+
+[model]
+backbone = "lstm"
+d_model = 16
+options = { num_layers = 1 }
+
+[task]
+name = "reduce"
+train_digits = [1, 3]
+train_size = 32
+eval_size = 16
+splits = { id = [2, 3], od_easy = [4, 5], od_hard = [6, 7] }
+"""
+
+
+@pytest.mark.parametrize("cmd", [["train"], ["eval"], ["table"], ["configs"], ["configs", "ls"],
+                                 ["configs", "show"], ["demo"]])
+def test_help_everywhere(cmd, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*cmd, "--help"])
+    assert e.value.code == 0
+    assert "usage: memnets " + cmd[0] in capsys.readouterr().out
+
+
+def test_configs_ls_and_show(capsys):
+    assert main(["configs", "ls", "cpu/"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu/reduce-nam_tm" in out and "paper/" not in out
+    assert main(["configs", "show", "paper/reduce-transformer", "optim.lr=0.5"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["optim"]["lr"] == 0.5 and shown["model"]["options"]["num_layers"] == 8
+    assert main(["configs", "show", "paper/reduce-transformer", "optim.lrr=0.5"]) == 2
+    assert "did you mean `optim.lr`" in capsys.readouterr().err
+
+
+def test_train_eval_table(tmp_path, capsys):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "seed=2", "--run-dir", str(run), "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["name"] == "tiny" and set(summary["seq_acc"]) == {"id", "od_easy", "od_hard"}
+    assert json.loads((run / "config.json").read_text())["seed"] == 2
+    # the same directory again without --resume is refused with exit status 2
+    assert main(["train", str(cfg), "seed=2", "--run-dir", str(run), "--quiet"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    # a finished run resumes to the same results without training further
+    assert main(["train", str(cfg), "seed=2", "--run-dir", str(run), "--quiet", "--resume"]) == 0
+    capsys.readouterr()
+
+    assert main(["eval", str(run), "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    res = json.loads((run / "results.json").read_text())
+    assert ev["od_hard"]["n"] == 16
+    assert ev["od_easy"]["seq_acc"] == res["splits"]["od_easy"]["seq_acc"]  # best weights = selected epoch
+
+    out_md = tmp_path / "t.md"
+    assert main(["table", str(run), str(tmp_path / "missing"), "--out", str(out_md)]) == 0
+    cap = capsys.readouterr()
+    assert "| Reduce | ID |" in cap.out and "biLSTM" in cap.out and "Parameters" in cap.out
+    assert "skipping" in cap.err and out_md.read_text().startswith("| Model |")
+    assert main(["table", "--paper"]) == 0
+    assert "71.5%" in capsys.readouterr().out
+
+
+def test_bad_input_exit_2(tmp_path, capsys):
+    assert main(["train", "no-such-preset"]) == 2
+    assert "no preset" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path)]) == 2
+    assert main(["table"]) == 2
+
+
+def test_demo_tiny(tmp_path, capsys):
+    out = tmp_path / "demo"
+    rc = main(["demo", "--skip-bench", "--quiet", "--out", str(out), "epochs=1", "task.train_size=32",
+               "task.eval_size=8", "batch_size=16"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "| Reduce | ID |" in text and "OD-hard" in text
+    png = out / "learning_curves.png"
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "table.md").is_file()
