@@ -1,0 +1,101 @@
+"""Benchmark cases for the classic memories (NTM, DNC), aggregated by ``memnets bench models``.
+
+- DNC against the ``dnc`` package from PyPI (imported only if installed) at its README copy
+  setup: LSTM controller 64, memory 16 × 20, 4 read heads, batch 32, copy length 20
+  (T = 41), forward + backward. Bar: ours at least 3× faster (ratio ≤ 0.33).
+- NTM at LSTM 100, memory 128 × 20, one read and one write head, batch 32, copy length 20,
+  forward + backward, against the published ≈ 1.2 s per step of the implementation cited
+  by seed 002 (a reference figure, not measured here). Target: ≤ 0.4 s.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..memories.dnc import DNC
+from ..memories.ntm import NTM
+from ..tasks.ntm_tasks import CopyTask, bits_per_sequence
+from .timing import time_fn
+
+__all__ = ["run_cases"]
+
+NTM_REFERENCE_MS = 1200.0  # seed 002: ≈ 1.2 s per training step of the cited implementation
+
+
+def _copy_batch(batch_size: int = 32, length: int = 20):
+    return CopyTask(min_len=length, max_len=length, bits=8).make_batch(batch_size, torch.Generator().manual_seed(0))
+
+
+def _step_fn(model: torch.nn.Module, run, batch):
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def fn() -> None:
+        for p in params:
+            p.grad = None
+        y = run(batch.inputs)
+        bits_per_sequence(y, batch.targets, batch.mask).backward()
+
+    return fn
+
+
+def _peer_dnc():
+    """The ``dnc`` PyPI package's DNC class and version, or ``(None, reason)``."""
+    try:
+        from dnc import DNC as PeerDNC  # optional, not a project dependency
+    except Exception as e:  # noqa: BLE001 - any import failure means no peer
+        return None, f"peer not installed ({type(e).__name__})"
+    try:
+        from importlib.metadata import version
+
+        ver = version("dnc")
+    except Exception:  # noqa: BLE001
+        ver = "unknown"
+    return PeerDNC, ver
+
+
+def _dnc_case(quick: bool) -> dict:
+    repeat = 2 if quick else 5
+    batch = _copy_batch()
+    torch.manual_seed(0)
+    ours = DNC(9, 8, memory_slots=16, word_size=20, read_heads=4, controller_size=64)
+    ours_ms = 1e3 * time_fn(_step_fn(ours, lambda x: ours(x)[0], batch), warmup=1, repeat=repeat)
+    row = {"model": "dnc", "config": "LSTM 64, memory 16x20, 4 read heads, B=32, T=41, fwd+bwd",
+           "baseline": "dnc (PyPI)", "baseline_ms": None, "ours_ms": round(ours_ms, 1), "ratio": None}
+    peer_cls, info = _peer_dnc()
+    if peer_cls is None:
+        row["note"] = info
+        return row
+    peer = peer_cls(input_size=9, hidden_size=64, rnn_type="lstm", num_layers=1, num_hidden_layers=1,
+                    nr_cells=16, cell_size=20, read_heads=4, batch_first=True, gpu_id=-1)
+    head = torch.nn.Linear(9, 8)  # the peer outputs input_size features; map them to the 8 bits
+    peer_params = list(peer.parameters()) + list(head.parameters())
+
+    def peer_run(x):
+        out, _ = peer(x, (None, None, None), reset_experience=True)
+        return head(out)
+
+    def peer_fn() -> None:
+        for p in peer_params:
+            p.grad = None
+        bits_per_sequence(peer_run(batch.inputs), batch.targets, batch.mask).backward()
+
+    base_ms = 1e3 * time_fn(peer_fn, warmup=1, repeat=repeat)
+    row.update(baseline_ms=round(base_ms, 1), ratio=round(ours_ms / base_ms, 3),
+               note=f"dnc {info}, 1 controller layer of 1 LSTM; bar: ratio <= 0.33")
+    return row
+
+
+def _ntm_case(quick: bool) -> dict:
+    repeat = 2 if quick else 5
+    batch = _copy_batch()
+    torch.manual_seed(0)
+    ntm = NTM(9, 8, memory_slots=128, word_size=20, read_heads=1, write_heads=1, controller_size=100)
+    ours_ms = 1e3 * time_fn(_step_fn(ntm, lambda x: ntm(x)[0], batch), warmup=1, repeat=repeat)
+    return {"model": "ntm", "config": "LSTM 100, memory 128x20, 1 read + 1 write head, B=32, T=41, fwd+bwd",
+            "baseline": "seed 002 cited implementation (published)", "baseline_ms": NTM_REFERENCE_MS,
+            "ours_ms": round(ours_ms, 1), "ratio": round(ours_ms / NTM_REFERENCE_MS, 3),
+            "note": "baseline is the published ~1.2 s/step, not measured here; target <= 400 ms"}
+
+
+def run_cases(quick: bool = False) -> list[dict]:
+    """Rows for ``memnets bench models`` (keys: model, config, baseline, baseline_ms, ours_ms, ratio, note)."""
+    return [_dnc_case(quick), _ntm_case(quick)]
