@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from memnets.cli.main import main
-from memnets.viz import (attention_map, collect_attention_maps, lsam_gates, memory_trace, model_figures,
+from memnets.viz import (attention_map, collect_attention_maps, collect_lsam_gates, lsam_gates, memory_trace, model_figures,
                          plot_attention_maps, plot_dnc_memory, plot_gates, plot_learning_curves, plot_read_write,
                          plot_tape_heads, quick_figures, run_figures)
 
@@ -66,7 +66,7 @@ def make_copy_run(root: Path) -> Path:
             opt.step()
             f.write(json.dumps({"step": step, "sequences": 2 * step, "cost_bits": float(loss.detach())}) + "\n")
     (d / "results.json").write_text(json.dumps({"task": "copy", "model": "ntm", "args": {"max_len": 4},
-                                                "steps": 3, "final_cost_bits": float(loss)}))
+                                                "steps": 3, "final_cost_bits": float(loss.detach())}))
     torch.save({"model": model.state_dict(), "config": dict(model.config.__dict__), "step": 3}, d / "model.pt")
     return d
 
@@ -181,7 +181,7 @@ def test_viz_needs_run_or_model(capsys):
 
 @pytest.mark.parametrize("name, expected", [("ntm", {"weightings": 4}), ("dnc", {"weightings": 5, "dnc_memory": 3}),
                                             ("lsam", {"gates": 2}), ("softmax", {"attention": 2}),
-                                            ("delta", {"attention": 2})])
+                                            ("delta", {"attention": 2, "gates": 1})])
 def test_quick_figures(name, expected):
     figs = quick_figures(name, seed=0)
     assert set(figs) == set(expected)
@@ -222,6 +222,29 @@ def test_lsam_gates_replay_matches_forward():
     assert set(gates) == {f"layer {l} {d} {g}" for l in (0, 1) for d in ("fwd", "bwd") for g in ("p_r", "p_w")}
     for g in gates.values():
         assert g.shape == (2, 6, 2) and bool(((g >= 0) & (g <= 1)).all())
+
+
+def test_lsam_gates_replay_from_a_given_state():
+    from memnets.memories.lsam import LSAM, LSAMState
+
+    torch.manual_seed(1)
+    m = LSAM(4, 8, num_heads=2, bidirectional=True).double()
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    st = LSAMState(torch.randn(2, 2, 1, 4, 4, dtype=torch.float64), torch.randn(2, 2, 4, dtype=torch.float64))
+    torch.testing.assert_close(lsam_gates(m, x, st)[0], m(x, st)[0], rtol=1e-10, atol=1e-12)
+
+
+def test_lsam_encdec_gates_figure():
+    from memnets.models.seq import SequenceTaskModel
+
+    torch.manual_seed(0)
+    model = SequenceTaskModel("lsam_encdec", d_model=16, num_heads=2, dim_feedforward=32)
+    gates = collect_lsam_gates(model, torch.randint(0, 16, (1, 9)))
+    assert len(gates) == 6 and gates["backbone.decoder layer 0 fwd p_w"].shape == (1, 9, 2)
+    figs = model_figures(model, torch.randint(0, 16, (1, 9)))
+    titles = [ax.get_title() for ax in panels(figs["gates"])]
+    assert "LSAM: encoder layer 0 bwd p_r" in titles and "LSAM: decoder layer 0 fwd p_w" in titles
+    assert_well_formed(figs["gates"], n_heatmaps=6)
 
 
 def test_ntm_trace_is_the_models_aux():

@@ -20,12 +20,12 @@ from .plotting import (heatmap, plot_attention_maps, plot_dnc_memory, plot_gates
 from .report import build_report, results_row
 from .runs import (QUICK_MODELS, LoadedRun, RunDirError, load_run, model_figures, quick_figures, quick_model,
                    run_figures, run_sample, write_figures)
-from .trace import aux_to_dict, lsam_gates, memory_kind, memory_trace
+from .trace import aux_to_dict, collect_lsam_gates, lsam_gates, memory_kind, memory_trace
 
 __all__ = [
     "attention_map", "collect_attention_maps", "eval_curves", "plot_learning_curves", "read_metrics",
     "train_curve", "heatmap", "plot_attention_maps", "plot_dnc_memory", "plot_gates", "plot_read_write",
     "plot_tape_heads", "save_figure", "to_numpy", "build_report", "results_row", "QUICK_MODELS", "LoadedRun",
     "RunDirError", "load_run", "model_figures", "quick_figures", "quick_model", "run_figures", "run_sample",
-    "write_figures", "aux_to_dict", "lsam_gates", "memory_kind", "memory_trace",
+    "write_figures", "aux_to_dict", "collect_lsam_gates", "lsam_gates", "memory_kind", "memory_trace",
 ]

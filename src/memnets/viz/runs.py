@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from .attention_maps import attention_map, collect_attention_maps
 from .curves import plot_learning_curves, read_metrics, train_curve
 from .plotting import plot_attention_maps, plot_dnc_memory, plot_gates, plot_read_write, plot_tape_heads, save_figure
-from .trace import memory_kind, memory_trace
+from .trace import collect_lsam_gates, memory_kind, memory_trace
 
 __all__ = ["RunDirError", "LoadedRun", "load_run", "run_sample", "model_figures", "run_figures",
            "write_figures", "QUICK_MODELS", "quick_model", "quick_figures"]
@@ -194,7 +194,11 @@ def model_figures(model: torch.nn.Module, x: torch.Tensor) -> dict[str, Figure]:
     from ..attention import MultiHeadBase
 
     if isinstance(model, MultiHeadBase):
-        return {"attention": _attention_figure({type(model).__name__: attention_map(model.eval(), x)})}
+        figs = {"attention": _attention_figure({type(model).__name__: attention_map(model.eval(), x)})}
+        beta = getattr(model, "beta", None)
+        if isinstance(beta, torch.nn.Module):  # delta rule: write strength β = σ(W_β x) per head (SPEC §6)
+            figs["gates"] = plot_gates({"write strength β": torch.sigmoid(beta(x))[0]}, model_name="delta rule")
+        return figs
     seq = hasattr(model, "backbone") and hasattr(model, "embed") and hasattr(model, "head")
     if seq:
         from ..tasks.nsp import TOKEN_CHARS
@@ -202,8 +206,15 @@ def model_figures(model: torch.nn.Module, x: torch.Tensor) -> dict[str, Figure]:
         memory = model.backbone
         tokens = [TOKEN_CHARS[int(i)] for i in x[0]]
         if memory_kind(memory) is None:
+            figs = {}
+            gates = collect_lsam_gates(model, x)
+            if gates:
+                figs["gates"] = plot_gates({k.removeprefix("backbone.").replace("backbone ", ""): v[0]
+                                            for k, v in gates.items()}, model_name="LSAM")
             maps = collect_attention_maps(model, x)
-            return {"attention": _attention_figure(maps, tokens=tokens)} if maps else {}
+            if maps:
+                figs["attention"] = _attention_figure(maps, tokens=tokens)
+            return figs
         model.eval()
         trace = memory_trace(memory, model.embed(x))
         probs = torch.softmax(model.head(trace["output"]), -1)[0]  # [W, V]

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..ops import merge_heads, nam_read, nam_write, split_heads, unit
 
-__all__ = ["memory_kind", "memory_trace", "lsam_gates", "aux_to_dict"]
+__all__ = ["memory_kind", "memory_trace", "lsam_gates", "collect_lsam_gates", "aux_to_dict"]
 
 
 def aux_to_dict(aux: Any) -> dict[str, torch.Tensor]:
@@ -40,14 +40,15 @@ def memory_kind(module: torch.nn.Module) -> str | None:
 
 
 @torch.no_grad()
-def lsam_gates(lsam: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Replay an :class:`~memnets.memories.lsam.LSAM` on ``x [B, T, input_size]`` (batch first)
-    step by step and return ``(output [B, T, D], gates)``.
+def lsam_gates(lsam: torch.nn.Module, x: torch.Tensor, state=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Replay an :class:`~memnets.memories.lsam.LSAM` on ``x`` (``[B, T, input_size]``, or
+    ``[T, B, ·]`` when the module is not batch first) step by step and return
+    ``(output [B, T, D], gates)``.
 
     ``gates`` maps ``"layer l <dir> p_r"`` / ``"... p_w"`` (``dir`` = ``fwd`` or ``bwd``) to
     ``[B, T, H']`` values in [0, 1], indexed by input time for both directions (SPEC §2:
-    ``(p_r, p_w) = σ(W_rw [x_t : h_{t-1}] + b_rw)``). Starts from the zero state; dropout is
-    not applied (evaluation mode).
+    ``(p_r, p_w) = σ(W_rw [x_t : h_{t-1}] + b_rw)``). ``state``: the module's initial
+    ``LSAMState`` (default zeros). Dropout is not applied (evaluation mode).
     """
     if not lsam.batch_first:
         x = x.transpose(0, 1)  # [B, T, F]
@@ -62,8 +63,10 @@ def lsam_gates(lsam: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, di
         outs = []
         for j in range(dirs):
             w = torch.cat([w_ih[j], w_hh[j]], dim=1)  # [G, in + D]
-            M = x.new_zeros(B, H, d, d)
-            h = x.new_zeros(B, D)
+            if state is None:
+                M, h = x.new_zeros(B, H, d, d), x.new_zeros(B, D)
+            else:
+                M, h = state.memory[layer * dirs + j], state.h[layer * dirs + j]  # [B, H, d, d], [B, D]
             hs, prs, pws = [None] * T, [None] * T, [None] * T
             for t in (range(T) if j == 0 else range(T - 1, -1, -1)):
                 g = F.linear(torch.cat([inp[:, t], h], dim=-1), w, bias[j])  # [B, G]
@@ -109,3 +112,31 @@ def memory_trace(memory: torch.nn.Module, x: torch.Tensor) -> dict[str, Any]:
         return {"kind": kind, "output": y, **aux_to_dict(aux)}
     finally:
         memory.train(was)
+
+
+@torch.no_grad()
+def collect_lsam_gates(model: torch.nn.Module, *inputs, **kwargs) -> dict[str, torch.Tensor]:
+    """Run ``model(*inputs, **kwargs)`` and return the gates of every LSAM inside it, replayed
+    from the exact input and initial state each one received (forward pre-hooks):
+    ``{"<module name> <gate name>": [B, T, H']}`` (gate names as in :func:`lsam_gates`)."""
+    calls = []
+    hooks = []
+    for name, mod in model.named_modules():
+        if memory_kind(mod) == "lsam":
+            def hook(m, args, kw, name=name):
+                st = args[1] if len(args) > 1 else kw.get("state")
+                calls.append((name, m, args[0], st))
+            hooks.append(mod.register_forward_pre_hook(hook, with_kwargs=True))
+    was = model.training
+    model.eval()
+    try:
+        model(*inputs, **kwargs)
+    finally:
+        model.train(was)
+        for h in hooks:
+            h.remove()
+    out = {}
+    for name, mod, x, st in calls:
+        for key, g in lsam_gates(mod, x, st)[1].items():
+            out[f"{name} {key}".strip()] = g
+    return out
