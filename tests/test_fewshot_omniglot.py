@@ -108,16 +108,14 @@ def test_cosine_special_case_and_erase():
 def test_degenerate_inputs_no_nan():
     wb = torch.zeros(3, 4, requires_grad=True)
     s = torch.zeros(2, 1, 4, requires_grad=True)
-    gates = fs.Gates(4, hidden=8)
-    w = fs.nam_fewshot_weights(wb, s, *gates(s))
+    gates = fs.make_gates(4, 3, hidden=8)
+    w = gates.weights(s, base_weight=wb)
     w.sum().backward()
     assert torch.isfinite(w).all() and torch.isfinite(wb.grad).all() and torch.isfinite(s.grad).all()
-    with pytest.raises(ValueError, match="p_w"):
-        fs.nam_fewshot_weights(wb, s, torch.ones(2, 2), torch.ones(2, 1))
 
 
 def test_gates_start_near_cosine():
-    pw, pe = fs.Gates(6, hidden=16)(torch.randn(3, 2, 6))
+    pw, pe = fs.make_gates(6, 4, hidden=16).gates(torch.randn(3, 2, 6))
     assert pw.shape == pe.shape == (3, 2)
     assert bool((pw > 0.9).all()) and bool((pe < 0.1).all())
 
@@ -168,9 +166,9 @@ def test_evaluate_setting_separable_and_confusable():
 def test_train_gates_and_markdown():
     feats = _synthetic_feats(0.3)
     gates = fs.train_gates(feats, 2, 2, steps=3, n_query=2, hidden=8, seed=0)
-    pw, pe = gates(feats["novel"][:2, :2])
+    pw, pe = gates.gates(feats["novel"][:2, :2])
     assert bool(((pw > 0) & (pw < 1) & (pe > 0) & (pe < 1)).all())
     r = fs.evaluate_setting(feats, 2, 2, 3, 5, {"cosine": fs.cosine_fewshot_weights,
-                                               "nam": lambda w, s: fs.nam_fewshot_weights(w, s, *gates(s))}, seed=1)
+                                               "nam": lambda w, s: gates.weights(s, base_weight=w)}, seed=1)
     md = fs.results_markdown({"settings": [{"way": 2, "shot": 2, **r}]})
     assert "| 2-way 2-shot | nam |" in md and "±" in md

@@ -3,23 +3,29 @@
     python -m memnets.experiments.fewshot_omniglot [--data-dir D] [--epochs N] [--episodes 1000]
                                                    [--out DIR] [--seed S]
 
-Stages (each saved under ``--out``, a rerun resumes after the last finished one):
+Stages (each saved under ``--out``; a rerun resumes after the last finished one):
 
-1. **Pre-training** (``pretrain.pt``): Conv-4 + cosine head with learned scale on the base
-   classes = the 4112 classes (characters × 4 rotations) of the Vinyals *train* split, drawers
-   1–15 of each class; drawers 16–20 are held out as the base test images.
-2. **Features** (``features.pt``): frozen Conv-4 features ``[C, 20, 64]`` of the base and of
-   the novel (Vinyals *test*, 1692 classes) images; ``W_base`` = the head's weight rows.
+1. **Pre-training** (``pretrain.pt``) of Conv-4 on the base classes = the 4112 classes
+   (characters × 4 rotations) of the Vinyals *train* split, drawers 1–15 of each class
+   (drawers 16–20 are held out as base test images). ``--pretrain-mode episodic`` (default):
+   cosine classifier whose rows are the class means of 32-way episodes (2 support + 2 query
+   images per class), learned scale — it learns from the first step, which suits a short CPU
+   budget; ``classifier``: cosine head with learned scale over all 4112 classes (Gidaris &
+   Komodakis 2018), which needs many epochs. Both stop at ``--max-minutes``.
+2. **Features** (``features.pt``): frozen Conv-4 features ``[C, 20, 64]`` of ``--base-classes``
+   base classes (a fixed random subset of the train split) and of all novel classes (Vinyals
+   *test*, 1692). ``W_base`` ``[B, 64]``: the head rows of those classes (classifier mode) or
+   their imprinted rows ``μ(mean over drawers 1–15 of μ(f))`` (episodic mode).
 3. **Gates**: for each setting (N-way, K-shot) the NAM gates ``f_rw`` are trained episodically
-   on the base classes: N base classes play the novel ones (their rows are removed from
-   ``W_base``), K support features are written with Algorithm 1, and the loss is cross-entropy
-   of ``s · μ(W') μ(x)`` over all classes on queries of both the pseudo-novel and other base
-   classes.
+   on the base classes (:func:`train_gates`): N base classes play the novel ones (their rows
+   leave ``W_base``), their K support features are written with Algorithm 1, and the loss is
+   cross-entropy of ``s · μ(W') μ(x)`` over all classes on queries of both the pseudo-novel and
+   other base classes.
 4. **Evaluation** on ``--episodes`` generalised test episodes per setting: N novel test classes
-   with K support and 15 − K·0 queries each (``--queries``), plus as many base queries (drawers
-   16–20). Accuracies (Gidaris & Komodakis 2018): *Novel* = novel queries among the N novel
-   classes (the plain N-way K-shot accuracy), *Base* = base queries among the base classes,
-   *Both* = all queries among all base + novel classes; mean over episodes ± 95% CI
+   with K support and ``min(--queries, 20 − K)`` queries each, plus as many base queries
+   (drawers 16–20). Accuracies (Gidaris & Komodakis 2018): *Novel* = novel queries among the N
+   novel classes (the plain N-way K-shot accuracy), *Base* = base queries among the base
+   classes, *Both* = all queries among all base + novel classes; mean over episodes ± 95% CI
    (1.96 · std / √episodes). Written to ``results.json`` and ``results.md``.
 """
 from __future__ import annotations
@@ -33,15 +39,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .._checks import check_shape
+from ..memories.fewshot import NAMFewShotClassifier, cosine_fewshot_weights, nam_fewshot_weights
 from ..models.conv4 import Conv4, CosineHead, l2_normalize
 from ..tasks import omniglot as og
 
 __all__ = [
     "BASE_TRAIN_DRAWERS", "BASE_TEST_DRAWERS", "pretrain_step", "episodic_step", "pretrain", "extract_features",
-    "mean_ci", "Gates", "nam_fewshot_weights", "cosine_fewshot_weights", "episode_accuracies",
+    "mean_ci", "make_gates", "episode_accuracies",
     "train_gates", "evaluate_setting", "run_settings", "results_markdown", "main",
 ]
 
@@ -168,53 +173,17 @@ def mean_ci(values: torch.Tensor) -> tuple[float, float]:
     return float(v.mean()), half
 
 
-class Gates(nn.Module):
-    """NAM few-shot gates ``f_rw`` (SPEC §4, §12): two MLPs ``F → hidden → 1`` with σ on the
-    unit-normalised feature, giving ``p_w, p_e ∈ (0, 1)`` per support feature ``[..., F]``.
+def make_gates(feature_dim: int, num_base_classes: int, hidden: int = 512) -> NAMFewShotClassifier:
+    """NAM few-shot gates ``f_rw`` (SPEC §4, §12) as a :class:`NAMFewShotClassifier`.
 
-    The output biases start at ``+4`` (``p_w ≈ 0.98``) and ``−4`` (``p_e ≈ 0.02``), i.e. close to
-    the feature-averaging cosine classifier (``p_w = 1, p_e = 0``).
+    The output biases of its two MLPs start at ``+4`` (``p_w ≈ 0.98``) and ``−4``
+    (``p_e ≈ 0.02``), i.e. close to the feature-averaging cosine classifier (``p_w = 1, p_e = 0``).
     """
-
-    def __init__(self, feature_dim: int, hidden: int = 512) -> None:
-        super().__init__()
-        self.write = nn.Sequential(nn.Linear(feature_dim, hidden), nn.ReLU(), nn.Linear(hidden, 1))
-        self.erase = nn.Sequential(nn.Linear(feature_dim, hidden), nn.ReLU(), nn.Linear(hidden, 1))
-        with torch.no_grad():
-            self.write[-1].bias.fill_(4.0)
-            self.erase[-1].bias.fill_(-4.0)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        u = l2_normalize(x)
-        return torch.sigmoid(self.write(u)).squeeze(-1), torch.sigmoid(self.erase(u)).squeeze(-1)
-
-
-def nam_fewshot_weights(w_base: torch.Tensor, support: torch.Tensor, p_w: torch.Tensor,
-                        p_e: torch.Tensor) -> torch.Tensor:
-    """Algorithm 1 (SPEC §4): ``μ(W + Σ_nk (p_w e_n x̂ᵀ − p_e W x̂ x̂ᵀ) / K)`` with
-    ``W = [W_base; 0]``.
-
-    ``w_base`` ``[B, F]``, ``support`` ``[N, K, F]``, ``p_w, p_e`` ``[N, K]`` in ``[0, 1]`` →
-    row-normalised classifier ``[B + N, F]`` (base rows first). The novel rows of ``W`` are zero,
-    so the erase only changes base rows: ``W_base (I − Σ_nk p_e x̂ x̂ᵀ / K)``.
-    ``p_w = 1, p_e = 0`` gives the feature-averaging cosine classifier (Thm 3.5).
-    """
-    n, k, f = support.shape
-    check_shape("w_base", w_base, ["B", "F"], [None, f])
-    check_shape("p_w", p_w, ["N", "K"], [n, k])
-    check_shape("p_e", p_e, ["N", "K"], [n, k])
-    xh = l2_normalize(support)
-    novel = torch.einsum("nk,nkf->nf", p_w, xh) / k  # [N, F]
-    proj = torch.einsum("nk,nkf,nkg->fg", p_e, xh, xh) / k  # [F, F]
-    base = w_base - w_base @ proj  # [B, F]
-    return l2_normalize(torch.cat([base, novel], dim=0))  # [B+N, F]
-
-
-def cosine_fewshot_weights(w_base: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
-    """Feature-averaging cosine classifier ``μ([W_base; mean_k μ(x_nk)])`` ``[B + N, F]``."""
-    n, k, _ = support.shape
-    one = support.new_ones(n, k)
-    return nam_fewshot_weights(w_base, support, one, torch.zeros_like(one))
+    clf = NAMFewShotClassifier(feature_dim, num_base_classes, hidden=hidden)
+    with torch.no_grad():
+        clf.f_w[-1].bias.fill_(4.0)
+        clf.f_e[-1].bias.fill_(-4.0)
+    return clf
 
 
 def episode_accuracies(weights: torch.Tensor, num_base: int, novel_q: torch.Tensor, novel_y: torch.Tensor,
@@ -235,8 +204,9 @@ def episode_accuracies(weights: torch.Tensor, num_base: int, novel_q: torch.Tens
 
 
 def train_gates(feats: dict, n_way: int, k_shot: int, *, steps: int, n_query: int = 5, lr: float = 1e-3,
-                hidden: int = 512, seed: int = 0, log: Path | None = None) -> Gates:
-    """Train :class:`Gates` episodically on base classes (training drawers only).
+                hidden: int = 512, seed: int = 0, log: Path | None = None) -> NAMFewShotClassifier:
+    """Train the gates of a :class:`NAMFewShotClassifier` episodically on base classes
+    (training drawers only; the base rows always come from ``feats["w_base"]``).
 
     Each step: ``n_way`` base classes of the feature subset play the novel classes (their rows
     leave ``W_base``), ``k_shot`` support + ``n_query`` query features each, plus
@@ -246,7 +216,7 @@ def train_gates(feats: dict, n_way: int, k_shot: int, *, steps: int, n_query: in
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     pool, ids, w_base, scale = feats["base"], feats["base_ids"], feats["w_base"], float(feats["scale"])
-    gates = Gates(pool.shape[-1], hidden)
+    gates = make_gates(pool.shape[-1], w_base.shape[0], hidden)
     opt = torch.optim.Adam(gates.parameters(), lr=lr)
     total_base = w_base.shape[0]
     t0, ema = time.time(), None
@@ -260,7 +230,7 @@ def train_gates(feats: dict, n_way: int, k_shot: int, *, steps: int, n_query: in
         bsel = others[torch.randint(others.numel(), (n_way * n_query,), generator=g)]
         bsmp = BASE_TRAIN_DRAWERS[torch.randint(BASE_TRAIN_DRAWERS.numel(), (n_way * n_query,), generator=g)]
         support = og.gather(pool, ep.classes, ep.support)  # [N, K, F]
-        p_w, p_e = gates(support)
+        p_w, p_e = gates.gates(support)  # [N, K] each
         w = nam_fewshot_weights(w_base[keep], support, p_w, p_e)  # [B-N+N, F]
         nb = int(keep.sum())
         q = torch.cat([og.gather(pool, ep.classes, ep.query).reshape(-1, pool.shape[-1]),  # [N*Q, F]
@@ -270,10 +240,11 @@ def train_gates(feats: dict, n_way: int, k_shot: int, *, steps: int, n_query: in
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        ema = float(loss) if ema is None else 0.98 * ema + 0.02 * float(loss)
+        lv = float(loss.detach())
+        ema = lv if ema is None else 0.98 * ema + 0.02 * lv
         if step % 100 == 0 or step == steps:
             _log(log, stage="gates", way=n_way, shot=k_shot, step=step, loss=round(ema, 4),
-                 p_w=round(float(p_w.mean()), 3), p_e=round(float(p_e.mean()), 3),
+                 p_w=round(float(p_w.detach().mean()), 3), p_e=round(float(p_e.detach().mean()), 3),
                  seconds=round(time.time() - t0, 1))
     return gates
 
@@ -357,8 +328,8 @@ def run_settings(args: argparse.Namespace, out: Path, feats: dict, pretrain_info
             gates = train_gates(feats, n, k, steps=args.gate_episodes, seed=args.seed, log=out / "metrics.jsonl")
             gates.eval()
 
-            def nam(w_base: torch.Tensor, support: torch.Tensor, gates: Gates = gates) -> torch.Tensor:
-                return nam_fewshot_weights(w_base, support, *gates(support))
+            def nam(w_base: torch.Tensor, support: torch.Tensor, gates: NAMFewShotClassifier = gates) -> torch.Tensor:
+                return gates.weights(support, base_weight=w_base)
 
             q = min(args.queries, og.DRAWERS - k)
             r = evaluate_setting(feats, n, k, q, args.episodes, {"cosine": cosine_fewshot_weights, "nam": nam},
