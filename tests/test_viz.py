@@ -172,6 +172,22 @@ def test_viz_bad_run_dir_exits_2(tmp_path, capsys):
     assert "no saved weights" in capsys.readouterr().err
 
 
+def test_viz_bad_split_exits_2(runs, capsys):
+    assert main(["viz", str(runs["ntm"]), "--split", "od_hard"]) == 2
+    assert "`split` expected one of ['id']" in capsys.readouterr().err
+
+
+def test_transformer_run_attention_figure(tmp_path):
+    run = make_engine_run(tmp_path, "transformer")
+    figs = run_figures(run, seed=2)
+    assert set(figs) == {"attention", "learning_curve"}
+    heat = panels(figs["attention"])
+    assert [ax.get_title() for ax in heat] == ["backbone.layers.0.attn head 0", "backbone.layers.0.attn head 1"]
+    assert_well_formed(figs["attention"], n_heatmaps=2)
+    W = heat[0].images[0].get_array().shape[0]
+    assert heat[0].images[0].get_array().shape == (W, W) and len(heat[0].get_xticklabels()) == W  # token labels
+
+
 def test_viz_needs_run_or_model(capsys):
     assert main(["viz"]) == 2
     assert "either a run directory or --model" in capsys.readouterr().err

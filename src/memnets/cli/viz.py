@@ -16,10 +16,12 @@ __all__ = ["add_parser"]
 
 
 def add_parser(sub) -> None:
+    import argparse
+
     from ..viz.runs import QUICK_MODELS
 
     p = sub.add_parser("viz", help="plot memory weightings, tapes, gates, attention maps and learning curves",
-                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", nargs="?", help="a directory written by `memnets train` (or the NTM copy experiment)")
     p.add_argument("--model", choices=QUICK_MODELS, help="plot an untrained small model instead of a run")
     p.add_argument("--task-sample", type=int, default=0, metavar="SEED", help="seed of the task sample (default 0)")
