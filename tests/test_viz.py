@@ -159,6 +159,15 @@ def test_copy_run_figures(runs):
     assert figs["learning_curve"].axes[0].get_ylabel().startswith("cost_bits")
 
 
+def test_copy_run_table_row(runs):
+    from memnets.viz import results_row
+
+    row = results_row(runs["copy"])
+    assert row["task"] == "copy" and row["model"] == "ntm" and row["steps"] == "3"
+    n = sum(p.numel() for p in torch.load(runs["copy"] / "model.pt", weights_only=True)["model"].values())
+    assert row["params"] == str(n) and float(row["final cost (bits)"]) > 0
+
+
 def test_viz_bad_run_dir_exits_2(tmp_path, capsys):
     assert main(["viz", str(tmp_path / "missing")]) == 2
     assert "not a directory" in capsys.readouterr().err

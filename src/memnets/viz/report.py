@@ -78,6 +78,11 @@ def results_row(run_dir: str | Path) -> dict[str, str]:
         "steps": res.get("steps"),
         "best epoch": res.get("best_epoch"),
     }
+    if row["params"] is None and (d / "model.pt").is_file():  # NTM copy runs: count the saved weights
+        import torch
+
+        blob = torch.load(d / "model.pt", map_location="cpu", weights_only=True)
+        row["params"] = sum(int(t.numel()) for t in blob.get("model", {}).values())
     for split, m in (res.get("splits") or {}).items():
         if isinstance(m, dict) and "seq_acc" in m:
             row[f"{split} seq_acc"] = f"{100 * float(m['seq_acc']):.1f}%"
