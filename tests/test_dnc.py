@@ -121,11 +121,11 @@ def test_tiny_dnc_learns_copy():
             return float(bits_per_sequence(m(eval_batch.inputs)[0], eval_batch.targets, eval_batch.mask))
 
     start = cost()
-    for _ in range(150):
+    for _ in range(100):
         b = task.make_batch(16, g)
         loss = bits_per_sequence(m(b.inputs)[0], b.targets, b.mask)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 10.0)
         opt.step()
-    assert cost() < 0.5 * start
+    assert cost() < 0.65 * start
