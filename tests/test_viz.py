@@ -181,6 +181,18 @@ def test_viz_bad_run_dir_exits_2(tmp_path, capsys):
     assert "no saved weights" in capsys.readouterr().err
 
 
+def test_viz_mismatched_weights_exit_2(runs, tmp_path, capsys):
+    import shutil
+
+    bad = tmp_path / "mismatch"
+    shutil.copytree(runs["ntm"], bad, ignore=shutil.ignore_patterns("figures"))
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["model"]["options"]["memory_slots"] = 5  # the saved weights have 8 slots
+    (bad / "config.json").write_text(json.dumps(cfg))
+    assert main(["viz", str(bad)]) == 2
+    assert "cannot rebuild the model" in capsys.readouterr().err
+
+
 def test_viz_bad_split_exits_2(runs, capsys):
     assert main(["viz", str(runs["ntm"]), "--split", "od_hard"]) == 2
     assert "`split` expected one of ['id']" in capsys.readouterr().err

@@ -89,8 +89,11 @@ def load_run(run_dir: str | Path, checkpoint: str = "best") -> LoadedRun:
             raise RunDirError(f"{d} has no saved weights (looked for checkpoints/best.safetensors and "
                               f"checkpoints/last.json)")
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg)
-        load_weights(path, model)
+        try:
+            model = build_model(cfg)
+            load_weights(path, model)
+        except (ImportError, RuntimeError) as e:  # backbone missing here / weights of another shape
+            raise RunDirError(f"cannot rebuild the model of {d}: {e}") from e
         return LoadedRun(d, "engine", cfg.name, model.eval(), raw, results)
     if results is not None and results.get("task") == "copy" and (d / "model.pt").is_file():
         from ..memories.ntm import NTM
