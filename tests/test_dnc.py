@@ -129,3 +129,17 @@ def test_tiny_dnc_learns_copy():
         torch.nn.utils.clip_grad_norm_(m.parameters(), 10.0)
         opt.step()
     assert cost() < 0.65 * start
+
+
+def test_fused_write_link_gradcheck():
+    from memnets.memories.dnc import _WriteLink
+
+    g = torch.Generator().manual_seed(7)
+    B, N, W, R = 2, 4, 3, 2
+
+    def r(*shape):
+        return (torch.rand(*shape, generator=g, dtype=D) * 0.5).requires_grad_()
+
+    offdiag = 1 - torch.eye(N, dtype=D)
+    args = (r(B, N, W), r(B, N, N), r(B, N), r(B, N), r(B, W), r(B, W), r(B, R, N), offdiag)
+    assert torch.autograd.gradcheck(_WriteLink.apply, args)
