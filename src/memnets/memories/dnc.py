@@ -142,8 +142,10 @@ class DNC(nn.Module):
         memory_slots: N. word_size: W. read_heads: R.
         controller: ``"lstm"`` (the only kind). controller_size: C. controller_layers: stacked cells.
         impl: ``"fast"`` (default: the same equations regrouped into fewer tensor ops, without
-            per-op argument checks) or ``"reference"`` (one :mod:`memnets.ops.dnc` call per
-            equation). Both give the same values and gradients (tested).
+            per-op argument checks, with the write / link / precedence / directional updates in
+            one autograd node whose backward is derived by hand) or ``"reference"`` (one
+            :mod:`memnets.ops.dnc` call per equation). Both give the same values and gradients
+            (tested in float64).
 
     ``forward(x [B, T, input_size], state=None, return_aux=False)`` returns
     ``(y [B, T, output_size], state)`` and with ``return_aux`` also a :class:`DNCAux`.
