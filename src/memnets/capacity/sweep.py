@@ -34,9 +34,11 @@ def _resolve(memories: Iterable[str], log: Callable[[str], None]) -> tuple[list[
 
 
 def run_sweep(memories: Iterable[str], sizes: Iterable[int], *, edits: bool = False,
-              log: Callable[[str], None] = lambda s: None, **cfg) -> dict:
+              log: Callable[[str], None] = lambda s: None, on_row: Callable[[dict], None] | None = None,
+              **cfg) -> dict:
     """Train every memory at every size; ``cfg`` are :class:`RetrievalConfig` fields.
 
+    ``on_row(partial)`` (optional) receives the result so far after every trained row.
     Returns ``{"setting", "config", "sizes", "memories", "skipped", "results": [row, ...],
     "seconds", "env"}`` where each row is the dict of :func:`train_retrieval`.
     """
@@ -46,16 +48,22 @@ def run_sweep(memories: Iterable[str], sizes: Iterable[int], *, edits: bool = Fa
     mems, skipped = _resolve(memories, log)
     base = RetrievalConfig(edits=edits, **cfg)
     t0, rows = time.perf_counter(), []
+
+    def result() -> dict:
+        return {"setting": "edits" if edits else "capacity",
+                "config": {k: v for k, v in base.__dict__.items() if k not in ("memory", "num_pairs")},
+                "sizes": sizes, "memories": [m for m in mems if any(r["memory"] == m for r in rows)],
+                "skipped": skipped, "results": rows, "seconds": time.perf_counter() - t0, "env": _env()}
+
     for m in mems:
         for s in sizes:
             r = train_retrieval(base, memory=m, num_pairs=s)
             rows.append(r)
             log(f"{'edits' if edits else 'capacity'} {m:<12} S={s:<4} loss {r['loss']:.4f} "
                 f"acc {r['accuracy']:.3f} ({r['seconds']:.1f}s)")
-    return {"setting": "edits" if edits else "capacity", "config": {k: v for k, v in base.__dict__.items()
-                                                                    if k not in ("memory", "num_pairs")},
-            "sizes": sizes, "memories": mems, "skipped": skipped, "results": rows,
-            "seconds": time.perf_counter() - t0, "env": _env()}
+            if on_row is not None:
+                on_row(result())
+    return result()
 
 
 def run_mqar(memories: Iterable[str], *, log: Callable[[str], None] = lambda s: None, **cfg) -> dict:

@@ -96,12 +96,14 @@ def _run(args) -> int:
             plot_sweep(result, out / f"{name}.png")
 
     if not args.no_capacity:
-        r = run_sweep(memories, _ints("sizes", args.sizes or preset["sizes"]), log=log, **common)
+        r = run_sweep(memories, _ints("sizes", args.sizes or preset["sizes"]), log=log,
+                      on_row=lambda part: save("capacity", part, False), **common)
         save("capacity", r, True)
         tables.append(markdown_table(r))
     if args.edits:
         r = run_sweep(memories, _ints("edit-sizes", args.edit_sizes or preset["edit_sizes"]), edits=True,
-                      num_writes=args.num_writes, log=log, **common)
+                      num_writes=args.num_writes, log=log, on_row=lambda part: save("edits", part, False),
+                      **common)
         save("edits", r, True)
         tables.append(markdown_table(r))
     if args.mqar:
