@@ -171,3 +171,20 @@ def test_bad_input_raises():
     with pytest.raises(ValueError, match="memory"):
         weighted_read(torch.zeros(5), torch.zeros(5))
     assert math.isclose(float(sharpen(torch.tensor([1.0, 1.0]), 2.0)[0]), 0.5)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 9), shifts=st.integers(0, 3), gamma=st.floats(1.0, 20.0))
+def test_pipeline_stays_on_simplex(seed, n, shifts, gamma):
+    g = _g(seed)
+    M = torch.randn(2, n, 3, generator=g, dtype=D)
+    w = content_weights(M, torch.randn(2, 3, generator=g, dtype=D), torch.rand(2, generator=g, dtype=D) * 10)
+    w = interpolate(w, torch.softmax(torch.randn(2, n, generator=g, dtype=D), -1), torch.rand(2, generator=g, dtype=D))
+    w = circular_shift(w, torch.softmax(torch.randn(2, 2 * shifts + 1, generator=g, dtype=D), -1))
+    w = sharpen(w, gamma)
+    assert (w >= 0).all()
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, dtype=D))
