@@ -64,6 +64,7 @@ def _head_major_index(Dp: int, Hp: int, device) -> torch.Tensor:
 
 
 _EPS = 1e-6  # μ's eps, as in memnets.ops.unit
+_SEGMENT = 32  # steps between exact memory copies kept for the backward pass
 
 
 class _LSAMRecurrence(torch.autograd.Function):
@@ -75,90 +76,88 @@ class _LSAMRecurrence(torch.autograd.Function):
         (a_q, a_k) = (M q, M k);  u = p_w (v − a_k);  M ← M + u kᵀ
         h_t = p_r (a_q + u (q·k))          # = RD(WR(M, k, v, p_w, p_w), q, p_r)
 
-    The memory is updated in place in one buffer (no per-step allocation of ``[N, d, d]``);
-    every ``C ≈ √T`` steps a copy is kept. Backward walks the segments in reverse,
-    recomputing each segment's memories from its copy with the same ops (bit-identical), so
-    memory use is O(√T) memories instead of O(T). The weight gradient ``Σ_t h_{t-1}ᵀ dg_t``
-    is one matmul after the loop. Not twice differentiable.
+    The memory is updated in place in one buffer: no ``[N, d, d]`` tensor is allocated per
+    step. Backward walks the steps in reverse and recovers ``M_{t-1} = M_t − u_t k_tᵀ`` in
+    place; an exact copy kept every :data:`_SEGMENT` steps resets that buffer, so rounding
+    drift is bounded by a few ulps per segment while memory is O(T / _SEGMENT) memories.
+    The weight gradient ``Σ_t h_{t-1}ᵀ dg_t`` is one matmul after the loop. Not twice
+    differentiable.
     """
 
     @staticmethod
     def forward(ctx, gx, w_hhT, M0, h0):
         T, dirs, B, G = gx.shape
         Dp, N, d = w_hhT.shape[1], M0.shape[0], M0.shape[-1]
-        C = max(1, math.isqrt(T - 1) + 1) if T > 1 else 1  # segment length ≈ √T
-        ckpts = M0.new_empty((T + C - 1) // C, N, d, d)
+        ckpts = M0.new_empty((T - 1) // _SEGMENT, N, d, d)
         M, h = M0.clone(), h0
-        saved, outs = [], []
+        out = gx.new_empty(T, dirs, B, Dp)
+        QK, NRM = gx.new_empty(T, N, 2, d), gx.new_empty(T, N, 2, 1)
+        P, CQ = gx.new_empty(T, N, 2), gx.new_empty(T, N)
+        E, U, R = (gx.new_empty(T, N, d) for _ in range(3))
         for t in range(T):
-            if t % C == 0:
-                ckpts[t // C].copy_(M)
             blk = torch.baddbmm(gx[t], h, w_hhT).view(N, 3 * d + 2)  # [N, 3d+2]
             raw = blk[:, : 2 * d].view(N, 2, d)
-            nrm = raw.norm(dim=-1, keepdim=True)  # [N, 2, 1]
-            qk = raw / nrm.clamp_min(_EPS)  # [N, 2, d] = (μ(q), μ(k))
-            p = torch.sigmoid(blk[:, 3 * d:])  # [N, 2] = (p_r, p_w)
+            nrm = torch.linalg.vector_norm(raw, dim=-1, keepdim=True, out=NRM[t])  # [N, 2, 1]
+            qk = torch.div(raw, nrm.clamp_min(_EPS), out=QK[t])  # [N, 2, d] = (μ(q), μ(k))
+            p = torch.sigmoid(blk[:, 3 * d:], out=P[t])  # [N, 2] = (p_r, p_w)
             ab = torch.bmm(qk, M.transpose(1, 2))  # [N, 2, d] = (M q, M k)
-            e = blk[:, 2 * d: 3 * d] - ab[:, 1]  # v − M k
-            u = e * p[:, 1:]  # [N, d]
+            e = torch.sub(blk[:, 2 * d: 3 * d], ab[:, 1], out=E[t])  # v − M k
+            u = torch.mul(e, p[:, 1:], out=U[t])  # [N, d]
             M.addcmul_(u.unsqueeze(-1), qk[:, 1:])  # M + u kᵀ, in place
-            c = (qk[:, 0] * qk[:, 1]).sum(-1, keepdim=True)  # q·k: [N, 1]
-            r = ab[:, 0] + u * c  # M_t q
-            h = (r * p[:, :1]).view(dirs, B, Dp)
-            saved.append((qk, nrm, p, e, u, c, r))
-            outs.append(h)
-        out = torch.stack(outs, 0)  # [T, dirs, B, D']
-        ctx.saved, ctx.C = saved, C
-        ctx.save_for_backward(w_hhT, h0, out, ckpts)
+            c = torch.linalg.vecdot(qk[:, 0], qk[:, 1], out=CQ[t]).unsqueeze(-1)  # q·k: [N, 1]
+            r = torch.addcmul(ab[:, 0], u, c, out=R[t])  # M_t q = M q + u (k·q)
+            h = torch.mul(r, p[:, :1], out=out[t].view(N, d)).view(dirs, B, Dp)  # h_t = p_r M_t q
+            if (t + 1) % _SEGMENT == 0 and t < T - 1:
+                ckpts[(t + 1) // _SEGMENT - 1].copy_(M)
+        ctx.save_for_backward(w_hhT, h0, out, M, ckpts, QK, NRM, P, CQ, E, U, R)
         return out, M
 
     @staticmethod
     def backward(ctx, dout, dM):
-        w_hhT, h0, out, ckpts = ctx.saved_tensors
+        w_hhT, h0, out, M_T, ckpts, QK, NRM, P, CQ, E, U, R = ctx.saved_tensors
         T, dirs, B, Dp = out.shape
-        N, d, C = ckpts.shape[1], ckpts.shape[-1], ctx.C
+        N, d = M_T.shape[0], M_T.shape[-1]
         w_hh = w_hhT.transpose(1, 2)  # [dirs, G, D']
-        dM = torch.zeros_like(ckpts[0]) if dM is None else dM.clone()
+        dM = torch.zeros_like(M_T) if dM is None else dM.clone()
         dout = torch.zeros_like(out) if dout is None else dout
-        dh = torch.zeros_like(h0)
-        seg = ckpts.new_empty(min(C, T), N, d, d)  # memories M_{t-1} of one segment
-        dgs = [None] * T
+        S = P * (1 - P)  # σ' for all steps: [T, N, 2]
+        INV = 1.0 / NRM.clamp_min(_EPS)  # [T, N, 2, 1]
+        QKM = QK * (NRM > _EPS)  # μ's projection only where ‖x‖ > eps: [T, N, 2, d]
+        QKS = QK.flip(2)  # (k, q): [T, N, 2, d]
+        work = M_T.clone()  # M_t, reversed in place to M_{t-1}
+        dab = M_T.new_empty(N, 2, d)  # (d a_q, d a_k)
+        dgx = out.new_empty(T, dirs, B, w_hhT.shape[-1])  # gradient of gx, filled step by step
+        dh = torch.zeros_like(h0).view(N, d)
         for t in range(T - 1, -1, -1):
-            qk, nrm, p, e, u, c, r = ctx.saved[t]
-            i = t % C
-            if t == T - 1 or i == C - 1:  # recompute this segment's memories from its copy
-                seg[0].copy_(ckpts[t // C])
-                for j in range(1, i + 1):
-                    s = ctx.saved[t - i + j - 1]
-                    torch.addcmul(seg[j - 1], s[4].unsqueeze(-1), s[0][:, 1:], out=seg[j])
-            M = seg[i]
-            q, k = qk[:, 0], qk[:, 1]
-            dh = (dout[t] + dh).view(N, d)
-            dp_r = (dh * r).sum(-1, keepdim=True)
-            dr = dh * p[:, :1]  # = d(a_q)
-            du = dr * c + torch.bmm(k.unsqueeze(1), dM.transpose(1, 2)).squeeze(1)  # + dM k
-            dc = (dr * u).sum(-1, keepdim=True)
-            dk = torch.bmm(u.unsqueeze(1), dM).squeeze(1) + dc * q  # dMᵀ u + dc q
-            dp_w = (du * e).sum(-1, keepdim=True)
-            de = du * p[:, 1:]  # = dv = −d(a_k)
-            dab = torch.stack([dr, -de], 1)  # [N, 2, d]
-            dqk = torch.bmm(dab, M)  # [N, 2, d] = (Mᵀ da_q, Mᵀ da_k)ᵀ
-            dM.baddbmm_(dab.transpose(1, 2), qk)  # dM + da_q qᵀ + da_k kᵀ
-            dqk = dqk + torch.stack([dc * k, dk], 1)
-            # μ backward: (dy − y (y·dy)) / max(‖x‖, eps), the projection only where ‖x‖ > eps
-            proj = (dqk * qk).sum(-1, keepdim=True) * (nrm > _EPS)
-            draw = (dqk - qk * proj) / nrm.clamp_min(_EPS)  # [N, 2, d]
-            dpre = torch.cat([dp_r, dp_w], 1) * p * (1 - p)  # σ backward: [N, 2]
-            dg = torch.cat([draw.view(N, 2 * d), de, dpre], 1).view(dirs, B, -1)  # [dirs, B, G]
-            dgs[t] = dg
-            dh = torch.bmm(dg, w_hh)  # [dirs, B, D']
-        dgx = torch.stack(dgs, 0)  # [T, dirs, B, G]
+            qk, u = QK[t], U[t]
+            if (t + 1) % _SEGMENT == 0 and t < T - 1:
+                work.copy_(ckpts[(t + 1) // _SEGMENT - 1])  # exact M_t
+            work.addcmul_(u.unsqueeze(-1), qk[:, 1:], value=-1.0)  # M_{t-1} = M_t − u kᵀ
+            gb = dgx[t].view(N, 3 * d + 2)  # per-head blocks [q k v r w] of dg_t
+            dh = dout[t].view(N, d) + dh
+            p, c = P[t], CQ[t].unsqueeze(-1)
+            dp_r = torch.linalg.vecdot(dh, R[t])
+            dr = torch.mul(dh, p[:, :1], out=dab[:, 0])  # = d(a_q)
+            du = torch.bmm(qk[:, 1:], dM.transpose(1, 2)).squeeze(1).addcmul_(dr, c)  # dM k + dr (q·k)
+            dc = torch.linalg.vecdot(dr, u)
+            dp_w = torch.linalg.vecdot(du, E[t])
+            de = torch.mul(du, p[:, 1:], out=gb[:, 2 * d: 3 * d])  # = dv = −d(a_k)
+            torch.neg(de, out=dab[:, 1])
+            dqk = torch.bmm(dab, work)  # [N, 2, d] = (M_{t-1}ᵀ da_q, M_{t-1}ᵀ da_k)ᵀ
+            dqk[:, 1:] += torch.bmm(u.unsqueeze(1), dM)  # + dM_tᵀ u
+            dqk.addcmul_(QKS[t], dc.view(N, 1, 1))  # + dc (k, q)
+            dM.baddbmm_(dab.transpose(1, 2), qk)  # dM_{t-1} = dM_t + da_q qᵀ + da_k kᵀ
+            proj = torch.linalg.vecdot(dqk, QKM[t]).unsqueeze(-1)  # [N, 2, 1]
+            torch.mul(torch.addcmul(dqk, qk, proj, value=-1.0), INV[t], out=gb[:, : 2 * d].view(N, 2, d))
+            torch.mul(dp_r, S[t, :, 0], out=gb[:, 3 * d])  # σ backward
+            torch.mul(dp_w, S[t, :, 1], out=gb[:, 3 * d + 1])
+            dh = torch.bmm(dgx[t], w_hh).view(N, d)  # [dirs, B, D'] -> [N, d]
         dw = None
         if ctx.needs_input_grad[1]:
             hprev = torch.cat([h0.unsqueeze(0), out[:-1]], 0)  # [T, dirs, B, D']
             hp = hprev.permute(1, 3, 0, 2).reshape(dirs, Dp, T * B)  # [dirs, D', T*B]
             dw = torch.bmm(hp, dgx.permute(1, 0, 2, 3).reshape(dirs, T * B, -1))  # [dirs, D', G]
-        return dgx, dw, dM, dh
+        return dgx, dw, dM, dh.view(dirs, B, Dp)
 
 
 def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor, bias: torch.Tensor,
