@@ -155,7 +155,8 @@ def test_copy_run_figures(runs):
     assert len(heat) == 4
     T = 2 * 4 + 1  # copy of length max_len = 4
     assert heat[0].images[0].get_array().shape == (9, T)  # input bits + delimiter over time
-    assert heat[2].images[0].get_array().shape == (12, T)  # memory slots over time
+    rows, cols = heat[2].images[0].get_array().shape  # memory slots (the visited window) over time
+    assert cols == T and 1 <= rows <= 12
     assert figs["learning_curve"].axes[0].get_ylabel().startswith("cost_bits")
 
 
@@ -356,6 +357,28 @@ def test_plot_functions_reject_bad_shapes():
         plot_gates({})
     with pytest.raises(ValueError, match="at least one"):
         plot_tape_heads({})
+
+
+def test_used_slots_window_is_circular():
+    from memnets.viz.plotting import used_slots
+
+    w = torch.zeros(3, 10).numpy()
+    w[0, [8, 9, 0, 1]] = 1.0
+    assert used_slots([w], margin=0).tolist() == [8, 9, 0, 1]
+    assert used_slots([w], margin=1).tolist() == [7, 8, 9, 0, 1, 2]
+    w2 = torch.zeros(2, 3, 10).numpy()
+    w2[1, 0, [3, 5]] = 0.5
+    assert used_slots([w2, torch.zeros(3, 10).numpy()], margin=0).tolist() == [3, 4, 5]
+    assert used_slots([torch.zeros(3, 10).numpy()]).tolist() == list(range(10))  # nothing used: all
+    # the cropped panel keeps the true slot numbers on its ticks
+    ww = torch.zeros(5, 40)
+    ww[torch.arange(5), torch.arange(20, 25)] = 1.0
+    fig = plot_read_write(torch.zeros(5, 2), torch.zeros(5, 2), ww, ww)
+    ax = panels(fig)[2]
+    assert ax.images[0].get_array().shape == (5 + 4, 5)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert labels and all(18 <= int(t) <= 26 for t in labels), labels
 
 
 def test_plots_on_degenerate_inputs():

@@ -26,6 +26,8 @@ def add_parser(sub) -> None:
     p.add_argument("--model", choices=QUICK_MODELS, help="plot an untrained small model instead of a run")
     p.add_argument("--task-sample", type=int, default=0, metavar="SEED", help="seed of the task sample (default 0)")
     p.add_argument("--split", default=None, help="split whose digit range the sample uses (default: id)")
+    p.add_argument("--length", type=int, default=None,
+                   help="copy-task runs: length of the sample sequence (default: the training maximum, at most 20)")
     p.add_argument("--checkpoint", choices=("best", "last"), default="best", help="weights to load (default best)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output folder (default: <run_dir>/figures, or figures/<model> with --model)")
@@ -47,7 +49,8 @@ def _run(args) -> int:
         out = Path(args.out or Path("figures") / args.model)
     else:
         try:
-            figs = run_figures(args.run_dir, seed=args.task_sample, checkpoint=args.checkpoint, split=args.split)
+            figs = run_figures(args.run_dir, seed=args.task_sample, checkpoint=args.checkpoint, split=args.split,
+                               length=args.length)
         except RunDirError as e:
             raise UsageError(str(e)) from e
         out = Path(args.out or Path(args.run_dir) / "figures")

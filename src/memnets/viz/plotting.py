@@ -12,10 +12,10 @@ from typing import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 __all__ = [
-    "to_numpy", "heatmap", "grid_figure", "save_figure", "plot_read_write", "plot_dnc_memory",
+    "to_numpy", "heatmap", "grid_figure", "save_figure", "used_slots", "plot_read_write", "plot_dnc_memory",
     "plot_tape_heads", "plot_gates", "plot_attention_maps",
 ]
 
@@ -35,10 +35,12 @@ def _check_dims(name: str, x: np.ndarray, dims: Sequence[str]) -> np.ndarray:
 
 def heatmap(fig: Figure, ax, data, *, title: str, xlabel: str, ylabel: str, cbar_label: str = "",
             vmin: float | None = None, vmax: float | None = None, cmap: str = "viridis",
-            yticklabels: Sequence[str] | None = None):
+            yticklabels: Sequence[str] | None = None, row_index=None):
     """Draw ``data [rows, cols]`` on ``ax`` (row 0 at the top), with title, axis labels and a colour bar.
 
     Returns the image. ``yticklabels``: one label per row (e.g. token characters).
+    ``row_index``: the index each row stands for (e.g. memory slots of a cropped window),
+    shown on the y ticks.
     """
     a = _check_dims("data", to_numpy(data), ["rows", "cols"])
     im = ax.imshow(a, aspect="auto", interpolation="nearest", cmap=cmap, vmin=vmin, vmax=vmax)
@@ -51,6 +53,10 @@ def heatmap(fig: Figure, ax, data, *, title: str, xlabel: str, ylabel: str, cbar
         ax.set_yticklabels(list(yticklabels), fontsize=7)
     else:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        if row_index is not None:
+            idx = [int(i) for i in row_index]
+            ax.yaxis.set_major_formatter(FuncFormatter(
+                lambda v, _pos: str(idx[int(round(v))]) if 0 <= round(v) < len(idx) else ""))
     cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
     if cbar_label:
         cb.set_label(cbar_label)
@@ -96,9 +102,27 @@ def _heads(name: str, w: np.ndarray) -> np.ndarray:
     return w.transpose(1, 0, 2)
 
 
+def used_slots(weights: Sequence[np.ndarray], threshold: float = 0.1, margin: int = 2) -> np.ndarray:
+    """Indices of the smallest circular window of memory slots holding every slot whose weight
+    ever exceeds ``threshold`` in any of ``weights`` (``[..., N]`` arrays), widened by ``margin``
+    on both sides; all slots when that window is not shorter than N."""
+    N = weights[0].shape[-1]
+    peak = np.max([w.reshape(-1, N).max(0) for w in weights], axis=0)  # [N]
+    used = np.flatnonzero(peak > threshold)
+    if used.size == 0:
+        return np.arange(N)
+    gaps = np.diff(np.concatenate([used, used[:1] + N]))  # circular gaps between used slots
+    k = int(np.argmax(gaps))  # the window starts after the largest gap
+    start, length = int(used[(k + 1) % used.size]), N - int(gaps[k]) + 1
+    length += 2 * margin
+    if length >= N:
+        return np.arange(N)
+    return (start - margin + np.arange(length)) % N
+
+
 def plot_read_write(inputs, outputs, write_weights, read_weights, *, model_name: str = "NTM",
                     input_labels: Sequence[str] | None = None, output_labels: Sequence[str] | None = None,
-                    output_label: str = "output", title: str | None = None) -> Figure:
+                    output_label: str = "output", title: str | None = None, crop: bool = True) -> Figure:
     """The copy-task figure (Graves et al. 2014, Fig. 6; SPEC §7, §8): inputs, outputs, write
     and read weightings of one sequence as heatmaps, time on x.
 
@@ -108,6 +132,8 @@ def plot_read_write(inputs, outputs, write_weights, read_weights, *, model_name:
         write_weights: ``[T, N]`` or ``[T, Hw, N]`` write weightings (each row sums to ≤ 1).
         read_weights: ``[T, N]`` or ``[T, R, N]`` read weightings.
         model_name: used in the titles. input_labels / output_labels: y tick labels.
+        crop: show only the circular window of slots that any head visits (weight > 0.1),
+            see :func:`used_slots`; the y ticks keep the true slot numbers.
     Returns a Figure with ``2 + Hw + R`` heatmap panels (plus one colour-bar axis each).
     """
     x = _check_dims("inputs", to_numpy(inputs), ["T", "in"])
@@ -123,12 +149,13 @@ def plot_read_write(inputs, outputs, write_weights, read_weights, *, model_name:
             cbar_label="value", yticklabels=input_labels)
     heatmap(fig, axes[1], y.T, title=f"{model_name}: outputs", xlabel="time step", ylabel=f"{output_label} channel",
             cbar_label="probability", vmin=0.0, vmax=1.0, yticklabels=output_labels)
+    rows = used_slots([ww, rw]) if crop else np.arange(ww.shape[-1])
     i = 2
     for kind, ws in (("write", ww), ("read", rw)):
         for h, w in enumerate(ws):
             head = f" (head {h})" if len(ws) > 1 else ""
-            heatmap(fig, axes[i], w.T, title=f"{model_name}: {kind} weighting{head}", xlabel="time step",
-                    ylabel="memory slot", cbar_label="weight", vmin=0.0, cmap="magma")
+            heatmap(fig, axes[i], w[:, rows].T, title=f"{model_name}: {kind} weighting{head}", xlabel="time step",
+                    ylabel="memory slot", cbar_label="weight", vmin=0.0, cmap="magma", row_index=rows)
             i += 1
     return fig
 

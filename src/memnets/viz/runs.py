@@ -231,11 +231,12 @@ def model_figures(model: torch.nn.Module, x: torch.Tensor) -> dict[str, Figure]:
 
 
 def run_figures(run_dir: str | Path, seed: int = 0, checkpoint: str = "best",
-                split: str | None = None) -> dict[str, Figure]:
-    """:func:`model_figures` of the run's model on one sample (``seed``) plus its
-    ``learning_curve`` (when ``metrics.jsonl`` holds training records)."""
+                split: str | None = None, length: int | None = None) -> dict[str, Figure]:
+    """:func:`model_figures` of the run's model on one sample (``seed``; ``split`` / ``length``
+    as in :func:`run_sample`) plus its ``learning_curve`` (when ``metrics.jsonl`` holds
+    training records)."""
     run = load_run(run_dir, checkpoint)
-    figs = model_figures(run.model, run_sample(run, seed, split))
+    figs = model_figures(run.model, run_sample(run, seed, split, length))
     try:
         records = read_metrics(run.run_dir)
     except FileNotFoundError:
