@@ -55,6 +55,7 @@ class TrainConfig:
     ls_max_epochs: int = 20
     ls_patience: int = 3
     max_minutes: float | None = None
+    bucket: bool = True
     random_noise: float = 0.1
     max_grad_norm: float = 40.0
     batch_size: int = 32
@@ -71,11 +72,15 @@ def _trim(stories: torch.Tensor, queries: torch.Tensor, slack: float = 0.0) -> t
     return stories[:, :max(n_mem, 1), :n_words], queries[:, :n_words]
 
 
-def _batches(data: babi.BabiTensors, batch_size: int, gen: torch.Generator | None) -> list[torch.Tensor]:
-    """Index batches of examples with similar story lengths (shuffled when ``gen`` is given),
-    so that trimming the padding saves most of the work on mixed-length (joint) data."""
+def _batches(data: babi.BabiTensors, batch_size: int, gen: torch.Generator | None,
+             bucket: bool = True) -> list[torch.Tensor]:
+    """Index batches (shuffled when ``gen`` is given). With ``bucket``, batches hold examples
+    of similar story length, so trimming the padding saves most of the work on mixed-length
+    (joint) data; without, batches are plain random draws."""
     N = data.answers.shape[0]
     order = torch.randperm(N, generator=gen) if gen is not None else torch.arange(N)
+    if not bucket:
+        return list(torch.split(order, batch_size))
     lengths = (data.stories != 0).any(-1).sum(-1)
     order = order[torch.sort(lengths[order], stable=True).indices]
     batches = list(torch.split(order, batch_size))
@@ -128,7 +133,7 @@ def train_memn2n(train: babi.BabiTensors, valid: babi.BabiTensors, vocab_size: i
             g["lr"] = lr
         model.train()
         total = 0.0
-        for idx in _batches(train, cfg.batch_size, gen):
+        for idx in _batches(train, cfg.batch_size, gen, cfg.bucket):
             logits = model(*_trim(train.stories[idx], train.queries[idx], cfg.random_noise))
             loss = F.cross_entropy(logits, train.answers[idx], reduction=reduction)
             opt.zero_grad(set_to_none=True)
@@ -243,6 +248,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--ls-max-epochs", type=int, default=None, help="longest LS phase; default 20 per task, 30 joint")
     p.add_argument("--max-minutes", type=float, default=None, help="stop training a model after this long")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--random-batches", action="store_true",
+                   help="plain random batches instead of batches of similar story length")
     p.add_argument("--anneal-every", type=int, default=None, help="default 25 per task, 15 joint")
     p.add_argument("--embedding-dim", type=int, default=None, help="default 20 per task, 50 joint")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
@@ -260,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         epochs=a.epochs or (60 if a.joint else 100),
         anneal_every=a.anneal_every or (15 if a.joint else 25),
         ls_max_epochs=a.ls_max_epochs or (30 if a.joint else 20), max_minutes=a.max_minutes,
-        batch_size=a.batch_size, optimizer=a.optimizer, seed=a.seed)
+        batch_size=a.batch_size, bucket=not a.random_batches, optimizer=a.optimizer, seed=a.seed)
     results = run(tasks, a.joint, cfg, a.runs, a.data_dir, ten_k=a.ten_k, fallback_1k=a.fallback_1k,
                   log=lambda s: print(s, flush=True))
     table = markdown_table(results)
