@@ -94,19 +94,22 @@ class _LSAMRecurrence(torch.autograd.Function):
         QK, NRM = gx.new_empty(T, N, 2, d), gx.new_empty(T, N, 2, 1)
         P, CQ = gx.new_empty(T, N, 2), gx.new_empty(T, N)
         E, U, R = (gx.new_empty(T, N, d) for _ in range(3))
-        for t in range(T):
-            blk = torch.baddbmm(gx[t], h, w_hhT).view(N, 3 * d + 2)  # [N, 3d+2]
+        MT = M.transpose(1, 2)  # view of the in-place buffer
+        steps = zip(gx.unbind(0), NRM.unbind(0), QK.unbind(0), P.unbind(0), E.unbind(0), U.unbind(0),
+                    CQ.unbind(0), R.unbind(0), out.view(T, N, d).unbind(0))  # per-step views
+        for t, (gx_t, nrm_t, qk_t, p_t, e_t, u_t, c_t, r_t, o_t) in enumerate(steps):
+            blk = torch.baddbmm(gx_t, h, w_hhT).view(N, 3 * d + 2)  # [N, 3d+2]
             raw = blk[:, : 2 * d].view(N, 2, d)
-            nrm = torch.linalg.vector_norm(raw, dim=-1, keepdim=True, out=NRM[t])  # [N, 2, 1]
-            qk = torch.div(raw, nrm.clamp_min(_EPS), out=QK[t])  # [N, 2, d] = (μ(q), μ(k))
-            p = torch.sigmoid(blk[:, 3 * d:], out=P[t])  # [N, 2] = (p_r, p_w)
-            ab = torch.bmm(qk, M.transpose(1, 2))  # [N, 2, d] = (M q, M k)
-            e = torch.sub(blk[:, 2 * d: 3 * d], ab[:, 1], out=E[t])  # v − M k
-            u = torch.mul(e, p[:, 1:], out=U[t])  # [N, d]
+            nrm = torch.linalg.vector_norm(raw, dim=-1, keepdim=True, out=nrm_t)  # [N, 2, 1]
+            qk = torch.div(raw, nrm.clamp_min(_EPS), out=qk_t)  # [N, 2, d] = (μ(q), μ(k))
+            p = torch.sigmoid(blk[:, 3 * d:], out=p_t)  # [N, 2] = (p_r, p_w)
+            ab = torch.bmm(qk, MT)  # [N, 2, d] = (M q, M k)
+            torch.sub(blk[:, 2 * d: 3 * d], ab[:, 1], out=e_t)  # v − M k
+            u = torch.mul(e_t, p[:, 1:], out=u_t)  # [N, d]
             M.addcmul_(u.unsqueeze(-1), qk[:, 1:])  # M + u kᵀ, in place
-            c = torch.linalg.vecdot(qk[:, 0], qk[:, 1], out=CQ[t]).unsqueeze(-1)  # q·k: [N, 1]
-            r = torch.addcmul(ab[:, 0], u, c, out=R[t])  # M_t q = M q + u (k·q)
-            h = torch.mul(r, p[:, :1], out=out[t].view(N, d)).view(dirs, B, Dp)  # h_t = p_r M_t q
+            c = torch.linalg.vecdot(qk[:, 0], qk[:, 1], out=c_t).unsqueeze(-1)  # q·k: [N, 1]
+            r = torch.addcmul(ab[:, 0], u, c, out=r_t)  # M_t q = M q + u (k·q)
+            h = torch.mul(r, p[:, :1], out=o_t).view(dirs, B, Dp)  # h_t = p_r M_t q
             if (t + 1) % _SEGMENT == 0 and t < T - 1:
                 ckpts[(t + 1) // _SEGMENT - 1].copy_(M)
         ctx.save_for_backward(w_hhT, h0, out, M, ckpts, QK, NRM, P, CQ, E, U, R)
@@ -128,30 +131,36 @@ class _LSAMRecurrence(torch.autograd.Function):
         dab = M_T.new_empty(N, 2, d)  # (d a_q, d a_k)
         dgx = out.new_empty(T, dirs, B, w_hhT.shape[-1])  # gradient of gx, filled step by step
         dh = torch.zeros_like(h0).view(N, d)
+        g4 = dgx.view(T, N, 3 * d + 2)  # per-head blocks [q k v r w] of every dg_t
+        steps = list(zip(QK.unbind(0), U.unbind(0), P.unbind(0), CQ.unsqueeze(-1).unbind(0), R.unbind(0),
+                         E.unbind(0), QKS.unbind(0), QKM.unbind(0), INV.unbind(0), S.unbind(0),
+                         dout.reshape(T, N, d).unbind(0), g4[..., : 2 * d].unflatten(-1, (2, d)).unbind(0),
+                         g4[..., 2 * d: 3 * d].unbind(0), g4[..., 3 * d].unbind(0), g4[..., 3 * d + 1].unbind(0),
+                         dgx.unbind(0)))
+        dMT, da_q, da_k, dabT = dM.transpose(1, 2), dab[:, 0], dab[:, 1], dab.transpose(1, 2)
         for t in range(T - 1, -1, -1):
-            qk, u = QK[t], U[t]
+            qk, u, p, c, r, e, qks, qkm, inv, sg, do, g_qk, g_v, g_r, g_w, dg = steps[t]
             if (t + 1) % _SEGMENT == 0 and t < T - 1:
                 work.copy_(ckpts[(t + 1) // _SEGMENT - 1])  # exact M_t
-            work.addcmul_(u.unsqueeze(-1), qk[:, 1:], value=-1.0)  # M_{t-1} = M_t − u kᵀ
-            gb = dgx[t].view(N, 3 * d + 2)  # per-head blocks [q k v r w] of dg_t
-            dh = dout[t].view(N, d) + dh
-            p, c = P[t], CQ[t].unsqueeze(-1)
-            dp_r = torch.linalg.vecdot(dh, R[t])
-            dr = torch.mul(dh, p[:, :1], out=dab[:, 0])  # = d(a_q)
-            du = torch.bmm(qk[:, 1:], dM.transpose(1, 2)).squeeze(1).addcmul_(dr, c)  # dM k + dr (q·k)
+            k1 = qk[:, 1:]  # [N, 1, d]
+            work.addcmul_(u.unsqueeze(-1), k1, value=-1.0)  # M_{t-1} = M_t − u kᵀ
+            dh = do + dh
+            dp_r = torch.linalg.vecdot(dh, r)
+            dr = torch.mul(dh, p[:, :1], out=da_q)  # = d(a_q)
+            du = torch.bmm(k1, dMT).squeeze(1).addcmul_(dr, c)  # dM k + dr (q·k)
             dc = torch.linalg.vecdot(dr, u)
-            dp_w = torch.linalg.vecdot(du, E[t])
-            de = torch.mul(du, p[:, 1:], out=gb[:, 2 * d: 3 * d])  # = dv = −d(a_k)
-            torch.neg(de, out=dab[:, 1])
+            dp_w = torch.linalg.vecdot(du, e)
+            de = torch.mul(du, p[:, 1:], out=g_v)  # = dv = −d(a_k)
+            torch.neg(de, out=da_k)
             dqk = torch.bmm(dab, work)  # [N, 2, d] = (M_{t-1}ᵀ da_q, M_{t-1}ᵀ da_k)ᵀ
             dqk[:, 1:] += torch.bmm(u.unsqueeze(1), dM)  # + dM_tᵀ u
-            dqk.addcmul_(QKS[t], dc.view(N, 1, 1))  # + dc (k, q)
-            dM.baddbmm_(dab.transpose(1, 2), qk)  # dM_{t-1} = dM_t + da_q qᵀ + da_k kᵀ
-            proj = torch.linalg.vecdot(dqk, QKM[t]).unsqueeze(-1)  # [N, 2, 1]
-            torch.mul(torch.addcmul(dqk, qk, proj, value=-1.0), INV[t], out=gb[:, : 2 * d].view(N, 2, d))
-            torch.mul(dp_r, S[t, :, 0], out=gb[:, 3 * d])  # σ backward
-            torch.mul(dp_w, S[t, :, 1], out=gb[:, 3 * d + 1])
-            dh = torch.bmm(dgx[t], w_hh).view(N, d)  # [dirs, B, D'] -> [N, d]
+            dqk.addcmul_(qks, dc.view(N, 1, 1))  # + dc (k, q)
+            dM.baddbmm_(dabT, qk)  # dM_{t-1} = dM_t + da_q qᵀ + da_k kᵀ
+            proj = torch.linalg.vecdot(dqk, qkm).unsqueeze(-1)  # [N, 2, 1]
+            torch.mul(torch.addcmul(dqk, qk, proj, value=-1.0), inv, out=g_qk)  # μ backward
+            torch.mul(dp_r, sg[:, 0], out=g_r)  # σ backward
+            torch.mul(dp_w, sg[:, 1], out=g_w)
+            dh = torch.bmm(dg, w_hh).view(N, d)  # [dirs, B, D'] -> [N, d]
         dw = None
         if ctx.needs_input_grad[1]:
             hprev = torch.cat([h0.unsqueeze(0), out[:-1]], 0)  # [T, dirs, B, D']
