@@ -21,7 +21,7 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.mark.parametrize("name", [m for m in MEMORIES if m not in ("ntm", "dnc")])
+@pytest.mark.parametrize("name", list(MEMORIES))
 def test_adapters_shapes_and_finite_grads(name):
     if unavailable_reason(name):
         pytest.skip(unavailable_reason(name))

@@ -40,10 +40,12 @@ class SoftmaxAdapter(nn.Module):
         self.o = nn.Linear(d_value, d_value)
 
     def write_read(self, x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
+        """``x [B, T, F]`` written, ``xq [B, Q, F]`` read → ``[B, Q, dv]``."""
         y = F.scaled_dot_product_attention(self.q(xq), self.k(x), self.v(x))  # [B, Q, dv]
         return self.o(y)
 
     def causal(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, T, F]`` → ``[B, T, dv]``, step t attends to steps ≤ t."""
         y = F.scaled_dot_product_attention(self.q(x), self.k(x), self.v(x), is_causal=True)  # [B, T, dv]
         return self.o(y)
 
