@@ -105,11 +105,12 @@ def _fused_step(tk, heads, vk, q, p, act, order, normalize_heads):
         h_read = heads[:, :, 0]
     old = torch.einsum("btscl,btsl->btsc", tk, wk)  # T H_w, K H_w
     u = vk * p[..., 1:2, None] - old * p[..., 2:3, None]  # [B, Tn, 2, C]
-    tk = tk + u.unsqueeze(-1) * wk.unsqueeze(-2)  # both writes
-    r = torch.einsum("btcl,btl->btc", tk[:, :, 0], h_read) * p[..., 0:1]  # [B, Tn, C]
+    tk = torch.addcmul(tk, u.unsqueeze(-1), wk.unsqueeze(-2))  # both writes
+    tape, key_tape = tk.unbind(2)  # [B, Tn, C, L] each
+    r = torch.einsum("btcl,btl->btc", tape, h_read) * p[..., 0:1]  # [B, Tn, C]
     moves = [torch.roll(heads, -1, -1), heads, torch.roll(heads, 1, -1)]
     if 3 in order:
-        jump = torch.einsum("btcl,btc->btl", tk[:, :, 1], q)  # K'ᵀ q: [B, Tn, L]
+        jump = torch.einsum("btcl,btc->btl", key_tape, q)  # K'ᵀ q: [B, Tn, L]
         moves.append(jump.unsqueeze(2).expand_as(heads))
     stacked = torch.stack([moves[i] for i in order], -1)  # [B, Tn, 2, L, A]
     heads = torch.einsum("btsla,btsa->btsl", stacked, act)
@@ -151,10 +152,9 @@ class _NAMTMLayer(nn.Module):
         tk = torch.stack([tape, key_tape], 2)  # [B, Tn, 2, C, L]
         heads = torch.stack([h_r, h_w], 2)  # [B, Tn, 2, L]
         reads, pos = [], []
-        for t in range(T):
-            pos.append(heads)
-            r, tk, heads = _fused_step(tk, heads, vk[:, t], q[:, t], p[:, t], act[:, t],
-                                       self.order, self.normalize_heads)
+        for vk_t, q_t, p_t, act_t in zip(vk.unbind(1), q.unbind(1), p.unbind(1), act.unbind(1)):
+            pos.append(heads)  # per-step views from unbind: one backward op instead of T selects
+            r, tk, heads = _fused_step(tk, heads, vk_t, q_t, p_t, act_t, self.order, self.normalize_heads)
             reads.append(r)
         y = self.out(torch.stack(reads, 1).flatten(2))  # [B, T, Tn*C]
         pos = torch.stack(pos, 1)  # [B, T, Tn, 2, L]
