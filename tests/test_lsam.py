@@ -188,6 +188,8 @@ def test_bad_input_raises():
         LSAM(3, 8, 2, bidirectional=True).step(torch.randn(2, 3))
     with pytest.raises(TypeError, match="`x`"):
         m([1, 2, 3])
+    with pytest.raises(TypeError, match="`state`"):
+        m(torch.randn(2, 5, 3), m.init_state(2, dtype=torch.float64))
     with pytest.raises(ValueError, match="`x_t`"):
         LSAMCell(3, 8, 2).step(torch.randn(2, 4))
 
@@ -247,3 +249,14 @@ def test_encoder_decoder_shapes_state_and_training():
         opt.step()
         losses.append(loss.item())
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
+
+
+def test_bench_rows_have_the_aggregator_columns():
+    from memnets.bench.models_nam import run_cases
+
+    rows = run_cases(quick=True)
+    assert [r["model"] for r in rows] == ["LSAM", "LSAM (bi)", "NAM-TM"]
+    for r in rows:
+        assert set(r) == {"model", "config", "baseline", "baseline_ms", "ours_ms", "ratio", "note"}
+        assert r["ours_ms"] > 0 and r["baseline_ms"] > 0
+        assert abs(r["ratio"] - r["ours_ms"] / r["baseline_ms"]) < 1e-9

@@ -26,24 +26,25 @@ from .timing import fwd_bwd
 __all__ = ["run_cases"]
 
 
-def _paired(base: Callable[[], None], ours: Callable[[], None], repeat: int) -> tuple[float, float]:
-    """Median seconds of ``base`` and ``ours`` run alternately after one warm-up each."""
+def _paired(base: Callable[[], None], ours: Callable[[], None], repeat: int):
+    """Median wall seconds of ``base`` and ``ours`` run alternately after one warm-up each,
+    and the ratio of their median process CPU times (less sensitive to a loaded machine)."""
     base()
     ours()
-    tb, to = [], []
+    tb, to, cb, co = [], [], [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        base()
-        tb.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        ours()
-        to.append(time.perf_counter() - t0)
-    return statistics.median(tb), statistics.median(to)
+        for fn, wall, cpu in ((base, tb, cb), (ours, to, co)):
+            c0, t0 = time.process_time(), time.perf_counter()
+            fn()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    return statistics.median(tb), statistics.median(to), statistics.median(co) / statistics.median(cb)
 
 
-def _row(model, config, baseline, tb, to, note) -> dict:
+def _row(model, config, baseline, timing, note) -> dict:
+    tb, to, cpu_ratio = timing
     return {"model": model, "config": config, "baseline": baseline, "baseline_ms": 1e3 * tb,
-            "ours_ms": 1e3 * to, "ratio": to / tb, "note": note}
+            "ours_ms": 1e3 * to, "ratio": to / tb, "note": f"{note}; CPU-time ratio {cpu_ratio:.2f}"}
 
 
 def _lsam_cases(quick: bool, repeat: int) -> list[dict]:
@@ -54,12 +55,12 @@ def _lsam_cases(quick: bool, repeat: int) -> list[dict]:
         x = torch.randn(B, T, D, requires_grad=True)
         lstm = torch.nn.LSTM(D, D // 2 if bi else D, batch_first=True, bidirectional=bi)
         lsam = LSAM(D, D, H, bidirectional=bi)
-        tb, to = _paired(fwd_bwd(lambda: lstm(x)[0], [*lstm.parameters(), x]),
+        timing = _paired(fwd_bwd(lambda: lstm(x)[0], [*lstm.parameters(), x]),
                          fwd_bwd(lambda: lsam(x)[0], [*lsam.parameters(), x]), repeat)
         cfg = f"B={B} T={T} hidden={D} heads={H}" + (" bidirectional" if bi else "")
         note = ("bar: ratio <= 1.5" if not bi else "LSTM 2 x hidden/2, same output width") + \
             f"; fwd+bwd, float32, {torch.get_num_threads()} threads"
-        rows.append(_row("LSAM" + (" (bi)" if bi else ""), cfg, "torch.nn.LSTM", tb, to, note))
+        rows.append(_row("LSAM" + (" (bi)" if bi else ""), cfg, "torch.nn.LSTM", timing, note))
     return rows
 
 
@@ -69,10 +70,10 @@ def _nam_tm_case(quick: bool, repeat: int) -> dict:
     x = torch.randn(B, T, Fi, requires_grad=True)
     lstm = torch.nn.LSTM(Fi, D, batch_first=True)
     tm = NAMTuringMachine(Fi, D, num_tapes=Tn, tape_length=L)
-    tb, to = _paired(fwd_bwd(lambda: lstm(x)[0], [*lstm.parameters(), x]),
+    timing = _paired(fwd_bwd(lambda: lstm(x)[0], [*lstm.parameters(), x]),
                      fwd_bwd(lambda: tm(x)[0], [*tm.parameters(), x]), repeat)
     cfg = f"B={B} T={T} in={Fi} hidden={D} tapes={Tn} L={L} biGRU controller"
-    return _row("NAM-TM", cfg, "torch.nn.LSTM", tb, to,
+    return _row("NAM-TM", cfg, "torch.nn.LSTM", timing,
                 f"reference point (LSTM of the same hidden size); {torch.get_num_threads()} threads")
 
 

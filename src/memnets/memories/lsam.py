@@ -351,13 +351,15 @@ class LSAM(nn.Module):
             torch.zeros(n, batch_size, self.hidden_size // dirs, device=device, dtype=dtype),
         )
 
-    def _check_state(self, state: LSAMState, B: int) -> None:
+    def _check_state(self, state: LSAMState, B: int, dtype: torch.dtype) -> None:
         if not (isinstance(state, tuple) and len(state) == 2):
             raise TypeError(f"`state` expected an LSAMState(memory, h), got {type(state).__name__}")
         n, dirs, d = self.num_layers * self.num_directions, self.num_directions, self.head_dim
         check_shape("state.memory", state.memory, ["L*dirs", "B", "H/dirs", "d", "d"],
                     [n, B, self.num_heads // dirs, d, d])
         check_shape("state.h", state.h, ["L*dirs", "B", "D/dirs"], [n, B, self.hidden_size // dirs])
+        if state.memory.dtype != dtype or state.h.dtype != dtype:
+            raise TypeError(f"`state` expected dtype {dtype} like `x`, got {state.memory.dtype} / {state.h.dtype}")
 
     def forward(self, x: torch.Tensor, state: LSAMState | None = None):
         """``x [B, T, input_size]`` (or ``[T, B, ·]``) -> ``(output [B, T, D], LSAMState)``."""
@@ -373,7 +375,7 @@ class LSAM(nn.Module):
         if state is None:
             state = self.init_state(B, x.device, x.dtype)
         else:
-            self._check_state(state, B)
+            self._check_state(state, B, x.dtype)
         dirs, Hp = self.num_directions, self.num_heads // self.num_directions
         mems, hs = [], []
         inp = xt
