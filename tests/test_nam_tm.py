@@ -73,8 +73,20 @@ def test_jump_to_stored_key():
     torch.testing.assert_close(h_w, onehot(j, L, 1))
 
 
-@pytest.mark.parametrize("normalize_heads,actions", [(False, ACTIONS), (True, ("RIGHT", "LEFT", "NOOP"))])
-def test_fused_step_matches_reference_step(normalize_heads, actions):
+def test_transposed_key_tape_jumps_back_to_written_cell():
+    """Kᵀ' = WR(Kᵀ, k, H_w, 1, 1) ⇒ K'ᵀ k = H_w for any previous key tape (Thm 3.1)."""
+    g = torch.Generator().manual_seed(5)
+    s = blank_step(L=6, C=4, g=g)
+    s.update(key_tape=torch.randn(1, 4, 6, generator=g, dtype=DT), h_w=onehot(2, 6, 1), q_jump=s["k"],
+             p_w=torch.ones(1, dtype=DT), p_e=torch.ones(1, dtype=DT), act_r=act("JUMP"))
+    _, _, _, h_r, _ = nam_tm_step(**s, key_tape_mode="transposed")
+    torch.testing.assert_close(h_r, onehot(2, 6, 1))
+
+
+@pytest.mark.parametrize("normalize_heads,actions,mode", [(False, ACTIONS, "position"),
+                                                          (True, ("RIGHT", "LEFT", "NOOP"), "position"),
+                                                          (True, ACTIONS, "transposed")])
+def test_fused_step_matches_reference_step(normalize_heads, actions, mode):
     g = torch.Generator().manual_seed(3)
     B, Tn, C, L, A = 2, 3, 4, 5, len(actions)
     tape, key_tape = (torch.randn(B, Tn, C, L, generator=g, dtype=DT, requires_grad=True) for _ in range(2))
@@ -86,9 +98,9 @@ def test_fused_step_matches_reference_step(normalize_heads, actions):
     a = torch.softmax(torch.randn(B, Tn, 2, A, generator=g, dtype=DT), -1).requires_grad_()
     order = [ACTIONS.index(x) for x in actions]
     r1, tk, h1 = _fused_step(torch.stack([tape, key_tape], 2), heads, torch.stack([v, k], 2), q, p, a,
-                             order, normalize_heads)
+                             order, normalize_heads, mode == "transposed")
     r2, T2, K2, hr2, hw2 = nam_tm_step(tape, key_tape, heads[:, :, 0], heads[:, :, 1], v, k, q, p[..., 0],
-                                       p[..., 1], p[..., 2], a[:, :, 0], a[:, :, 1], actions, normalize_heads)
+                                       p[..., 1], p[..., 2], a[:, :, 0], a[:, :, 1], actions, normalize_heads, mode)
     outs1 = [r1, tk[:, :, 0], tk[:, :, 1], h1[:, :, 0], h1[:, :, 1]]
     outs2 = [r2, T2, K2, hr2, hw2]
     for o1, o2 in zip(outs1, outs2):
@@ -143,7 +155,7 @@ def test_heads_stay_distributions_without_jump_and_aux_shapes():
     torch.manual_seed(1)
     acts = ("LEFT", "NOOP", "RIGHT")
     m = NAMTuringMachine(3, 8, num_tapes=2, actions=acts, controller="lstm", num_layers=2,
-                         normalize_heads=True, separate_erase=True)
+                         normalize_heads=True, separate_erase=True, key_tape_mode="transposed")
     y, s, aux = m(torch.randn(2, 6, 3), tape_length=10, return_aux=True)
     assert isinstance(aux, NAMTMAux) and aux.read_pos.shape == (2, 6, 2, 10)
     assert aux.write_actions.shape == (2, 6, 2, 3)
@@ -178,6 +190,8 @@ def test_bad_input_raises():
         NAMTuringMachine(3, 9, num_tapes=2)
     with pytest.raises(ValueError, match="actions"):
         NAMTuringMachine(3, 8, actions=("UP",))
+    with pytest.raises(ValueError, match="key_tape_mode"):
+        NAMTuringMachine(3, 8, key_tape_mode="content")
     with pytest.raises(ValueError, match="controller"):
         NAMTuringMachine(3, 8, controller="rnn")
     with pytest.raises(ValueError, match="tape_length"):

@@ -67,7 +67,8 @@ def move_head(h: torch.Tensor, act: torch.Tensor, jump: torch.Tensor | None,
 
 
 def nam_tm_step(tape, key_tape, h_r, h_w, v, k, q_jump, p_r, p_w, p_e, act_r, act_w,
-                actions: Sequence[str] = ACTIONS, normalize_heads: bool = False):
+                actions: Sequence[str] = ACTIONS, normalize_heads: bool = False,
+                key_tape_mode: str = "position"):
     """One NAM-TM step for one tape per batch element, from :func:`nam_write` / :func:`nam_read`.
 
     Args:
@@ -76,6 +77,9 @@ def nam_tm_step(tape, key_tape, h_r, h_w, v, k, q_jump, p_r, p_w, p_e, act_r, ac
         p_r, p_w, p_e: ``[...]`` in [0, 1]; act_r, act_w: ``[..., A]`` action probabilities.
         actions: names of the A actions, a subset of ``ACTIONS`` in any order.
         normalize_heads: use μ(H) for the value tape's write and read.
+        key_tape_mode: "position" — ``K' = WR(K, H_w, k, p_w, p_e)`` (SPEC §3); "transposed" —
+            ``K'ᵀ = WR(Kᵀ, k, H_w, p_w, p_e)``, the key tape as a NAM memory from keys to
+            positions (SPEC §12 option), so ``K'ᵀ k = H_w`` after a full write (Thm 3.1).
     Returns:
         ``(r [..., C], tape, key_tape, h_r, h_w)`` after the step.
     """
@@ -83,12 +87,15 @@ def nam_tm_step(tape, key_tape, h_r, h_w, v, k, q_jump, p_r, p_w, p_e, act_r, ac
     hr = unit(h_r) if normalize_heads else h_r
     tape = nam_write(tape, hw, v, p_w, p_e)  # write value
     r = nam_read(tape, hr, p_r)  # read (after the write)
-    key_tape = nam_write(key_tape, h_w, k, p_w, p_e)  # write key
+    if key_tape_mode == "transposed":
+        key_tape = nam_write(key_tape.transpose(-1, -2), k, h_w, p_w, p_e).transpose(-1, -2)
+    else:
+        key_tape = nam_write(key_tape, h_w, k, p_w, p_e)  # write key
     jump = nam_read(key_tape.transpose(-1, -2), q_jump) if "JUMP" in actions else None  # [..., L]
     return r, tape, key_tape, move_head(h_r, act_r, jump, actions), move_head(h_w, act_w, jump, actions)
 
 
-def _fused_step(tk, heads, vk, q, p, act, order, normalize_heads):
+def _fused_step(tk, heads, vk, q, p, act, order, normalize_heads, transposed_keys=False):
     """:func:`nam_tm_step` for all tapes with value and key tapes stacked (fewer small ops).
 
     tk ``[B, Tn, 2, C, L]`` (value, key tape); heads ``[B, Tn, 2, L]`` (read, write);
@@ -103,10 +110,20 @@ def _fused_step(tk, heads, vk, q, p, act, order, normalize_heads):
     else:
         wk = h_w.unsqueeze(2).expand(-1, -1, 2, -1)  # [B, Tn, 2, L]
         h_read = heads[:, :, 0]
-    old = torch.einsum("btscl,btsl->btsc", tk, wk)  # T H_w, K H_w
-    u = vk * p[..., 1:2, None] - old * p[..., 2:3, None]  # [B, Tn, 2, C]
-    tk = torch.addcmul(tk, u.unsqueeze(-1), wk.unsqueeze(-2))  # both writes
-    tape, key_tape = tk.unbind(2)  # [B, Tn, C, L] each
+    p_w, p_e = p[..., 1:2], p[..., 2:3]  # [B, Tn, 1]
+    if transposed_keys:  # value tape by position; key tape Kᵀ ← WR(Kᵀ, k, H_w, p_w, p_e)
+        tape, key_tape = tk.unbind(2)
+        hv, k = wk[:, :, 0], vk[:, :, 1]
+        u = vk[:, :, 0] * p_w - torch.einsum("btcl,btl->btc", tape, hv) * p_e  # [B, Tn, C]
+        tape = torch.addcmul(tape, u.unsqueeze(-1), hv.unsqueeze(-2))
+        w = h_w * p_w - torch.einsum("btcl,btc->btl", key_tape, k) * p_e  # [B, Tn, L]
+        key_tape = torch.addcmul(key_tape, k.unsqueeze(-1), w.unsqueeze(-2))
+        tk = torch.stack([tape, key_tape], 2)
+    else:
+        old = torch.einsum("btscl,btsl->btsc", tk, wk)  # T H_w, K H_w
+        u = vk * p_w.unsqueeze(-1) - old * p_e.unsqueeze(-1)  # [B, Tn, 2, C]
+        tk = torch.addcmul(tk, u.unsqueeze(-1), wk.unsqueeze(-2))  # both writes
+        tape, key_tape = tk.unbind(2)  # [B, Tn, C, L] each
     r = torch.einsum("btcl,btl->btc", tape, h_read) * p[..., 0:1]  # [B, Tn, C]
     moves = [torch.roll(heads, -1, -1), heads, torch.roll(heads, 1, -1)]
     if 3 in order:
@@ -121,8 +138,9 @@ class _NAMTMLayer(nn.Module):
     """One NAM-TM layer: controller, value/key projections, tape loop and output W_o."""
 
     def __init__(self, input_size, hidden_size, num_tapes, actions, controller, bidirectional,
-                 normalize_heads, separate_erase):
+                 normalize_heads, separate_erase, key_tape_mode):
         super().__init__()
+        self.transposed_keys = key_tape_mode == "transposed"
         C, A = hidden_size // num_tapes, len(actions)
         self.num_tapes, self.width, self.actions = num_tapes, C, tuple(actions)
         self.order = [ACTIONS.index(a) for a in actions]
@@ -154,7 +172,8 @@ class _NAMTMLayer(nn.Module):
         reads, pos = [], []
         for vk_t, q_t, p_t, act_t in zip(vk.unbind(1), q.unbind(1), p.unbind(1), act.unbind(1)):
             pos.append(heads)  # per-step views from unbind: one backward op instead of T selects
-            r, tk, heads = _fused_step(tk, heads, vk_t, q_t, p_t, act_t, self.order, self.normalize_heads)
+            r, tk, heads = _fused_step(tk, heads, vk_t, q_t, p_t, act_t, self.order, self.normalize_heads,
+                                       self.transposed_keys)
             reads.append(r)
         y = self.out(torch.stack(reads, 1).flatten(2))  # [B, T, Tn*C]
         pos = torch.stack(pos, 1)  # [B, T, Tn, 2, L]
@@ -179,6 +198,8 @@ class NAMTuringMachine(nn.Module):
             value tape (SPEC §12); the output is the last layer's.
         normalize_heads: value tape accessed with μ(H) (later option of the authors' code).
         separate_erase: a separate erase gate p_e (else p_e = p_w).
+        key_tape_mode: "position" (SPEC §3) or "transposed" (``WR(Kᵀ, k, H_w, p_w, p_e)``,
+            a later option of the authors' code); see :func:`nam_tm_step`.
 
     ``forward(x [B, T, input_size], state=None, tape_length=None, return_aux=False)
     -> (y [B, T, D], NAMTMState[, NAMTMAux])``. The controller runs over each call's input
@@ -188,7 +209,7 @@ class NAMTuringMachine(nn.Module):
     def __init__(self, input_size: int, hidden_size: int, num_tapes: int = 1, tape_length: int = 32,
                  actions: Sequence[str] = ACTIONS, controller: str = "gru",
                  bidirectional_controller: bool = True, num_layers: int = 1,
-                 normalize_heads: bool = False, separate_erase: bool = False):
+                 normalize_heads: bool = False, separate_erase: bool = False, key_tape_mode: str = "position"):
         super().__init__()
         for name, val in (("input_size", input_size), ("hidden_size", hidden_size),
                           ("num_tapes", num_tapes), ("tape_length", tape_length), ("num_layers", num_layers)):
@@ -200,6 +221,8 @@ class NAMTuringMachine(nn.Module):
         actions = tuple(actions)
         if not actions or len(set(actions)) != len(actions) or any(a not in ACTIONS for a in actions):
             raise ValueError(f"`actions` expected distinct names among {ACTIONS}, got {actions!r}")
+        if key_tape_mode not in ("position", "transposed"):
+            raise ValueError(f"`key_tape_mode` expected 'position' or 'transposed', got {key_tape_mode!r}")
         if controller not in ("gru", "lstm"):
             raise ValueError(f"`controller` expected 'gru' or 'lstm', got {controller!r}")
         self.input_size, self.hidden_size, self.num_tapes = input_size, hidden_size, num_tapes
@@ -207,7 +230,7 @@ class NAMTuringMachine(nn.Module):
         self.width = hidden_size // num_tapes
         self.layers = nn.ModuleList(
             _NAMTMLayer(input_size, hidden_size, num_tapes, actions, controller, bidirectional_controller,
-                        normalize_heads, separate_erase) for _ in range(num_layers))
+                        normalize_heads, separate_erase, key_tape_mode) for _ in range(num_layers))
 
     def init_state(self, batch_size: int, device=None, dtype=None, tape_length: int | None = None) -> NAMTMState:
         """Empty tapes ``[Ly, B, Tn, C, L]`` and both heads at cell 1 (``e₁``)."""
