@@ -144,3 +144,13 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
     ck.atomic_write_text(tmp_path / "a.json", "2")
     assert (tmp_path / "a.json").read_text() == "2"
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_time_limit_stops_mid_epoch_and_resumes(tmp_path):
+    run = tmp_path / "r"
+    res = train(tiny_config(time_limit_min=1e-9), run, quiet=True)
+    assert res["steps"] == 1 and res["stopped_by_time_limit"] and res["best_epoch"] == 0.25
+    ptr = json.loads((run / "checkpoints/last.json").read_text())
+    assert ptr["step"] == 1
+    done = train(tiny_config(), run, resume=True, quiet=True)  # the limit may change on resume
+    assert done["steps"] == 8 and not done["stopped_by_time_limit"]

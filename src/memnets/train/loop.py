@@ -169,7 +169,8 @@ def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
     if resume and cfg_file.exists():
         old = flatten(config_to_dict(config_from_dict(json.loads(cfg_file.read_text()))))
         new = flatten(config_to_dict(cfg))
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        free = {"time_limit_min", "tensorboard", "threads", "description"}  # may change on resume
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in free)
         if diff:
             raise ConfigError(f"cannot resume {run_dir}: config differs in {', '.join(diff)}")
     return resume and ck.has_checkpoint(run_dir / "checkpoints")
@@ -244,12 +245,44 @@ def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> di
                      "best": json.dumps(best), "metrics_lines": metrics.lines, "wall_s": wall()}
             ck.save_checkpoint(run_dir / "checkpoints", step, model, state, meta)
 
+    def time_up() -> bool:
+        """Past ``time_limit_min``? (decided by process 0, so every process stops together)"""
+        flag = torch.tensor([int(wall() > 60 * cfg.time_limit_min)])
+        if info.enabled:
+            import torch.distributed as dist
+
+            dist.broadcast(flag, 0)
+        return bool(flag.item())
+
+    def run_eval(ep: float) -> None:
+        nonlocal best
+        res = {name: evaluate(model, s, batch_size=max(cfg.batch_size, 256), device=device, info=info,
+                              autocast=autocast) for name, s in splits.items()}
+        rec = {"kind": "eval", "epoch": ep, "step": step, "splits": res, "wall_s": wall()}
+        metrics.write(rec)
+        score = res[cfg.select_split]["seq_acc"]
+        if score > best["score"]:
+            best = {"score": score, "epoch": ep, "splits": res}
+            if info.is_main:
+                ck.save_weights(run_dir / "checkpoints" / "best.safetensors", model, meta)
+        if tb:
+            for name, m in res.items():
+                tb.add_scalar(f"{name}/seq_acc", m["seq_acc"], step)
+        if info.is_main and not quiet:
+            parts = " ".join(f"{n} {m['seq_acc']:.3f}" for n, m in res.items())
+            print(f"[{cfg.name}] epoch {ep}/{cfg.epochs} step {step} seq_acc: {parts} ({wall():.0f}s)",
+                  file=sys.stderr, flush=True)
+        if on_epoch:
+            on_epoch(rec)
+
+    partial = False
     model.train()
     while epoch < cfg.epochs:
         data, order = train_epoch_data(cfg, epoch), epoch_order(cfg, epoch)
         bar = _progress(nb, batch0, f"epoch {epoch + 1}/{cfg.epochs}", bar_off)
         acc_loss = acc_tok = 0.0
         acc_n = 0
+        partial = False
         t_log = time.perf_counter()
         for b in range(batch0, nb):
             idx = batch_indices(order, b, cfg.batch_size, info.rank, info.world)
@@ -285,35 +318,23 @@ def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> di
             bar.update(1)
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and b < nb - 1:
                 save(epoch, b + 1)
+            if cfg.time_limit_min and b < nb - 1 and time_up():
+                partial = True
+                break
         bar.close()
         batch0 = 0
+        if partial:  # time limit inside the epoch: checkpoint here, score the model, stop
+            save(epoch, b + 1)
+            run_eval(round(epoch + (b + 1) / nb, 3))
+            if info.is_main and not quiet:
+                print(f"[{cfg.name}] stopped at step {step} (epoch {epoch + (b + 1) / nb:.2f}): "
+                      f"time limit {cfg.time_limit_min} min", file=sys.stderr, flush=True)
+            break
         epoch += 1
         if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
-            res = {name: evaluate(model, s, batch_size=max(cfg.batch_size, 256), device=device, info=info,
-                                  autocast=autocast) for name, s in splits.items()}
-            rec = {"kind": "eval", "epoch": epoch, "step": step, "splits": res, "wall_s": wall()}
-            metrics.write(rec)
-            score = res[cfg.select_split]["seq_acc"]
-            if score > best["score"]:
-                best = {"score": score, "epoch": epoch, "splits": res}
-                if info.is_main:
-                    ck.save_weights(run_dir / "checkpoints" / "best.safetensors", model, meta)
-            if tb:
-                for name, m in res.items():
-                    tb.add_scalar(f"{name}/seq_acc", m["seq_acc"], epoch)
-            if info.is_main and not quiet:
-                parts = " ".join(f"{n} {m['seq_acc']:.3f}" for n, m in res.items())
-                print(f"[{cfg.name}] epoch {epoch}/{cfg.epochs} step {step} seq_acc: {parts} "
-                      f"({wall():.0f}s)", file=sys.stderr, flush=True)
-            if on_epoch:
-                on_epoch(rec)
+            run_eval(epoch)
         save(epoch, 0)
-        stop = torch.tensor([int(bool(cfg.time_limit_min) and wall() > 60 * cfg.time_limit_min)])
-        if info.enabled:
-            import torch.distributed as dist
-
-            dist.broadcast(stop, 0)  # every process stops at the same epoch
-        if stop.item() and epoch < cfg.epochs:
+        if cfg.time_limit_min and epoch < cfg.epochs and time_up():
             if info.is_main and not quiet:
                 print(f"[{cfg.name}] stopping after epoch {epoch}: time limit {cfg.time_limit_min} min",
                       file=sys.stderr, flush=True)
@@ -325,7 +346,8 @@ def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> di
         if info.is_main else None
     results = {"name": cfg.name, "task": cfg.task.name, "backbone": cfg.model.backbone, "params": n_params,
                "select_split": cfg.select_split, "best_epoch": best["epoch"], "splits": best["splits"],
-               "final": last, "epochs": epoch, "steps": step, "wall_s": wall(), "world_size": info.world}
+               "final": last, "epochs": epoch, "stopped_by_time_limit": partial or epoch < cfg.epochs,
+               "steps": step, "wall_s": wall(), "world_size": info.world}
     if info.is_main:
         ck.atomic_write_text(run_dir / "results.json", json.dumps(results, indent=2))
     return results
