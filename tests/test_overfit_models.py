@@ -18,9 +18,6 @@ from memnets.models.seq import BACKBONES, SIZES, SequenceTaskModel, backbone_ava
 from memnets.tasks.nsp import MASK, VOCAB_SIZE
 
 LR = {"transformer": 3e-3, "universal_transformer": 3e-3, "nam_tm": 2e-2}
-# The full NAM-TM (with JUMP) needs most of its 300 steps here (~80 s of CPU time): slow tier.
-# The NAM-TM module itself stays in the fast tier through "nam_tm_nojmp".
-SLOW = {"nam_tm"}
 
 
 def _batch(seed: int = 0):
@@ -31,8 +28,7 @@ def _batch(seed: int = 0):
     return x, y
 
 
-@pytest.mark.parametrize("backbone", [pytest.param(b, marks=pytest.mark.slow) if b in SLOW else b
-                                      for b in BACKBONES])
+@pytest.mark.parametrize("backbone", list(BACKBONES))
 def test_backbone_overfits_a_batch(backbone):
     ok, why = backbone_available(backbone)
     if not ok:
