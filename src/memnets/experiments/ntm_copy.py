@@ -10,11 +10,13 @@ padded steps are run.
 Logs the cost every ``--log-every`` steps to ``DIR/metrics.jsonl`` and writes
 ``DIR/results.json`` with the sequences seen until the running cost first fell below 0.1
 bits per sequence and the average bit errors on held-out copies of length 20, 40 (and the
-longer ``--eval-lengths``).
+longer ``--eval-lengths``), for the final model and for the snapshot taken at the lowest
+logged training cost.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -66,6 +68,7 @@ def train(args: argparse.Namespace) -> dict:
     window: list[float] = []
     reached = None
     log_rows = []
+    best_cost, best_step, best_state = math.inf, 0, None
     for step in range(1, args.steps + 1):
         if args.same_length:  # one length per batch: no padded steps to run
             L = int(torch.randint(args.min_len, args.max_len + 1, (1,), generator=gen))
@@ -86,6 +89,9 @@ def train(args: argparse.Namespace) -> dict:
             row = {"step": step, "sequences": seen, "cost_bits": cost, "time_s": round(time.time() - t0, 1)}
             if reached is None and cost < 0.1:
                 reached = seen
+            if cost < best_cost:  # snapshot at the lowest logged training cost
+                best_cost, best_step = cost, step
+                best_state = copy.deepcopy(model.state_dict())
             log_rows.append(row)
             metrics.write(json.dumps(row) + "\n")
             metrics.flush()
@@ -94,9 +100,18 @@ def train(args: argparse.Namespace) -> dict:
             print(f"stopping at step {step}: --max-minutes {args.max_minutes} reached", flush=True)
             break
     metrics.close()
-    evals = [evaluate(model, L) for L in sorted({20, 40, *args.eval_lengths})]
+    lengths = sorted({20, 40, *args.eval_lengths})
+    evals = [evaluate(model, L) for L in lengths]
+    final_state = copy.deepcopy(model.state_dict())
+    evals_best = []
+    if best_state is not None:
+        model.load_state_dict(best_state)
+        evals_best = [evaluate(model, L) for L in lengths]
+        model.load_state_dict(final_state)
     for e in evals:
-        print(json.dumps(e), flush=True)
+        print(json.dumps({"model": "final", **e}), flush=True)
+    for e in evals_best:
+        print(json.dumps({"model": f"best (step {best_step})", **e}), flush=True)
     results = {
         "task": "copy", "model": "ntm", "config": dict(model.config.__dict__),
         "args": {k: v for k, v in vars(args).items()},
@@ -105,6 +120,7 @@ def train(args: argparse.Namespace) -> dict:
         "final_cost_bits": log_rows[-1]["cost_bits"] if log_rows else math.nan,
         "sequences_to_cost_below_0.1": reached,
         "eval": evals,
+        "best_step": best_step, "best_cost_bits": best_cost, "eval_best": evals_best,
         "bar": {"cost_below_0.1_within_sequences": 20000, "max_bit_errors_length_40": 1.0},
     }
     _write_json(out / "results.json", results)
