@@ -114,23 +114,23 @@ def _fused_step(tk, heads, vk, q, p, act, order, normalize_heads, transposed_key
     if transposed_keys:  # value tape by position; key tape Kᵀ ← WR(Kᵀ, k, H_w, p_w, p_e)
         tape, key_tape = tk.unbind(2)
         hv, k = wk[:, :, 0], vk[:, :, 1]
-        u = vk[:, :, 0] * p_w - torch.einsum("btcl,btl->btc", tape, hv) * p_e  # [B, Tn, C]
+        u = vk[:, :, 0] * p_w - (tape * hv.unsqueeze(-2)).sum(-1) * p_e  # [B, Tn, C]
         tape = torch.addcmul(tape, u.unsqueeze(-1), hv.unsqueeze(-2))
-        w = h_w * p_w - torch.einsum("btcl,btc->btl", key_tape, k) * p_e  # [B, Tn, L]
+        w = h_w * p_w - (key_tape * k.unsqueeze(-1)).sum(-2) * p_e  # [B, Tn, L]
         key_tape = torch.addcmul(key_tape, k.unsqueeze(-1), w.unsqueeze(-2))
         tk = torch.stack([tape, key_tape], 2)
     else:
-        old = torch.einsum("btscl,btsl->btsc", tk, wk)  # T H_w, K H_w
+        old = (tk * wk.unsqueeze(-2)).sum(-1)  # T H_w, K H_w: [B, Tn, 2, C]
         u = vk * p_w.unsqueeze(-1) - old * p_e.unsqueeze(-1)  # [B, Tn, 2, C]
         tk = torch.addcmul(tk, u.unsqueeze(-1), wk.unsqueeze(-2))  # both writes
         tape, key_tape = tk.unbind(2)  # [B, Tn, C, L] each
-    r = torch.einsum("btcl,btl->btc", tape, h_read) * p[..., 0:1]  # [B, Tn, C]
+    r = (tape * h_read.unsqueeze(-2)).sum(-1) * p[..., 0:1]  # [B, Tn, C]
     moves = [torch.roll(heads, -1, -1), heads, torch.roll(heads, 1, -1)]
     if 3 in order:
-        jump = torch.einsum("btcl,btc->btl", key_tape, q)  # K'ᵀ q: [B, Tn, L]
+        jump = (key_tape * q.unsqueeze(-1)).sum(-2)  # K'ᵀ q: [B, Tn, L]
         moves.append(jump.unsqueeze(2).expand_as(heads))
     stacked = torch.stack([moves[i] for i in order], -1)  # [B, Tn, 2, L, A]
-    heads = torch.einsum("btsla,btsa->btsl", stacked, act)
+    heads = (stacked * act.unsqueeze(-2)).sum(-1)  # [B, Tn, 2, L]
     return r, tk, heads
 
 
