@@ -207,12 +207,14 @@ def run(tasks: Sequence[int], joint: bool, cfg: TrainConfig, runs: int = 1, data
             _, v_ok = evaluate(model, va)
             v_err = 1.0 - float(v_ok.float().mean())
             if best is None or v_err < best[0]:
-                best = (v_err, model)
+                best = (v_err, model, v_ok, len(info["history"]))
         _, ok = evaluate(best[1], te)
         for t in group:
-            sel = te.tasks == t
+            sel, v_sel = te.tasks == t, va.tasks == t
             err = 100.0 * (1.0 - float(ok[sel].float().mean()))
+            v_err = 100.0 * (1.0 - float(best[2][v_sel].float().mean()))
             results["tasks"][t] = {"name": babi.TASK_NAMES[t], "test_error": round(err, 2),
+                                   "valid_error": round(v_err, 2), "epochs": best[3],
                                    "published_error": None}
             log(f"task {t:2d} {babi.TASK_NAMES[t]:26s} test error {err:6.2f}%")
     errs = [v["test_error"] for v in results["tasks"].values()]
