@@ -3,14 +3,15 @@
     python -m memnets.experiments.babi_memn2n --tasks 1 --out runs/memn2n_t1
     python -m memnets.experiments.babi_memn2n --tasks all --joint --out runs/memn2n_joint
 
-Recipe of Sukhbaatar et al. 2015 (§4.2): 3 hops, adjacent tying, PE, TE, RN (10% empty
-memories), linear start (LS, softmax re-inserted when the validation loss stops falling),
+Recipe of Sukhbaatar et al. 2015 (§4.2): 3 hops, adjacent tying, PE, TE, RN (empty
+memories inserted at rate 0.1, shifting the time index), linear start (LS, softmax re-inserted when the validation loss stops falling),
 SGD with learning rate 0.005 during LS (at most 20 epochs per task, 30 joint, ended early
 when the validation loss has not fallen for 3 epochs), then 0.01 halved every 25 epochs
 (per task, 100 epochs) or every 15 epochs (joint, 60 epochs), gradient-norm clipping 40, batch 32,
 embedding 20 (per task) / 50 (joint), weights from N(0, 0.1), 10% of train held out for
-validation. The loss is summed over the batch, which is what the paper's learning rate
-refers to. ``--optimizer adam`` swaps in Adam (mean loss, lr 0.01) as an option. Several
+validation. The loss is summed over the batch (not averaged), the reading under which the
+paper's learning rate trains at batch size 32. Batches group examples of similar story
+length (``--random-batches`` for plain random batches), so padding can be trimmed. ``--optimizer adam`` swaps in Adam (mean loss, lr 0.01) as an option. Several
 ``--runs`` keep, per task, the run with the lowest validation error (the paper: best of 10).
 
 Writes ``results.json`` and ``results.md`` to ``--out`` (per-task test error beside the
