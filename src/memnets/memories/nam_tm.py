@@ -95,35 +95,26 @@ def nam_tm_step(tape, key_tape, h_r, h_w, v, k, q_jump, p_r, p_w, p_e, act_r, ac
     return r, tape, key_tape, move_head(h_r, act_r, jump, actions), move_head(h_w, act_w, jump, actions)
 
 
-def _fused_step(tk, heads, vk, q, p, act, order, normalize_heads, transposed_keys=False):
-    """:func:`nam_tm_step` for all tapes with value and key tapes stacked (fewer small ops).
+def _fused_step(tape, key_tape, heads, v, k, q, p, act, order, normalize_heads, transposed_keys=False):
+    """:func:`nam_tm_step` for all tapes at once, both heads stacked (fewer small ops).
 
-    tk ``[B, Tn, 2, C, L]`` (value, key tape); heads ``[B, Tn, 2, L]`` (read, write);
-    vk ``[B, Tn, 2, C]`` (v, k); q ``[B, Tn, C]``; p ``[B, Tn, 3]`` (p_r, p_w, p_e);
-    act ``[B, Tn, 2, A]``; order: indices into (LEFT, NOOP, RIGHT, JUMP) of the actions.
+    tape, key_tape ``[B, Tn, C, L]``; heads ``[B, Tn, 2, L]`` (read, write); v, k, q
+    ``[B, Tn, C]``; p ``[B, Tn, 3]`` (p_r, p_w, p_e); act ``[B, Tn, 2, A]``; order: indices into
+    (LEFT, NOOP, RIGHT, JUMP) of the actions. Contractions are broadcast-and-sum (on CPU
+    they beat batched matmuls of this size).
     """
     h_w = heads[:, :, 1]  # [B, Tn, L]
-    if normalize_heads:
-        hv = unit(heads)  # [B, Tn, 2, L]
-        wk = torch.stack([hv[:, :, 1], h_w], 2)  # value tape uses μ(H_w), key tape H_w
-        h_read = hv[:, :, 0]
-    else:
-        wk = h_w.unsqueeze(2).expand(-1, -1, 2, -1)  # [B, Tn, 2, L]
-        h_read = heads[:, :, 0]
+    hv = unit(heads) if normalize_heads else heads  # value-tape addresses (read, write)
+    h_read, hv_w = hv[:, :, 0], hv[:, :, 1]
     p_w, p_e = p[..., 1:2], p[..., 2:3]  # [B, Tn, 1]
-    if transposed_keys:  # value tape by position; key tape Kᵀ ← WR(Kᵀ, k, H_w, p_w, p_e)
-        tape, key_tape = tk.unbind(2)
-        hv, k = wk[:, :, 0], vk[:, :, 1]
-        u = vk[:, :, 0] * p_w - (tape * hv.unsqueeze(-2)).sum(-1) * p_e  # [B, Tn, C]
-        tape = torch.addcmul(tape, u.unsqueeze(-1), hv.unsqueeze(-2))
+    u = v * p_w - (tape * hv_w.unsqueeze(-2)).sum(-1) * p_e  # [B, Tn, C]
+    tape = torch.addcmul(tape, u.unsqueeze(-1), hv_w.unsqueeze(-2))  # WR(T, H_w, v, p_w, p_e)
+    if transposed_keys:  # Kᵀ ← WR(Kᵀ, k, H_w, p_w, p_e)
         w = h_w * p_w - (key_tape * k.unsqueeze(-1)).sum(-2) * p_e  # [B, Tn, L]
         key_tape = torch.addcmul(key_tape, k.unsqueeze(-1), w.unsqueeze(-2))
-        tk = torch.stack([tape, key_tape], 2)
-    else:
-        old = (tk * wk.unsqueeze(-2)).sum(-1)  # T H_w, K H_w: [B, Tn, 2, C]
-        u = vk * p_w.unsqueeze(-1) - old * p_e.unsqueeze(-1)  # [B, Tn, 2, C]
-        tk = torch.addcmul(tk, u.unsqueeze(-1), wk.unsqueeze(-2))  # both writes
-        tape, key_tape = tk.unbind(2)  # [B, Tn, C, L] each
+    else:  # K ← WR(K, H_w, k, p_w, p_e)
+        uk = k * p_w - (key_tape * h_w.unsqueeze(-2)).sum(-1) * p_e  # [B, Tn, C]
+        key_tape = torch.addcmul(key_tape, uk.unsqueeze(-1), h_w.unsqueeze(-2))
     r = (tape * h_read.unsqueeze(-2)).sum(-1) * p[..., 0:1]  # [B, Tn, C]
     moves = [torch.roll(heads, -1, -1), heads, torch.roll(heads, 1, -1)]
     if 3 in order:
@@ -131,7 +122,7 @@ def _fused_step(tk, heads, vk, q, p, act, order, normalize_heads, transposed_key
         moves.append(jump.unsqueeze(2).expand_as(heads))
     stacked = torch.stack([moves[i] for i in order], -1)  # [B, Tn, 2, L, A]
     heads = (stacked * act.unsqueeze(-2)).sum(-1)  # [B, Tn, 2, L]
-    return r, tk, heads
+    return r, tape, key_tape, heads
 
 
 class _NAMTMLayer(nn.Module):
@@ -166,19 +157,18 @@ class _NAMTMLayer(nn.Module):
         q = unit(ctrl[..., 2 * A + n_p:])  # [B, T, Tn, C]
         v = self.value(x).view(B, T, Tn, C)
         k = unit(self.key(x).view(B, T, Tn, C))
-        vk = torch.stack([v, k], 3)  # [B, T, Tn, 2, C]
-        tk = torch.stack([tape, key_tape], 2)  # [B, Tn, 2, C, L]
         heads = torch.stack([h_r, h_w], 2)  # [B, Tn, 2, L]
         reads, pos = [], []
-        for vk_t, q_t, p_t, act_t in zip(vk.unbind(1), q.unbind(1), p.unbind(1), act.unbind(1)):
-            pos.append(heads)  # per-step views from unbind: one backward op instead of T selects
-            r, tk, heads = _fused_step(tk, heads, vk_t, q_t, p_t, act_t, self.order, self.normalize_heads,
-                                       self.transposed_keys)
+        steps = zip(v.unbind(1), k.unbind(1), q.unbind(1), p.unbind(1), act.unbind(1))
+        for v_t, k_t, q_t, p_t, act_t in steps:  # per-step views: one backward op instead of T selects
+            pos.append(heads)
+            r, tape, key_tape, heads = _fused_step(tape, key_tape, heads, v_t, k_t, q_t, p_t, act_t, self.order,
+                                                   self.normalize_heads, self.transposed_keys)
             reads.append(r)
         y = self.out(torch.stack(reads, 1).flatten(2))  # [B, T, Tn*C]
         pos = torch.stack(pos, 1)  # [B, T, Tn, 2, L]
         aux = NAMTMAux(pos[..., 0, :], pos[..., 1, :], act[..., 0, :], act[..., 1, :])
-        return y, (tk[:, :, 0], tk[:, :, 1], heads[:, :, 0], heads[:, :, 1]), aux
+        return y, (tape, key_tape, heads[:, :, 0], heads[:, :, 1]), aux
 
 
 @register_model("nam_tm")
