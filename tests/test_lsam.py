@@ -234,21 +234,22 @@ def test_encoder_decoder_shapes_state_and_training():
     assert not torch.allclose(y0, y)
     with pytest.raises(ValueError, match="`x`"):
         m(torch.randn(3, 6, 8))
-    # reverse a short sequence of tokens (needs the bidirectional encoder)
+    # echo the tokens: the output is a read of the decoder's memory, so it must learn to write
+    # and read back (q ≈ k); the loss must drop clearly
     V = 4
     emb, head = torch.nn.Embedding(V, 16), torch.nn.Linear(16, V)
     params = [*emb.parameters(), *m.parameters(), *head.parameters()]
     opt = torch.optim.Adam(params, lr=2e-2)
     losses = []
-    for _ in range(50):
+    for _ in range(40):
         tok = torch.randint(0, V, (16, 5))
         y, _ = m(emb(tok))
-        loss = torch.nn.functional.cross_entropy(head(y).reshape(-1, V), tok.flip(1).reshape(-1))
+        loss = torch.nn.functional.cross_entropy(head(y).reshape(-1, V), tok.reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
+    assert sum(losses[-5:]) / 5 < 0.3 * sum(losses[:5]) / 5
 
 
 def test_bench_rows_have_the_aggregator_columns():
