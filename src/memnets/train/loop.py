@@ -160,6 +160,19 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = F
         cleanup_distributed(info)
 
 
+def _has_unused_parameters(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> bool:
+    """Whether some parameter gets no gradient (e.g. the jump query of a NAM-TM without JUMP);
+    DDP must then be told to look for unused parameters. RNG state is left untouched."""
+    rng = torch.get_rng_state()
+    x = torch.full((2, 8), 0, dtype=torch.long, device=device)
+    model.zero_grad(set_to_none=True)
+    model(x).float().sum().backward()
+    unused = any(p.requires_grad and p.grad is None for p in model.parameters())
+    model.zero_grad(set_to_none=True)
+    torch.set_rng_state(rng)
+    return unused
+
+
 def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
     """Validate the directory; return whether there is a checkpoint to resume from."""
     cfg_file = run_dir / "config.json"
@@ -226,7 +239,8 @@ def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> di
     if info.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                  find_unused_parameters=_has_unused_parameters(model, cfg, device))
     splits = eval_splits(cfg)
     nb = cfg.task.train_size // cfg.batch_size
     total = nb * cfg.epochs
