@@ -121,15 +121,16 @@ def generate(task: str, digits: torch.Tensor, width: int, generator: torch.Gener
         inputs   . _ 4 0 7 _ M M M E      (. = PAD, _ = DELIM, M = MASK, E = EOS)
         targets  . _ 4 0 7 _ 7 0 4 E
 
-    Fib with a = 5, b = 98 (n = 2; little-endian: a = 5, b = 8 9, y = 103 → 3 0 1), shift 0::
+    Fib with a = 5, b = 98 (n = 2; little-endian: a = 5, b = 8 9, y = 103 → 3 0 1), shift 0,
+    width 11::
 
-        inputs   _ 5 _ 8 9 _ M M M E . .
-        targets  _ 5 _ 8 9 _ 3 0 1 E . .
+        inputs   _ 5 _ 8 9 _ M M M E .
+        targets  _ 5 _ 8 9 _ 3 0 1 E .
 
-    Reduce with d = 3 0 0 5 (n = 4), shift 0::
+    Reduce with d = 3 0 0 5 (n = 4), shift 0, width 12::
 
-        inputs   _ 3 0 0 5 _ M M M M E
-        targets  _ 3 0 0 5 _ 3 5 . . E
+        inputs   _ 3 0 0 5 _ M M M M E .
+        targets  _ 3 0 0 5 _ 3 5 . . E .
     """
     task = _canonical(task)
     if not isinstance(digits, torch.Tensor) or digits.dim() != 1:
