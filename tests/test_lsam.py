@@ -261,3 +261,17 @@ def test_bench_rows_have_the_aggregator_columns():
         assert set(r) == {"model", "config", "baseline", "baseline_ms", "ours_ms", "ratio", "note"}
         assert r["ours_ms"] > 0 and r["baseline_ms"] > 0
         assert abs(r["ratio"] - r["ours_ms"] / r["baseline_ms"]) < 1e-9
+
+
+def test_dropout_between_layers_only_in_training():
+    torch.manual_seed(6)
+    m = LSAM(3, 8, 2, num_layers=2, dropout=0.5)
+    ref = LSAM(3, 8, 2, num_layers=2)
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(2, 5, 3)
+    m.eval()
+    torch.testing.assert_close(m(x)[0], ref(x)[0])
+    m.train()
+    assert not torch.allclose(m(x)[0], ref(x)[0])
+    with pytest.raises(ValueError, match="dropout"):
+        LSAM(3, 8, 2, dropout=1.0)
