@@ -2,6 +2,8 @@
 reduction to the cosine classifier, erase behaviour, training, bad input."""
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import memnets
 from memnets.memories.fewshot import (CosineClassifier, NAMFewShotClassifier, cosine_fewshot_weights,
@@ -149,3 +151,17 @@ def test_trains_on_synthetic_episodes():
         opt.step()
         losses.append(loss.item())
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+
+
+@settings(max_examples=10, deadline=None)
+@given(Bc=st.integers(1, 5), N=st.integers(1, 4), K=st.integers(1, 4), F=st.integers(2, 7), seed=st.integers(0, 99))
+def test_theorem_3_5_property(Bc, N, K, F, seed):
+    """Thm 3.5 over random shapes: p_w = 1, p_e = 0 gives the feature-averaging cosine classifier;
+    with p_e = 0 the base rows are never touched."""
+    g = torch.Generator().manual_seed(seed)
+    Wb = torch.randn(Bc, F, generator=g, dtype=DT)
+    S = torch.randn(N, K, F, generator=g, dtype=DT)
+    ones, zeros = torch.ones(N, K, dtype=DT), torch.zeros(N, K, dtype=DT)
+    torch.testing.assert_close(nam_fewshot_weights(Wb, S, ones, zeros), cosine_fewshot_weights(Wb, S))
+    W = nam_fewshot_weights(Wb, S, torch.rand(N, K, generator=g, dtype=DT), zeros)
+    torch.testing.assert_close(W[:Bc], unit(Wb))
