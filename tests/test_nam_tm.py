@@ -2,6 +2,8 @@
 against the nam_write/nam_read step, tape-length independence, training, bad input."""
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import memnets
 from memnets.memories.nam_tm import (ACTIONS, NAMTMAux, NAMTMState, NAMTuringMachine, _fused_step,
@@ -224,3 +226,19 @@ def test_trains_on_delayed_recall():
         opt.step()
         losses.append(loss.item())
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+
+
+@settings(max_examples=15, deadline=None)
+@given(L=st.integers(2, 12), seed=st.integers(0, 999))
+def test_moves_without_jump_keep_a_distribution(L, seed):
+    """LEFT / NO-OP / RIGHT mix shifted copies of H: a probability vector stays one, and a
+    head at cell 1 lands on cell 2 with probability p_right (plus p_left when L = 2)."""
+    g = torch.Generator().manual_seed(seed)
+    acts = ("LEFT", "NOOP", "RIGHT")
+    h = torch.softmax(torch.randn(3, L, generator=g, dtype=DT), -1)
+    a = torch.softmax(torch.randn(3, 3, generator=g, dtype=DT), -1)
+    h2 = move_head(h, a, None, acts)
+    assert (h2 >= 0).all()
+    torch.testing.assert_close(h2.sum(-1), torch.ones(3, dtype=DT))
+    e = move_head(onehot(0, L, 3), a, None, acts)
+    torch.testing.assert_close(e[:, 1], a[:, 2] + (a[:, 0] if L == 2 else 0))
