@@ -275,3 +275,21 @@ def test_dropout_between_layers_only_in_training():
     assert not torch.allclose(m(x)[0], ref(x)[0])
     with pytest.raises(ValueError, match="dropout"):
         LSAM(3, 8, 2, dropout=1.0)
+
+
+def test_reference_impl_matches_fused_and_is_twice_differentiable():
+    torch.manual_seed(7)
+    m = LSAM(3, 8, 4, num_layers=2, bidirectional=True).to(DT)
+    r = LSAM(3, 8, 4, num_layers=2, bidirectional=True, impl="reference").to(DT)
+    r.load_state_dict(m.state_dict())
+    x = torch.randn(2, 6, 3, dtype=DT, requires_grad=True)
+    (y1, s1), (y2, s2) = m(x), r(x)
+    torch.testing.assert_close(y1, y2)
+    torch.testing.assert_close(s1.memory, s2.memory)
+    g1 = torch.autograd.grad(y1.pow(2).sum(), x)[0]
+    g2 = torch.autograd.grad(y2.pow(2).sum(), x, create_graph=True)[0]
+    torch.testing.assert_close(g1, g2)
+    gg = torch.autograd.grad(g2.sum(), x)[0]
+    assert torch.isfinite(gg).all() and gg.abs().sum() > 0
+    with pytest.raises(ValueError, match="impl"):
+        LSAM(3, 8, 2, impl="chunked")

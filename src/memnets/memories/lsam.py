@@ -29,7 +29,8 @@ from .._checks import check_positive_int, check_shape, check_tensor
 from ..ops import merge_heads, nam_read, nam_write, split_heads, unit
 from ..registry import register_model
 
-__all__ = ["LSAMCell", "LSAMCellState", "LSAM", "LSAMState", "lsam_scan"]
+__all__ = ["LSAMCell", "LSAMCellState", "LSAM", "LSAMState", "lsam_scan", "lsam_scan_reference",
+           "lsam_cell_step"]
 
 
 class LSAMCellState(NamedTuple):
@@ -210,6 +211,41 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
     return out, M.view(dirs, B, Hp, d, d), h_T
 
 
+def lsam_cell_step(x_t, memory, h, weight_ih, weight_hh, bias, num_heads):
+    """One LSAM step (SPEC §2) with :func:`nam_write` / :func:`nam_read`, plain autograd.
+
+    x_t ``[B, F]``, memory ``[B, H, d, d]``, h ``[B, D]``, weight_ih ``[3D+2H, F]``,
+    weight_hh ``[3D+2H, D]``, bias ``[3D+2H]`` -> ``(memory, h)`` after the step.
+    """
+    D, H = h.shape[-1], num_heads
+    z = torch.cat([x_t, h], dim=-1)  # [B, F + D]
+    g = F.linear(z, torch.cat([weight_ih, weight_hh], dim=1), bias)
+    q, k, v, a_r, a_w = g.split([D, D, D, H, H], dim=-1)
+    q = unit(split_heads(q, H))  # [B, H, d]
+    k = unit(split_heads(k, H))  # [B, H, d]
+    v = split_heads(v, H)  # [B, H, d]
+    p_r, p_w = torch.sigmoid(a_r), torch.sigmoid(a_w)  # [B, H]
+    memory = nam_write(memory, k, v, p_w, p_w)
+    return memory, merge_heads(nam_read(memory, q, p_r))  # [B, H, d, d], [B, D]
+
+
+def lsam_scan_reference(x, weight_ih, weight_hh, bias, memory, h, num_heads):
+    """:func:`lsam_scan` as a loop of :func:`lsam_cell_step` (same signature and results;
+    plain autograd, so also twice differentiable)."""
+    dirs, outs, mems, hs = weight_hh.shape[0], [], [], []
+    for j in range(dirs):
+        xs = x if j == 0 else x.flip(0)
+        M, hj, ys = memory[j], h[j], []
+        for x_t in xs.unbind(0):
+            M, hj = lsam_cell_step(x_t, M, hj, weight_ih[j], weight_hh[j], bias[j], num_heads)
+            ys.append(hj)
+        y = torch.stack(ys, 0)  # [T, B, D']
+        outs.append(y if j == 0 else y.flip(0))
+        mems.append(M)
+        hs.append(hj)
+    return torch.cat(outs, -1), torch.stack(mems, 0), torch.stack(hs, 0)
+
+
 def _init_uniform(t: torch.Tensor, fan_in: int) -> None:
     bound = 1.0 / math.sqrt(fan_in)
     nn.init.uniform_(t, -bound, bound)
@@ -263,15 +299,7 @@ class LSAMCell(nn.Module):
             state = self.init_state(B, x_t.device, x_t.dtype)
         check_shape("state.memory", state.memory, ["B", "H", "d", "d"], [B, H, d, d])
         check_shape("state.h", state.h, ["B", "D"], [B, D])
-        z = torch.cat([x_t, state.h], dim=-1)  # [B, input_size + D]
-        g = F.linear(z, torch.cat([self.weight_ih, self.weight_hh], dim=1), self.bias)
-        q, k, v, a_r, a_w = g.split([D, D, D, H, H], dim=-1)
-        q = unit(split_heads(q, H))  # [B, H, d]
-        k = unit(split_heads(k, H))  # [B, H, d]
-        v = split_heads(v, H)  # [B, H, d]
-        p_r, p_w = torch.sigmoid(a_r), torch.sigmoid(a_w)  # [B, H]
-        memory = nam_write(state.memory, k, v, p_w, p_w)
-        h = merge_heads(nam_read(memory, q, p_r))  # [B, D]
+        memory, h = lsam_cell_step(x_t, state.memory, state.h, self.weight_ih, self.weight_hh, self.bias, H)
         return h, LSAMCellState(memory, h)
 
     def forward(self, x: torch.Tensor, state: LSAMCellState | None = None):
@@ -297,6 +325,8 @@ class LSAM(nn.Module):
         bidirectional: half the heads run forward in time, half backward.
         batch_first: ``x`` is ``[B, T, F]`` (True) or ``[T, B, F]``.
         dropout: dropout on the outputs of every layer except the last (training only).
+        impl: "fused" (per-step recurrence with a hand-written backward) or "reference"
+            (a loop of :func:`lsam_cell_step` under plain autograd: slower, twice differentiable).
 
     Parameters per layer ``l`` (``dirs`` = 2 if bidirectional else 1, ``D' = D/dirs``,
     ``H' = H/dirs``, ``G = 3D' + 2H'``): ``weight_ih_l{l} [dirs, G, in_l]``,
@@ -307,8 +337,12 @@ class LSAM(nn.Module):
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_heads: int, num_layers: int = 1,
-                 bidirectional: bool = False, batch_first: bool = True, dropout: float = 0.0):
+                 bidirectional: bool = False, batch_first: bool = True, dropout: float = 0.0,
+                 impl: str = "fused"):
         super().__init__()
+        if impl not in ("fused", "reference"):
+            raise ValueError(f"`impl` expected 'fused' or 'reference', got {impl!r}")
+        self.impl = impl
         check_positive_int("input_size", input_size)
         check_positive_int("hidden_size", hidden_size)
         check_positive_int("num_heads", num_heads)
@@ -382,7 +416,8 @@ class LSAM(nn.Module):
         for l in range(self.num_layers):
             w_ih, w_hh, b = self.layer_weights(l)
             sl = slice(l * dirs, (l + 1) * dirs)
-            out, M_T, h_T = lsam_scan(inp, w_ih, w_hh, b, state.memory[sl], state.h[sl], Hp)
+            scan = lsam_scan if self.impl == "fused" else lsam_scan_reference
+            out, M_T, h_T = scan(inp, w_ih, w_hh, b, state.memory[sl], state.h[sl], Hp)
             mems.append(M_T)
             hs.append(h_T)
             inp = out  # [T, B, D]
