@@ -17,9 +17,8 @@ into H contiguous heads of width ``d = D / H``.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
