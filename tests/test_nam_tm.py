@@ -159,6 +159,8 @@ def test_heads_stay_distributions_without_jump_and_aux_shapes():
                          normalize_heads=True, separate_erase=True, key_tape_mode="transposed")
     y, s, aux = m(torch.randn(2, 6, 3), tape_length=10, return_aux=True)
     assert isinstance(aux, NAMTMAux) and aux.read_pos.shape == (2, 6, 2, 10)
+    (y.sum() + s.tape.sum()).backward()  # "No Jmp": every parameter gets a gradient
+    assert all(p.grad is not None for p in m.parameters())
     assert aux.write_actions.shape == (2, 6, 2, 3)
     for h in (s.h_r, s.h_w, aux.read_pos):
         assert (h >= 0).all()

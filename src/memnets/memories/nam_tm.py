@@ -99,8 +99,9 @@ def _fused_step(tape, key_tape, heads, v, k, q, p, act, order, normalize_heads, 
     """:func:`nam_tm_step` for all tapes at once, both heads stacked (fewer small ops).
 
     tape, key_tape ``[B, Tn, C, L]``; heads ``[B, Tn, 2, L]`` (read, write); v, k, q
-    ``[B, Tn, C]``; p ``[B, Tn, 3]`` (p_r, p_w, p_e); act ``[B, Tn, 2, A]``; order: indices into
-    (LEFT, NOOP, RIGHT, JUMP) of the actions. Contractions are broadcast-and-sum (on CPU
+    ``[B, Tn, C]`` (k None: no key write, for action sets without JUMP); p ``[B, Tn, 3]``
+    (p_r, p_w, p_e); act ``[B, Tn, 2, A]``; order: indices into (LEFT, NOOP, RIGHT, JUMP)
+    of the actions. Contractions are broadcast-and-sum (on CPU
     they beat batched matmuls of this size).
     """
     h_w = heads[:, :, 1]  # [B, Tn, L]
@@ -109,7 +110,9 @@ def _fused_step(tape, key_tape, heads, v, k, q, p, act, order, normalize_heads, 
     p_w, p_e = p[..., 1:2], p[..., 2:3]  # [B, Tn, 1]
     u = v * p_w - (tape * hv_w.unsqueeze(-2)).sum(-1) * p_e  # [B, Tn, C]
     tape = torch.addcmul(tape, u.unsqueeze(-1), hv_w.unsqueeze(-2))  # WR(T, H_w, v, p_w, p_e)
-    if transposed_keys:  # Kᵀ ← WR(Kᵀ, k, H_w, p_w, p_e)
+    if k is None:  # no JUMP: the key tape is never read, so it is not written either
+        pass
+    elif transposed_keys:  # Kᵀ ← WR(Kᵀ, k, H_w, p_w, p_e)
         w = h_w * p_w - (key_tape * k.unsqueeze(-1)).sum(-2) * p_e  # [B, Tn, L]
         key_tape = torch.addcmul(key_tape, k.unsqueeze(-1), w.unsqueeze(-2))
     else:  # K ← WR(K, H_w, k, p_w, p_e)
@@ -129,7 +132,7 @@ class _NAMTMLayer(nn.Module):
     """One NAM-TM layer: controller, value/key projections, tape loop and output W_o."""
 
     def __init__(self, input_size, hidden_size, num_tapes, actions, controller, bidirectional,
-                 normalize_heads, separate_erase, key_tape_mode):
+                 normalize_heads, separate_erase, key_tape_mode, with_output=True):
         super().__init__()
         self.transposed_keys = key_tape_mode == "transposed"
         C, A = hidden_size // num_tapes, len(actions)
@@ -139,11 +142,13 @@ class _NAMTMLayer(nn.Module):
         rnn = nn.GRU if controller == "gru" else nn.LSTM
         hc = hidden_size // 2 if bidirectional else hidden_size
         self.controller = rnn(input_size, hc, batch_first=True, bidirectional=bidirectional)
-        self.n_ctrl = 2 * A + (3 if separate_erase else 2) + C
+        # jump query only with JUMP, so that the "No Jmp" model has no parameter without gradient
+        self.n_ctrl = 2 * A + (3 if separate_erase else 2) + (C if "JUMP" in actions else 0)
         self.control = nn.Linear(hc * (2 if bidirectional else 1), num_tapes * self.n_ctrl)
         self.value = nn.Linear(input_size, hidden_size)
-        self.key = nn.Linear(input_size, hidden_size)
-        self.out = nn.Linear(hidden_size, hidden_size)
+        self.key = nn.Linear(input_size, hidden_size) if "JUMP" in actions else None
+        # only the last layer's reads are output; earlier layers hand on their value tape
+        self.out = nn.Linear(hidden_size, hidden_size) if with_output else None
 
     def forward(self, x, tape, key_tape, h_r, h_w):
         B, T, _ = x.shape
@@ -154,18 +159,18 @@ class _NAMTMLayer(nn.Module):
         p = torch.sigmoid(ctrl[..., 2 * A: 2 * A + n_p])  # [B, T, Tn, n_p]
         if not self.separate_erase:
             p = torch.cat([p, p[..., 1:2]], -1)  # p_e = p_w
-        q = unit(ctrl[..., 2 * A + n_p:])  # [B, T, Tn, C]
+        q = unit(ctrl[..., 2 * A + n_p:]) if "JUMP" in self.actions else ctrl.new_zeros(B, T, Tn, C)  # [B, T, Tn, C]
         v = self.value(x).view(B, T, Tn, C)
-        k = unit(self.key(x).view(B, T, Tn, C))
+        k = unit(self.key(x).view(B, T, Tn, C)).unbind(1) if self.key is not None else [None] * T
         heads = torch.stack([h_r, h_w], 2)  # [B, Tn, 2, L]
         reads, pos = [], []
-        steps = zip(v.unbind(1), k.unbind(1), q.unbind(1), p.unbind(1), act.unbind(1))
+        steps = zip(v.unbind(1), k, q.unbind(1), p.unbind(1), act.unbind(1))
         for v_t, k_t, q_t, p_t, act_t in steps:  # per-step views: one backward op instead of T selects
             pos.append(heads)
             r, tape, key_tape, heads = _fused_step(tape, key_tape, heads, v_t, k_t, q_t, p_t, act_t, self.order,
                                                    self.normalize_heads, self.transposed_keys)
             reads.append(r)
-        y = self.out(torch.stack(reads, 1).flatten(2))  # [B, T, Tn*C]
+        y = self.out(torch.stack(reads, 1).flatten(2)) if self.out is not None else None  # [B, T, Tn*C]
         pos = torch.stack(pos, 1)  # [B, T, Tn, 2, L]
         aux = NAMTMAux(pos[..., 0, :], pos[..., 1, :], act[..., 0, :], act[..., 1, :])
         return y, (tape, key_tape, heads[:, :, 0], heads[:, :, 1]), aux
@@ -220,7 +225,8 @@ class NAMTuringMachine(nn.Module):
         self.width = hidden_size // num_tapes
         self.layers = nn.ModuleList(
             _NAMTMLayer(input_size, hidden_size, num_tapes, actions, controller, bidirectional_controller,
-                        normalize_heads, separate_erase, key_tape_mode) for _ in range(num_layers))
+                        normalize_heads, separate_erase, key_tape_mode, with_output=l == num_layers - 1)
+            for l in range(num_layers))
 
     def init_state(self, batch_size: int, device=None, dtype=None, tape_length: int | None = None) -> NAMTMState:
         """Empty tapes ``[Ly, B, Tn, C, L]`` and both heads at cell 1 (``e₁``)."""
