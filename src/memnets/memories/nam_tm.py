@@ -186,11 +186,12 @@ class NAMTuringMachine(nn.Module):
         num_tapes: Tn tapes, each with its own read/write head and key tape.
         tape_length: default L when neither ``state`` nor ``tape_length`` is given to forward.
         actions: head moves, a subset of ("LEFT", "NOOP", "RIGHT", "JUMP"); without "JUMP"
-            it is the paper's "No Jmp" ablation.
+            it is the paper's "No Jmp" ablation (then no jump query, no key projection, and
+            the key tape, never read, stays as given).
         controller: "gru" or "lstm"; bidirectional_controller: run it in both directions
             (hidden_size/2 per direction).
         num_layers: layer l > 0 re-reads the same input and starts from layer l-1's final
-            value tape (SPEC §12); the output is the last layer's.
+            value tape (SPEC §12); the output is the last layer's (only it has ``W_o``).
         normalize_heads: value tape accessed with μ(H) (later option of the authors' code).
         separate_erase: a separate erase gate p_e (else p_e = p_w).
         key_tape_mode: "position" (SPEC §3) or "transposed" (``WR(Kᵀ, k, H_w, p_w, p_e)``,
