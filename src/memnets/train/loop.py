@@ -349,6 +349,8 @@ def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> di
             run_eval(epoch)
         save(epoch, 0)
         if cfg.time_limit_min and epoch < cfg.epochs and time_up():
+            if epoch % cfg.eval_every:
+                run_eval(epoch)  # score the model we stop with
             if info.is_main and not quiet:
                 print(f"[{cfg.name}] stopping after epoch {epoch}: time limit {cfg.time_limit_min} min",
                       file=sys.stderr, flush=True)
