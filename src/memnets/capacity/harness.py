@@ -47,6 +47,7 @@ class RetrievalConfig:
     lr: float = 3e-3
     eval_batch: int = 256
     seed: int = 0
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class MQARConfig:
     lr: float = 1e-2
     eval_batch: int = 128
     seed: int = 0
+    device: str = "cpu"
 
 
 class RetrievalModel(nn.Module):
@@ -99,10 +101,13 @@ def retrieval_metrics(pred: torch.Tensor, batch, value_kind: str = "random") -> 
 
 
 def _make_batch(cfg: RetrievalConfig, n: int, g: torch.Generator):
+    """A batch drawn on the CPU generator, moved to ``cfg.device``."""
     if cfg.edits:
-        return edit_retrieval_batch(n, cfg.num_pairs, cfg.num_writes, cfg.value_dim,
-                                    value_kind=cfg.value_kind, generator=g)
-    return retrieval_batch(n, cfg.num_pairs, cfg.value_dim, value_kind=cfg.value_kind, generator=g)
+        b = edit_retrieval_batch(n, cfg.num_pairs, cfg.num_writes, cfg.value_dim,
+                                 value_kind=cfg.value_kind, generator=g)
+    else:
+        b = retrieval_batch(n, cfg.num_pairs, cfg.value_dim, value_kind=cfg.value_kind, generator=g)
+    return type(b)(*(t.to(cfg.device) for t in b))
 
 
 def train_retrieval(cfg: RetrievalConfig | None = None, **overrides) -> dict:
@@ -115,7 +120,7 @@ def train_retrieval(cfg: RetrievalConfig | None = None, **overrides) -> dict:
     cfg = RetrievalConfig(**{**(asdict(cfg) if cfg else {}), **overrides})
     check_positive_int("steps", cfg.steps, minimum=0)
     torch.manual_seed(cfg.seed)
-    model = RetrievalModel(cfg.memory, cfg.num_pairs, cfg.d_key, cfg.value_dim)
+    model = RetrievalModel(cfg.memory, cfg.num_pairs, cfg.d_key, cfg.value_dim).to(cfg.device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     g = torch.Generator().manual_seed(cfg.seed)
     t0, losses = time.perf_counter(), []
@@ -157,12 +162,13 @@ def train_mqar(cfg: MQARConfig | None = None, **overrides) -> dict:
     cfg = MQARConfig(**{**(asdict(cfg) if cfg else {}), **overrides})
     check_positive_int("steps", cfg.steps, minimum=0)
     torch.manual_seed(cfg.seed)
-    model = TokenModel(cfg.memory, cfg.vocab_size, cfg.d_model)
+    model = TokenModel(cfg.memory, cfg.vocab_size, cfg.d_model).to(cfg.device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     g = torch.Generator().manual_seed(cfg.seed)
     t0, losses = time.perf_counter(), []
 
     def run(b):
+        b = type(b)(*(t.to(cfg.device) for t in b))
         logits = model(b.inputs)  # [B, T, V]
         loss = F.cross_entropy(logits.flatten(0, 1), b.labels.flatten(), ignore_index=-100)
         m = b.labels != -100

@@ -62,6 +62,7 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="runs/capacity", help="output folder (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--device", default="cpu", help="torch device for training, e.g. cuda (default %(default)s)")
     scale = p.add_mutually_exclusive_group()
     scale.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test, not a measurement)")
     scale.add_argument("--paper", action="store_true", help="paper scale: d_key 64, S up to 600 (slow on CPU)")
@@ -81,7 +82,8 @@ def _run(args) -> int:
     common = dict(d_key=d_key, value_dim=args.value_dim or d_key, value_kind=args.value_kind,
                   steps=preset["steps"] if args.steps is None else args.steps,
                   batch_size=args.batch_size or preset["batch_size"], lr=args.lr,
-                  eval_batch=min(args.eval_batch, 16) if args.quick else args.eval_batch, seed=args.seed)
+                  eval_batch=min(args.eval_batch, 16) if args.quick else args.eval_batch, seed=args.seed,
+                  device=args.device)
     memories = [m.strip() for m in args.memories.split(",") if m.strip()]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,7 +113,7 @@ def _run(args) -> int:
             if args.quick else dict(seq_len=args.seq_len, num_pairs=args.pairs, vocab_size=args.vocab,
                                     d_model=args.d_model, steps=args.mqar_steps, batch_size=common["batch_size"])
         mq_mems = [m.strip() for m in args.mqar_memories.split(",") if m.strip()]
-        r = run_mqar(mq_mems, log=log, lr=args.mqar_lr, seed=args.seed, **mq)
+        r = run_mqar(mq_mems, log=log, lr=args.mqar_lr, seed=args.seed, device=args.device, **mq)
         save("mqar", r, False)
         tables.append(mqar_table(r))
     text = "\n\n".join(tables) + f"\n\nwall time: {time.perf_counter() - t0:.0f} s\n"
