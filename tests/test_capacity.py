@@ -83,6 +83,16 @@ def test_sum_rule_worse_than_delta_with_edits():
     assert delta["loss"] < summ["loss"]
 
 
+def test_onehot_values_use_cross_entropy():
+    b = retrieval_batch(2, 3, 5, value_kind="onehot", generator=torch.Generator().manual_seed(0))
+    logits = 20.0 * b.targets  # confident and right
+    loss, acc = retrieval_metrics(logits, b, "onehot")
+    assert float(acc) == 1.0 and float(loss) < 1e-6
+    r = train_retrieval(memory="softmax", num_pairs=3, d_key=8, value_dim=5, value_kind="onehot", steps=2,
+                        batch_size=2, eval_batch=4)
+    assert r["loss"] > 0 and 0.0 <= r["accuracy"] <= 1.0
+
+
 def test_training_is_deterministic_and_mqar_runs():
     kw = dict(memory="nam", num_pairs=3, d_key=8, value_dim=4, steps=3, batch_size=4, eval_batch=8)
     assert train_retrieval(**kw)["loss"] == train_retrieval(**kw)["loss"]
