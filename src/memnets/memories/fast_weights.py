@@ -102,6 +102,7 @@ class FastWeightMemory(nn.Module):
 
     def init_state(self, batch_size: int, device=None, dtype=None) -> FastWeightState:
         """Zero fast weights ``[B, H, dv, dφ]``."""
+        check_positive_int("batch_size", batch_size)
         shape = (batch_size, self.num_heads, self.value_size, self.feature_size)
         return FastWeightState(torch.zeros(shape, device=device, dtype=dtype))
 

@@ -283,6 +283,7 @@ class LSAMCell(nn.Module):
 
     def init_state(self, batch_size: int, device=None, dtype=None) -> LSAMCellState:
         """Zero memory ``[B, H, d, d]`` and zero ``h`` ``[B, D]`` (M_0 = 0, h_0 = 0)."""
+        check_positive_int("batch_size", batch_size)
         dtype = dtype or self.weight_ih.dtype
         d = self.head_dim
         return LSAMCellState(
@@ -377,6 +378,7 @@ class LSAM(nn.Module):
 
     def init_state(self, batch_size: int, device=None, dtype=None) -> LSAMState:
         """Zero :class:`LSAMState` for ``batch_size`` sequences."""
+        check_positive_int("batch_size", batch_size)
         dtype = dtype or self.weight_ih_l0.dtype
         n, dirs, d = self.num_layers * self.num_directions, self.num_directions, self.head_dim
         return LSAMState(
@@ -401,6 +403,9 @@ class LSAM(nn.Module):
         check_shape("x", x, sym, [None, None, self.input_size])
         if not x.is_floating_point():
             raise TypeError(f"`x` expected a floating-point tensor, got {x.dtype}")
+        if x.dtype != self.weight_ih_l0.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f"`x` expected the parameters' dtype {self.weight_ih_l0.dtype}, got {x.dtype} "
+                            f"(convert the model with .to(dtype) or the input)")
         xt = x.transpose(0, 1) if self.batch_first else x  # [T, B, F]
         T, B = xt.shape[0], xt.shape[1]
         if T == 0 or B == 0:

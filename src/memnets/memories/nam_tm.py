@@ -231,6 +231,7 @@ class NAMTuringMachine(nn.Module):
 
     def init_state(self, batch_size: int, device=None, dtype=None, tape_length: int | None = None) -> NAMTMState:
         """Empty tapes ``[Ly, B, Tn, C, L]`` and both heads at cell 1 (``e₁``)."""
+        check_positive_int("batch_size", batch_size)
         L = check_positive_int("tape_length", self.tape_length if tape_length is None else tape_length)
         dtype = dtype or self.layers[0].value.weight.dtype
         shape = (self.num_layers, batch_size, self.num_tapes)
