@@ -36,7 +36,7 @@ _LAZY = {
     "detach_state": "memnets.state",
     "map_state": "memnets.state",
 }
-_SUBMODULES = {"ops", "attention", "memories", "models", "tasks", "train", "bench", "viz", "registry", "state", "pretrained"}
+_SUBMODULES = {"ops", "attention", "memories", "models", "tasks", "train", "bench", "viz", "registry", "state", "pretrained", "capacity", "datadir", "experiments"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 
