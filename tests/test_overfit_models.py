@@ -18,6 +18,9 @@ from memnets.models.seq import BACKBONES, SIZES, SequenceTaskModel, backbone_ava
 from memnets.tasks.nsp import MASK, VOCAB_SIZE
 
 LR = {"transformer": 3e-3, "universal_transformer": 3e-3, "nam_tm": 2e-2}
+# NTM and DNC (per-step content addressing over 20 steps, ~200 steps to fit) take 30-40 s each
+# on 2 shared cores: slow tier, to keep the default run short.
+SLOW = {"dnc", "ntm"}
 
 
 def _batch(seed: int = 0):
@@ -28,7 +31,8 @@ def _batch(seed: int = 0):
     return x, y
 
 
-@pytest.mark.parametrize("backbone", list(BACKBONES))
+@pytest.mark.parametrize("backbone", [pytest.param(b, marks=pytest.mark.slow) if b in SLOW else b
+                                      for b in BACKBONES])
 def test_backbone_overfits_a_batch(backbone):
     ok, why = backbone_available(backbone)
     if not ok:
