@@ -130,8 +130,8 @@ def train(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m memnets.experiments.ntm_copy", description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=2000, help="optimizer steps")
-    p.add_argument("--batch-size", type=int, default=10)
+    p.add_argument("--steps", type=int, default=4000, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--optimizer", choices=["adam", "rmsprop"], default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--clip", type=float, default=10.0, help="gradient-norm clipping")
