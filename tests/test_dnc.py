@@ -46,7 +46,6 @@ def test_shapes_aux_and_registry():
 def test_fast_equals_reference_values_and_grads(layers):
     m = _tiny(controller_layers=layers).double()
     x = torch.randn(3, 9, 4, dtype=D)
-    g = torch.Generator().manual_seed(1)
     results = []
     for impl in ("fast", "reference"):
         m.impl = impl
@@ -67,7 +66,6 @@ def test_fast_equals_reference_values_and_grads(layers):
     torch.testing.assert_close(gx1, gx2)
     for n in gp1:
         torch.testing.assert_close(gp1[n], gp2[n], msg=lambda msg: f"{n}: {msg}")
-    assert g is not None
 
 
 @pytest.mark.parametrize("impl", ["fast", "reference"])

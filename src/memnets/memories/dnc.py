@@ -249,7 +249,7 @@ class DNC(nn.Module):
     def _access_fast(self, xi: torch.Tensor, a: DNCAccessState, offdiag: torch.Tensor, eps: float = 1e-6):
         """:meth:`_access` with the equations regrouped into fewer ops (same values)."""
         cfg = self.config
-        B, R, W, N = xi.shape[0], cfg.read_heads, cfg.word_size, cfg.memory_slots
+        B, R, W = xi.shape[0], cfg.read_heads, cfg.word_size
         sizes = self._sizes
         k_r, _, k_w, _, _, v, _, _, _, modes = torch.split(xi, sizes, dim=-1)
         _, b_r, _, b_w, _, _, _, _, _, _ = torch.split(F.softplus(xi), sizes, dim=-1)
