@@ -55,4 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # `python -m memnets.cli.main`: run the imported module's `main`, so that the UsageError
+    # raised by the subcommands (imported from memnets.cli.main) is the class caught here
+    from memnets.cli.main import main as _main
+
+    sys.exit(_main())
