@@ -125,6 +125,14 @@ CASES = {
     "nam_scan-impl": lambda p: ops.nam_scan(t(2, 3, 1, 4), t(2, 3, 1, 4), t(2, 3, 1, 4), 1.0, 1.0, impl="bogus"),
     "nam_scan-chunk_size": lambda p: ops.nam_scan(t(2, 3, 1, 4), t(2, 3, 1, 4), t(2, 3, 1, 4), 1.0, 1.0,
                                                   impl="chunked", chunk_size=0),
+    "nam_scan-validate-p_w-float": lambda p: ops.nam_scan(t(2, 3, 1, 4), t(2, 3, 1, 4), t(2, 3, 1, 4), 1.5, 1.0,
+                                                          validate=True),
+    "nam_scan-validate-p_w-range": lambda p: ops.nam_scan(t(2, 3, 1, 4), t(2, 3, 1, 4), t(2, 3, 1, 4),
+                                                          torch.full((2, 3, 1), -0.1), 1.0, validate=True),
+    "nam_scan-validate-nan": lambda p: ops.nam_scan(torch.full((2, 3, 1, 4), float("nan")), t(2, 3, 1, 4),
+                                                    t(2, 3, 1, 4), 1.0, 1.0, validate=True),
+    "nam_step-validate-p_e": lambda p: ops.nam_step(t(2, 1, 4), t(2, 1, 4), t(2, 1, 4), 1.0, torch.full((2, 1), 3.0),
+                                                    validate=True),
     "nam_step-state-shape": lambda p: ops.nam_step(t(2, 1, 4), t(2, 1, 4), t(2, 1, 4), 1.0, 1.0,
                                                    state=t(2, 1, 4, 3)),
     # ops.attention
@@ -227,6 +235,15 @@ import memnets.tasks.babi  # noqa: E402  (for the lambdas above)
 import memnets.train.nan_guard  # noqa: E402
 
 ROWS = _rows()
+
+
+def test_validate_accepts_good_values_and_is_off_by_default():
+    q, k, v = t(2, 3, 1, 4), t(2, 3, 1, 4), t(2, 3, 1, 4)
+    p = torch.rand(2, 3, 1)
+    a = ops.nam_scan(q, k, v, p, p, p, validate=True)
+    b = ops.nam_scan(q, k, v, p, p, p)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    ops.nam_scan(q, k, v, 1.5, 1.0)  # β > 1 is allowed unless validate=True asks otherwise
 
 
 def test_table_and_cases_match():

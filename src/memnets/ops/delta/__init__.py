@@ -11,7 +11,7 @@ from typing import Union
 
 import torch
 
-from ..._checks import check_positive_int, check_shape, check_tensor
+from ..._checks import check_positive_int, check_prob, check_shape, check_tensor
 from .chunked import nam_scan_chunked
 from .reference import nam_scan_reference, nam_step_reference
 
@@ -59,6 +59,20 @@ def _prob_seq(name: str, p: Prob, shape: tuple[int, ...], ref: torch.Tensor) -> 
     return p.to(ref.dtype)
 
 
+def _check_values(q, k, v, probs: dict[str, Prob], state: torch.Tensor | None) -> None:
+    """The opt-in value checks of ``validate=True`` (each forces a device sync)."""
+    for name, p in probs.items():
+        if p is None:
+            continue
+        if isinstance(p, torch.Tensor):
+            check_prob(name, p, check_range=True)
+        elif not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"`{name}` expected a value in [0, 1], got {p!r}")
+    for name, x in (("q", q), ("k", k), ("v", v), ("initial_state", state)):
+        if x is not None and not bool(torch.isfinite(x).all()):
+            raise ValueError(f"`{name}` expected finite values, got NaN or Inf")
+
+
 def _validate(q, k, v, initial_state, seq: bool):
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t)
@@ -98,6 +112,7 @@ def nam_scan(
     initial_state: torch.Tensor | None = None,
     impl: str = "auto",
     chunk_size: int = 64,
+    validate: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run a multi-head NAM memory over a sequence (SPEC §1), read after write.
 
@@ -119,6 +134,8 @@ def nam_scan(
         initial_state: ``[B, H, dv, dk]``; zeros when ``None``.
         impl: ``"auto"``, ``"reference"`` or ``"chunked"``.
         chunk_size: chunk length of the chunked implementation.
+        validate: also check values (probabilities in [0, 1], finite q, k, v and state);
+            off by default because it forces a device sync.
     Returns:
         ``(outputs [B, T, H, dv], final_state [B, H, dv, dk])``.
     """
@@ -131,6 +148,8 @@ def nam_scan(
     pr = _prob_seq("p_r", p_r, (B, T, H), k)
     if pw is None or pe is None:
         raise ValueError("`p_w` and `p_e` are required (tensors [B, T, H] or floats)")
+    if validate:
+        _check_values(q, k, v, {"p_w": p_w, "p_e": p_e, "p_r": p_r}, initial_state)
     if initial_state is None:
         initial_state = k.new_zeros(B, H, dv, dk)
     which = resolve_impl(impl, q, chunk_size=chunk_size)
@@ -148,12 +167,14 @@ def nam_step(
     p_r: Prob = None,
     *,
     state: torch.Tensor | None = None,
+    validate: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of :func:`nam_scan` (recurrent decoding) with the same state layout.
 
     Args:
         q, k: ``[B, H, dk]``; v: ``[B, H, dv]``; p_w, p_e, p_r: ``[B, H]`` or floats.
         state: ``[B, H, dv, dk]`` or ``None`` (zeros).
+        validate: value checks as in :func:`nam_scan` (a device sync).
     Returns:
         ``(output [B, H, dv], new_state [B, H, dv, dk])``.
     """
@@ -163,6 +184,8 @@ def nam_step(
     pr = _prob_seq("p_r", p_r, (B, H), k)
     if pw is None or pe is None:
         raise ValueError("`p_w` and `p_e` are required (tensors [B, H] or floats)")
+    if validate:
+        _check_values(q, k, v, {"p_w": p_w, "p_e": p_e, "p_r": p_r}, state)
     if state is None:
         state = k.new_zeros(B, H, dv, dk)
     return nam_step_reference(q, k, v, pw, pe, pr, state)
