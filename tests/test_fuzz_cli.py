@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from memnets.cli.main import main
@@ -86,9 +86,16 @@ KEY = st.one_of(st.sampled_from(KEYS), st.sampled_from(KEYS).map(lambda k: k + "
                 st.sampled_from(["model.options.num_layers", "task.splits.zz", "model.options.zz"]), WORD)
 
 
+def _table_then_subkey(pairs) -> bool:
+    """A key set to a value, then one of its sub-keys overridden (`model=0 model.backbone=x`):
+    a known crash, tested on its own below and kept out of the random search."""
+    return any(k2.startswith(k1 + ".") for i, (k1, _) in enumerate(pairs) for k2, _ in pairs[i + 1:])
+
+
 @FUZZ
 @given(pairs=st.lists(st.tuples(KEY, TOML_LITERALS), max_size=4), noeq=st.booleans())
 def test_random_overrides_load_or_config_error(pairs, noeq):
+    assume(not _table_then_subkey(pairs))
     items = [f"{k}={v}" for k, v in pairs] + (["zzno_equals"] if noeq else [])
     base = RunConfig()
     try:
@@ -126,8 +133,17 @@ def test_random_toml_loads_or_config_error(lines, tmp_path):
 @FUZZ
 @given(pairs=st.lists(st.tuples(st.sampled_from(KEYS), TOML_LITERALS), min_size=1, max_size=3))
 def test_configs_show_with_random_overrides(pairs, capsys):
+    assume(not _table_then_subkey(pairs))
     rc = _run(["configs", "show", "cpu/reduce-lstm", *[f"{k}={v}" for k, v in pairs]], capsys)
     assert rc in (0, 2)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "apply_overrides assumes a table is still a dict after an earlier override replaced it: "
+    "`model=0 model.backbone=0` raises TypeError ('int' object does not support item assignment)"))
+def test_override_of_a_replaced_table_is_a_config_error():
+    with pytest.raises(ConfigError):
+        apply_overrides(RunConfig(), ["model=0", "model.backbone=0"])
 
 
 @pytest.mark.xfail(strict=True, reason=(
