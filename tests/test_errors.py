@@ -193,6 +193,7 @@ CASES = {
     # fast weights
     "fast_weights-x-size": lambda p: _fw()(t(2, 5, 3)),
     "fast_weights-empty-T": lambda p: _fw()(t(2, 0, 4)),
+    "fast_weights-x-dtype": lambda p: _fw()(t(2, 5, 4, dtype=torch.float64)),
     "fast_weights-rule": lambda p: _fw(update_rule="x"),
     "fast_weights-batch-0": lambda p: _fw().init_state(0),
     "fast_weights-state-batch": lambda p: _with_state(_fw(), t(2, 5, 4), 3),

@@ -109,6 +109,9 @@ class FastWeightMemory(nn.Module):
     def _heads(self, x: torch.Tensor):
         """Projections of ``x [..., input_size]``: q, k ``[..., H, dk]``, v ``[..., H, dv]``, β ``[..., H]``."""
         H = self.num_heads
+        if x.dtype != self.query.weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f"`x` expected the parameters' dtype {self.query.weight.dtype}, got {x.dtype} "
+                            f"(convert the model with .to(dtype) or the input)")
         q = self.query(x).unflatten(-1, (H, self.key_size))  # [..., H, dk]
         k = self.key(x).unflatten(-1, (H, self.key_size))  # [..., H, dk]
         v = self.value(x).unflatten(-1, (H, self.value_size))  # [..., H, dv]
