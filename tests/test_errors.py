@@ -139,6 +139,11 @@ CASES = {
     "nam_attention-rank": lambda p: ops.nam_attention(t(4), t(3, 4), t(3, 4)),
     "nam_attention-dk": lambda p: ops.nam_attention(t(2, 3, 4), t(2, 3, 5), t(2, 3, 4)),
     "nam_attention-S": lambda p: ops.nam_attention(t(2, 3, 4), t(2, 3, 4), t(2, 5, 4)),
+    "nam_attention-dtype-mix": lambda p: ops.nam_attention(t(2, 3, 4), t(2, 3, 4), t(2, 3, 4, dtype=torch.float64)),
+    "nam_attention-device-mix": lambda p: ops.nam_attention(t(2, 3, 4), t(2, 3, 4), torch.empty(2, 3, 4, device="meta")),
+    "linear_attention-int": lambda p: ops.linear_attention(*(torch.ones(2, 3, 4, dtype=L),) * 3),
+    "nam_scan-device-mix": lambda p: ops.nam_scan(t(2, 3, 1, 4), t(2, 3, 1, 4), torch.empty(2, 3, 1, 4, device="meta"),
+                                                  1.0, 1.0),
     "nam_attention-causal-L": lambda p: ops.nam_attention(t(2, 3, 4), t(2, 5, 4), t(2, 5, 4), causal=True),
     "linear_attention-causal-L": lambda p: ops.linear_attention(t(2, 3, 4), t(2, 5, 4), t(2, 5, 4), causal=True),
     # ops.addressing (NTM)

@@ -30,6 +30,13 @@ def _check_qkv(q, k, v, fn: str) -> None:
         raise ValueError(
             f"{fn}: `query` expected [..., L, dk] = {list(k.shape[:-2]) + ['L', k.shape[-1]]}, got {list(q.shape)}"
         )
+    for name, t in (("query", q), ("value", v)):
+        if t.dtype != k.dtype or t.device != k.device:
+            raise TypeError(
+                f"{fn}: `{name}` expected dtype {k.dtype} on {k.device} like `key`, got {t.dtype} on {t.device}"
+            )
+    if not k.is_floating_point():
+        raise TypeError(f"{fn}: `key` expected a floating-point tensor, got {k.dtype}")
 
 
 def _causal_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int) -> torch.Tensor:
