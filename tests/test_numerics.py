@@ -263,3 +263,30 @@ def test_check_finite_skip_drops_the_update():
     opt.zero_grad(set_to_none=True)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert math.isfinite(float(model.weight.detach().sum()))
+
+
+# ------------------------------------------------------------------ memory modules
+
+_MODULES = {
+    "lsam": dict(input_size=3, hidden_size=4, num_heads=2),
+    "nam_tm": dict(input_size=3, hidden_size=4, tape_length=6),
+    "fast_weights": dict(input_size=3),
+    "ntm": dict(input_size=3, output_size=3, memory_slots=6, word_size=4, controller_size=8),
+    "dnc": dict(input_size=3, output_size=3, memory_slots=6, word_size=4, read_heads=2, controller_size=8),
+}
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-30, 1e15])
+@pytest.mark.parametrize("name", sorted(_MODULES))
+def test_memory_modules_extreme_inputs(name, scale):
+    """All-zero, tiny and saturating inputs: finite outputs, input and parameter gradients."""
+    from memnets.registry import build_model
+
+    torch.manual_seed(0)
+    model = build_model(name, **_MODULES[name])
+    x = (torch.randn(2, 5, 3) * scale).requires_grad_()
+    y = model(x)[0]
+    _finite("output", y)
+    (y * torch.randn(y.shape)).sum().backward()
+    _finite("grad x", x.grad)
+    assert check_finite(None, model, step=0)  # every parameter and gradient finite
