@@ -160,3 +160,18 @@ def test_python_dash_m_usage_error_has_no_traceback(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "memnets eval: error:" in r.stderr
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "`device` is not validated: an unknown device string raises torch's RuntimeError and "
+    "device=cuda on a machine without CUDA an AssertionError, both as tracebacks from `memnets train`"))
+@pytest.mark.parametrize("device", ["tpu", "cuda:99" if __import__("torch").cuda.is_available() else "cuda"])
+def test_unusable_device_is_a_usage_error(device, tmp_path, capsys):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text('epochs = 1\nbatch_size = 4\n[task]\ntrain_size = 8\neval_size = 4\n[model]\nbackbone = "lstm"\n'
+                   "d_model = 8\n")
+    try:
+        rc = _run(["train", str(cfg), f"device={device}", "--run-dir", str(tmp_path / "run"), "--quiet"], capsys)
+    except Exception:
+        rc = None
+    assert rc == 2
