@@ -88,6 +88,20 @@ def _pretrained_truncated(tmp_path):
     return load_pretrained(tmp_path / "m")
 
 
+def _fake_run(tmp_path) -> str:
+    """A run directory with a valid config.json and a truncated best.safetensors."""
+    import json
+
+    from memnets.train import config_to_dict
+
+    cfg = memnets.train.load_config("cpu/reduce-lstm", ["model.d_model=8"])
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(config_to_dict(cfg)))
+    (run / "checkpoints" / "best.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+    return str(run)
+
+
 def _check_finite_nan(tmp_path):
     from memnets.train.nan_guard import check_finite
 
@@ -234,6 +248,7 @@ CASES = {
     "cli-configs-show": ["configs", "show", "zzz"],
     "cli-eval-not-run": ["eval", "{tmp}"],
     "cli-unknown-command": ["frobnicate"],
+    "cli-viz-corrupt-weights": ["viz", "{run}", "--out", "{tmp}/viz"],
     "cli-bench-suite": ["bench", "zzz"],
 }
 
@@ -265,7 +280,8 @@ def test_error_row(row, tmp_path, capsys):
         from memnets.cli.main import main
 
         assert row["exc"] == "exit 2"
-        argv = [a.replace("{tmp}", str(tmp_path)) for a in case]
+        run = _fake_run(tmp_path) if any("{run}" in a for a in case) else ""
+        argv = [a.replace("{tmp}", str(tmp_path)).replace("{run}", run) for a in case]
         try:
             rc = main(argv)
         except SystemExit as e:

@@ -89,10 +89,17 @@ def load_run(run_dir: str | Path, checkpoint: str = "best") -> LoadedRun:
             raise RunDirError(f"{d} has no saved weights (looked for checkpoints/best.safetensors and "
                               f"checkpoints/last.json)")
         torch.manual_seed(cfg.seed)
+        from safetensors import SafetensorError
+
         try:
             model = build_model(cfg)
+        except (ImportError, RuntimeError) as e:  # backbone missing here
+            raise RunDirError(f"cannot rebuild the model of {d}: {e}") from e
+        try:
             load_weights(path, model)
-        except (ImportError, RuntimeError) as e:  # backbone missing here / weights of another shape
+        except (SafetensorError, OSError) as e:  # truncated or tampered file
+            raise RunDirError(f"{path} is corrupt or truncated: {e}") from e
+        except RuntimeError as e:  # weights of another shape
             raise RunDirError(f"cannot rebuild the model of {d}: {e}") from e
         return LoadedRun(d, "engine", cfg.name, model.eval(), raw, results)
     if results is not None and results.get("task") == "copy" and (d / "model.pt").is_file():
