@@ -270,3 +270,22 @@ def test_two_runs_in_one_directory_are_refused(tmp_path):
     with RunLock(run_dir):
         assert (run_dir / "lock").read_text() == str(os.getpid())
     assert not (run_dir / "lock").exists()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "`memnets eval` loads best.safetensors without catching SafetensorError: a truncated file "
+    "ends in a traceback instead of a usage error naming it"))
+def test_eval_of_a_corrupt_run_is_a_usage_error(reference, tmp_path, capsys):
+    import shutil
+
+    from memnets.cli.main import main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference[0], run_dir)
+    best = run_dir / "checkpoints" / "best.safetensors"
+    best.write_bytes(best.read_bytes()[:500])
+    try:
+        rc = main(["eval", str(run_dir)])
+    except Exception:
+        rc = None
+    assert rc == 2 and "best.safetensors" in capsys.readouterr().err
