@@ -307,3 +307,23 @@ def _exception_class(name: str) -> type:
 
     return {"ConfigError": ConfigError, "NonFiniteError": NonFiniteError}[name]
 
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a shift kernel wider than the memory (2n+1 > N) is accepted and aliases shifts modulo N, "
+    "in NTM(memory_slots < 2*shift_range+1) and in ops.circular_shift"))
+@pytest.mark.parametrize("where", ["ntm", "circular_shift"])
+def test_shift_wider_than_memory_is_refused(where):
+    with pytest.raises(ValueError):
+        if where == "ntm":
+            build_model("ntm", input_size=3, output_size=3, memory_slots=2, shift_range=2)
+        else:
+            ops.circular_shift(torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]]))
+
+
+@pytest.mark.xfail(strict=True, reason="NTM and DNC accept an empty sequence (T = 0) and return empty outputs")
+@pytest.mark.parametrize("name", ["ntm", "dnc"])
+def test_empty_sequence_is_refused_by_ntm_and_dnc(name):
+    model = _ntm() if name == "ntm" else _dnc()
+    with pytest.raises(ValueError):
+        model(t(2, 0, 3))
