@@ -327,3 +327,14 @@ def test_empty_sequence_is_refused_by_ntm_and_dnc(name):
     model = _ntm() if name == "ntm" else _dnc()
     with pytest.raises(ValueError):
         model(t(2, 0, 3))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "NTM and DNC do not check the input dtype: float64 input to a float32 model raises torch's "
+    "'mat1 and mat2 must have the same dtype' RuntimeError, integer input a NotImplementedError"))
+@pytest.mark.parametrize("name", ["ntm", "dnc"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.long])
+def test_ntm_dnc_input_dtype_is_checked(name, dtype):
+    model = _ntm() if name == "ntm" else _dnc()
+    with pytest.raises(TypeError, match="`x`"):
+        model(torch.ones(2, 4, 3, dtype=dtype))
