@@ -309,7 +309,9 @@ def _exception_class(name: str) -> type:
 
 
 
-@pytest.mark.xfail(strict=True, reason=(
+# Known gaps in modules that are still changing: non-strict, so that fixing them shows up as
+# XPASS rather than breaking the suite; each then becomes a row of the table above.
+@pytest.mark.xfail(strict=False, reason=(
     "a shift kernel wider than the memory (2n+1 > N) is accepted and aliases shifts modulo N, "
     "in NTM(memory_slots < 2*shift_range+1) and in ops.circular_shift"))
 @pytest.mark.parametrize("where", ["ntm", "circular_shift"])
@@ -321,7 +323,7 @@ def test_shift_wider_than_memory_is_refused(where):
             ops.circular_shift(torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]]))
 
 
-@pytest.mark.xfail(strict=True, reason="NTM and DNC accept an empty sequence (T = 0) and return empty outputs")
+@pytest.mark.xfail(strict=False, reason="NTM and DNC accept an empty sequence (T = 0) and return empty outputs")
 @pytest.mark.parametrize("name", ["ntm", "dnc"])
 def test_empty_sequence_is_refused_by_ntm_and_dnc(name):
     model = _ntm() if name == "ntm" else _dnc()
@@ -329,7 +331,7 @@ def test_empty_sequence_is_refused_by_ntm_and_dnc(name):
         model(t(2, 0, 3))
 
 
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=False, reason=(
     "NTM and DNC do not check the input dtype: float64 input to a float32 model raises torch's "
     "'mat1 and mat2 must have the same dtype' RuntimeError, integer input a NotImplementedError"))
 @pytest.mark.parametrize("name", ["ntm", "dnc"])
