@@ -92,11 +92,14 @@ def test_nam_scan_extreme(dtype, impl, key_scale, beta):
     assert S.abs().max() <= v.abs().max() * T + 1e-6
 
 
-def test_nam_scan_bfloat16_reference_finite():
-    B, T, H, d = 1, 5, 1, 4
-    k = ops.unit(_rand(B, T, H, d, dtype=torch.bfloat16))
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+def test_nam_scan_bfloat16_finite_and_close(impl):
+    B, T, H, d = 1, 9, 1, 4
+    k = ops.unit(_rand(B, T, H, d, dtype=torch.float64)).to(torch.bfloat16)
     v = _rand(B, T, H, d, dtype=torch.bfloat16, seed=1)
-    _run(lambda k, v: ops.nam_scan(k, k, v, 1.0, 1.0, impl="reference"), {"k": k, "v": v})
+    o, _ = _run(lambda k, v: ops.nam_scan(k, k, v, 1.0, 1.0, impl=impl, chunk_size=4), {"k": k, "v": v})
+    ref, _ = ops.nam_scan(k.double(), k.double(), v.double(), 1.0, 1.0, impl="reference")
+    assert (o.double() - ref).abs().max() < 0.05
 
 
 @SETTINGS
