@@ -138,17 +138,11 @@ def test_configs_show_with_random_overrides(pairs, capsys):
     assert rc in (0, 2)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "apply_overrides assumes a table is still a dict after an earlier override replaced it: "
-    "`model=0 model.backbone=0` raises TypeError ('int' object does not support item assignment)"))
 def test_override_of_a_replaced_table_is_a_config_error():
     with pytest.raises(ConfigError):
         apply_overrides(RunConfig(), ["model=0", "model.backbone=0"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a TOML date or time in `model.options` is accepted by the loader but is not JSON-serialisable: "
-    "`memnets configs show` (and config.json in `memnets train`) end in a TypeError traceback"))
 def test_toml_datetime_in_options_is_a_usage_error(capsys):
     rc = _run(["configs", "show", "cpu/reduce-lstm", "model.options.x=1979-05-27"], capsys)
     assert rc == 2
@@ -162,9 +156,6 @@ def test_python_dash_m_usage_error_has_no_traceback(tmp_path):
     assert "Traceback" not in r.stderr and "memnets eval: error:" in r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "`device` is not validated: an unknown device string raises torch's RuntimeError and "
-    "device=cuda on a machine without CUDA an AssertionError, both as tracebacks from `memnets train`"))
 @pytest.mark.parametrize("device", ["tpu", "cuda:99" if __import__("torch").cuda.is_available() else "cuda"])
 def test_unusable_device_is_a_usage_error(device, tmp_path, capsys):
     cfg = tmp_path / "tiny.toml"
@@ -175,3 +166,11 @@ def test_unusable_device_is_a_usage_error(device, tmp_path, capsys):
     except Exception:
         rc = None
     assert rc == 2
+
+
+@pytest.mark.parametrize("override", ["optim.lr=nan", "optim.lr=inf", "optim.grad_clip=-inf",
+                                      "model.options.x=nan", "device=tpu", "device=cuda:x",
+                                      "optim.nan_policy=ignore"])
+def test_non_finite_number_or_bad_device_is_a_config_error(override):
+    with pytest.raises(ConfigError, match=override.split("=")[0].split(".")[0]):
+        apply_overrides(RunConfig(), [override])

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -62,12 +64,18 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW settings; ``grad_clip`` is a global-norm bound (0 disables)."""
+    """AdamW settings; ``grad_clip`` is a global-norm bound (0 disables).
+
+    ``nan_policy``: what a non-finite loss or gradient does to a training step: ``raise``
+    (stop with :class:`~memnets.train.nan_guard.NonFiniteError` naming the step and the
+    tensor; the last checkpoint stays) or ``skip`` (drop that update and go on).
+    """
 
     lr: float = 1e-4
     weight_decay: float = 5e-5
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 0.5
+    nan_policy: str = "raise"
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,10 @@ _CHOICES = {
     ("schedule", "kind"): ("exp", "constant", "cosine"),
     ("amp",): ("auto", "bf16", "none"),
     ("task", "name"): ("fib", "addition", "palindrome", "reduce"),
+    ("optim", "nan_policy"): ("raise", "skip"),
 }
+
+_DEVICE = re.compile(r"(auto|cpu|mps|cuda(:\d+)?)")
 
 
 def _validate(cfg: RunConfig) -> None:
@@ -130,6 +141,8 @@ def _validate(cfg: RunConfig) -> None:
             obj = getattr(obj, p)
         if obj not in choices:
             raise ConfigError(f"`{'.'.join(path)}` expected one of {list(choices)}, got {obj!r}")
+    if not _DEVICE.fullmatch(cfg.device):
+        raise ConfigError(f"`device` expected auto, cpu, cuda, cuda:N or mps, got {cfg.device!r}")
     for key in ("epochs", "batch_size", "eval_every", "log_every"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"`{key}` expected an integer >= 1, got {getattr(cfg, key)}")
@@ -159,7 +172,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise ConfigError(f"`{key}` expected a table, got {value!r}")
         return _build(tp, value, key + ".")
     if tp is Any:
-        return tuple(value) if isinstance(value, list) else value
+        return _plain_value(key, value)
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"`{key}` expected true/false, got {value!r}")
@@ -171,7 +184,13 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"`{key}` expected a number, got {value!r}")
-        return float(value)
+        try:
+            f = float(value)
+        except OverflowError:
+            f = math.inf
+        if not math.isfinite(f):
+            raise ConfigError(f"`{key}` expected a finite number, got {value!r}")
+        return f
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"`{key}` expected a string, got {value!r}")
@@ -187,6 +206,19 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise ConfigError(f"`{key}` expected a table, got {value!r}")
         return {k: _coerce(f"{key}.{k}", v, vt) for k, v in value.items()}
     raise ConfigError(f"`{key}`: unsupported type {tp}")  # pragma: no cover
+
+
+def _plain_value(key: str, v: Any) -> Any:
+    """A free-form value (``model.options``): numbers, strings, booleans, lists, tables only."""
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ConfigError(f"`{key}` expected a finite number, got {v!r}")
+    if isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return tuple(_plain_value(f"{key}[{i}]", x) for i, x in enumerate(v))
+    if isinstance(v, dict):
+        return {k: _plain_value(f"{key}.{k}", x) for k, x in v.items()}
+    raise ConfigError(f"`{key}` expected a number, string, boolean, list or table, got {type(v).__name__} {v!r}")
 
 
 def _unknown(key: str, known: list[str]) -> ConfigError:
@@ -294,7 +326,11 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             tp = hints.get(p) if cls is not None else None
             if cls is not None and not (dataclasses.is_dataclass(tp) or typing.get_origin(tp) is dict):
                 raise _unknown(key, known)
-            node = node.setdefault(p, {})
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"`{key}`: `{'.'.join(parts[:i + 1])}` was set to {child!r} by an earlier "
+                                  "override, not a table")
+            node = child
             cls = tp if dataclasses.is_dataclass(tp) else None
         if cls is not None and parts[-1] not in _hints(cls):
             raise _unknown(key, known)

@@ -86,10 +86,27 @@ def cleanup_distributed(info: DistInfo) -> None:
 
 
 def resolve_device(name: str, info: DistInfo) -> torch.device:
-    """``auto`` → ``cuda:<local_rank>`` when CUDA is available, else ``cpu``."""
+    """``auto`` → ``cuda:<local_rank>`` when CUDA is available, else ``cpu``.
+
+    Raises :class:`~memnets.train.config.ConfigError` for a device this machine lacks
+    (``cuda`` without CUDA, ``cuda:N`` past the device count, ``mps`` without MPS).
+    """
+    from .config import ConfigError
+
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"`device`: {name!r} is not a torch device ({e})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"`device` is {name!r} but CUDA is not available on this machine; use device=cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"`device` is {name!r} but this machine has {torch.cuda.device_count()} CUDA "
+                              "device(s)")
+    if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ConfigError(f"`device` is {name!r} but MPS is not available on this machine; use device=cpu")
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", info.local_rank)
     return dev
