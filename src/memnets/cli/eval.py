@@ -23,7 +23,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int |
 
     import torch
 
-    from ..train import build_model, config_from_dict, evaluate
+    from ..train import build_model, evaluate
     from ..train.checkpoint import load_weights
     from ..train.data import eval_splits
     from .main import UsageError
@@ -31,7 +31,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int |
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise UsageError(f"{run_dir} is not a run directory (no config.json)")
-    cfg = config_from_dict(json.loads((run_dir / "config.json").read_text()))
+    cfg = _read_config(run_dir / "config.json")
     if eval_size:
         cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, eval_size=eval_size))
     ck = run_dir / "checkpoints"
@@ -39,13 +39,33 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int |
         path = ck / "best.safetensors"
     else:
         ptr = ck / "last.json"
-        path = ck / json.loads(ptr.read_text())["weights"] if ptr.is_file() else ck / "missing"
+        try:
+            path = ck / str(json.loads(ptr.read_text())["weights"]) if ptr.is_file() else ck / "missing"
+        except (ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"{ptr} is corrupt ({type(e).__name__}: {e})") from e
     if not path.is_file():
         raise UsageError(f"{run_dir} has no {checkpoint} checkpoint ({path})")
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg)
-    load_weights(path, model)
+    try:
+        model = build_model(cfg)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{run_dir / 'config.json'}: the model cannot be built from it ({e})") from e
+    load_weights(path, model)  # a corrupt file: CorruptCheckpointError (a ValueError) naming it
     return {name: evaluate(model, s, batch_size=256) for name, s in eval_splits(cfg).items()}
+
+
+def _read_config(path: Path):
+    """The RunConfig saved in a run's ``config.json``; UsageError naming the file if malformed."""
+    from ..train import ConfigError, config_from_dict
+    from .main import UsageError
+
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ConfigError(f"expected a JSON object, got {type(data).__name__}")
+        return config_from_dict(data)
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError and ConfigError are ValueErrors
+        raise UsageError(f"{path} is malformed: {e}") from e
 
 
 def _run(args) -> int:
