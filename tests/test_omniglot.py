@@ -82,10 +82,13 @@ def test_missing_and_corrupt_zip_name_the_file(tmp_path):
 
 def test_resolve_data_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("MEMNETS_DATA", str(tmp_path))
-    assert og.resolve_data_dir() == tmp_path
-    assert og.resolve_data_dir("x") == og.Path("x")
+    assert og.resolve_data_dir() == tmp_path.resolve()
+    with pytest.raises(FileNotFoundError, match="data_dir argument"):
+        og.resolve_data_dir(tmp_path / "x")
     monkeypatch.delenv("MEMNETS_DATA")
-    assert og.resolve_data_dir() == og.Path("..") / "shared" / "data"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="shared/data"):
+        og.resolve_data_dir()
 
 
 def test_episode_sampler_shapes_labels_and_seed():

@@ -37,6 +37,8 @@ from typing import Iterable, NamedTuple, Sequence
 
 import torch
 
+from ..datadir import resolve_data_dir
+
 __all__ = [
     "TASK_NAMES", "ARCHIVE", "PAD", "BabiExample", "BabiTensors", "Vocabulary",
     "resolve_data_dir", "archive_path", "member_name", "tokenize", "parse_babi", "load_task",
@@ -86,22 +88,6 @@ class BabiTensors(NamedTuple):
     queries: torch.Tensor
     answers: torch.Tensor
     tasks: torch.Tensor
-
-
-def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The data directory: ``data_dir``, else ``$MEMNETS_DATA``, else ``./../shared/data``.
-
-    Raises FileNotFoundError naming the path (and where it came from) if it does not exist.
-    """
-    if data_dir is not None:
-        path, origin = Path(data_dir), "data_dir argument"
-    elif os.environ.get("MEMNETS_DATA"):
-        path, origin = Path(os.environ["MEMNETS_DATA"]), "MEMNETS_DATA environment variable"
-    else:
-        path, origin = Path.cwd() / ".." / "shared" / "data", "default ../shared/data"
-    if not path.is_dir():
-        raise FileNotFoundError(f"data directory {str(path)!r} (from the {origin}) does not exist")
-    return path.resolve()
 
 
 def archive_path(data_dir: str | os.PathLike | None = None) -> Path:

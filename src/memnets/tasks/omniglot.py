@@ -35,6 +35,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
+from ..datadir import cache_dir, resolve_data_dir
+
 __all__ = [
     "ZIPS", "SPLITS", "IMAGE_SIZE", "DRAWERS", "OmniglotImages", "OmniglotSplit", "Episode",
     "GeneralizedEpisode", "resolve_data_dir", "default_cache_dir", "load_images", "read_split",
@@ -48,17 +50,9 @@ DRAWERS = 20
 _CACHE_VERSION = 1
 
 
-def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """``data_dir``, else ``$MEMNETS_DATA``, else ``../shared/data`` (relative to the cwd)."""
-    if data_dir is not None:
-        return Path(data_dir)
-    env = os.environ.get("MEMNETS_DATA")
-    return Path(env) if env else Path("..") / "shared" / "data"
-
-
 def default_cache_dir() -> Path:
-    """``~/.cache/memnets/omniglot``."""
-    return Path.home() / ".cache" / "memnets" / "omniglot"
+    """``<memnets cache>/omniglot`` (see :func:`memnets.datadir.cache_dir`)."""
+    return cache_dir() / "omniglot"
 
 
 @dataclass(frozen=True)
