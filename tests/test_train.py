@@ -154,3 +154,74 @@ def test_time_limit_stops_mid_epoch_and_resumes(tmp_path):
     assert ptr["step"] == 1
     done = train(tiny_config(), run, resume=True, quiet=True)  # the limit may change on resume
     assert done["steps"] == 8 and not done["stopped_by_time_limit"]
+
+
+def _nan_at_call(monkeypatch, calls: set[int]):
+    """Make the model's output NaN at the given (1-based) training forward calls."""
+    from memnets.train import loop
+
+    real = loop.build_model
+    seen = {"n": 0}
+
+    def build(cfg):
+        model = real(cfg)
+
+        def hook(mod, inp, out):
+            if mod.training:
+                seen["n"] += 1
+                if seen["n"] in calls:
+                    return out * float("nan")
+            return out
+
+        model.register_forward_hook(hook)
+        return model
+
+    monkeypatch.setattr(loop, "build_model", build)
+
+
+def test_nan_loss_stops_the_run_naming_the_step(tmp_path, monkeypatch):
+    from memnets.train.nan_guard import NonFiniteError
+
+    _nan_at_call(monkeypatch, {7})
+    run = tmp_path / "run"
+    with pytest.raises(NonFiniteError, match="non-finite loss `loss` at step 7") as e:
+        train(tiny_config(checkpoint_every=2), run, quiet=True)
+    assert e.value.step == 7 and e.value.kind == "loss"
+    ptr = json.loads((run / "checkpoints/last.json").read_text())
+    assert ptr["step"] == 6 and not (run / "results.json").exists() and not (run / "lock").exists()
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in recs if r["kind"] == "train")
+
+
+def test_nan_policy_skip_drops_the_update_and_goes_on(tmp_path, monkeypatch):
+    _nan_at_call(monkeypatch, {3})
+    run = tmp_path / "run"
+    cfg = tiny_config(optim=OptimConfig(lr=3e-3, nan_policy="skip"))
+    res = train(cfg, run, quiet=True)
+    assert res["steps"] == 8
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train_recs = [r for r in recs if r["kind"] == "train"]
+    assert all(math.isfinite(r["loss"]) for r in train_recs)
+    assert train_recs[0].get("skipped_steps") is None and train_recs[1]["skipped_steps"] == 1
+    from memnets.train import build_model
+    from memnets.train.checkpoint import load_weights
+
+    model = build_model(cfg)
+    load_weights(run / "checkpoints" / "best.safetensors", model)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_huge_learning_rate_gives_non_finite_error_from_the_cli(tmp_path, capsys):
+    """lr = 1e30 blows the weights up after the first update; the CLI reports the step and exits 1."""
+    from memnets.cli.main import main
+
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text('name = "big-lr"\nepochs = 1\nbatch_size = 16\nthreads = 1\n[model]\nbackbone = "lstm"\n'
+                   'd_model = 8\noptions = { num_layers = 1 }\n[task]\nname = "reduce"\ntrain_digits = [1, 3]\n'
+                   "train_size = 64\neval_size = 8\nsplits = { id = [2, 3], od_easy = [4, 4], od_hard = [5, 5] }\n"
+                   "[optim]\ngrad_clip = 0.0\n")
+    rc = main(["train", str(cfg), "optim.lr=1e30", "--run-dir", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "non-finite" in err and "at step " in err and "Traceback" not in err, err
+    step = int(err.split("at step ")[1].split(":")[0])
+    assert 2 <= step <= 4

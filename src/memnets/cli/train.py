@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 __all__ = ["add_parser"]
 
@@ -29,6 +30,7 @@ def add_parser(sub) -> None:
 def _run(args) -> int:
     from ..train import ConfigError, load_config, train
     from ..train.checkpoint import RunLockedError
+    from ..train.nan_guard import NonFiniteError
     from .main import UsageError
 
     try:
@@ -36,6 +38,10 @@ def _run(args) -> int:
         res = train(cfg, args.run_dir, resume=args.resume, quiet=args.quiet)
     except (ConfigError, RunLockedError) as e:
         raise UsageError(str(e)) from e
+    except NonFiniteError as e:
+        print(f"memnets train: error: {e}; the run stopped (its last checkpoint stays; lower optim.lr, "
+              "or set optim.nan_policy=skip to drop such steps)", file=sys.stderr, flush=True)
+        return 1
     if res.get("splits") is not None:
         print(json.dumps({"name": res["name"], "best_epoch": res["best_epoch"],
                           "seq_acc": {k: round(v["seq_acc"], 4) for k, v in res["splits"].items()}}))

@@ -31,6 +31,7 @@ from ..tasks.nsp import VOCAB_SIZE, sequence_metrics
 from . import checkpoint as ck
 from .config import ConfigError, RunConfig, config_from_dict, config_to_dict, flatten
 from .data import batch_indices, epoch_order, eval_splits, train_epoch_data
+from .nan_guard import NonFiniteError, check_finite, first_non_finite
 from .env import DistInfo, cleanup_distributed, resolve_device, run_env, setup_distributed
 
 __all__ = ["train", "build_model", "evaluate", "lr_factor", "RunExistsError"]
@@ -144,7 +145,9 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = F
     """Train ``cfg`` into ``run_dir`` (default ``runs/<cfg.name>``); return the ``results.json`` dict.
 
     Raises :class:`RunExistsError` when ``run_dir`` already holds a run and ``resume`` is
-    false, ConfigError when resuming with a different config, and
+    false, ConfigError when resuming with a different config,
+    :class:`~memnets.train.nan_guard.NonFiniteError` on a non-finite loss or gradient under
+    ``optim.nan_policy = "raise"`` (the checkpoints written before it stay), and
     :class:`~memnets.train.checkpoint.RunLockedError` when another process holds the directory.
     """
     run_dir = Path(run_dir or Path("runs") / cfg.name)
@@ -158,6 +161,33 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = F
         if lock:
             lock.release()
         cleanup_distributed(info)
+
+
+def _finite_step(cfg: RunConfig, model: torch.nn.Module, loss: torch.Tensor, step: int) -> bool:
+    """Clip the gradients (``optim.grad_clip``) and say whether the update may be applied.
+
+    Costs one ``isfinite`` of the loss and the gradient norm that clipping needs anyway; the
+    per-tensor scan (:func:`~memnets.train.nan_guard.check_finite`) runs only when the loss or
+    the norm is non-finite. With ``optim.nan_policy = "raise"`` a non-finite loss or gradient
+    raises :class:`~memnets.train.nan_guard.NonFiniteError` naming ``step`` (1-based) and the
+    first non-finite tensor; with ``"skip"`` this returns False and the gradients are left
+    unclipped for the caller to drop.
+    """
+    policy = cfg.optim.nan_policy
+    if not bool(torch.isfinite(loss.detach())):
+        return check_finite(loss, None, step, policy=policy)
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if not bool(torch.isfinite(norm)):
+        found = first_non_finite(None, ((n, p) for n, p in model.named_parameters() if p.grad is not None))
+        if policy == "skip":
+            return False
+        if found is None:  # finite tensors whose squared sum overflows
+            raise NonFiniteError(step, "total gradient norm", "gradient", 0, 1)
+        raise NonFiniteError(step, *found)
+    if cfg.optim.grad_clip > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, cfg.optim.grad_clip, norm)
+    return True
 
 
 def _has_unused_parameters(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> bool:
@@ -180,7 +210,11 @@ def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
     if existing and not resume:
         raise RunExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
     if resume and cfg_file.exists():
-        old = flatten(config_to_dict(config_from_dict(json.loads(cfg_file.read_text()))))
+        try:
+            saved = config_from_dict(json.loads(cfg_file.read_text()))
+        except (ValueError, TypeError, AttributeError) as e:  # JSONDecodeError and ConfigError are ValueErrors
+            raise ConfigError(f"cannot resume {run_dir}: {cfg_file} is malformed ({e})") from e
+        old = flatten(config_to_dict(saved))
         new = flatten(config_to_dict(cfg))
         free = {"time_limit_min", "tensorboard", "threads", "description"}  # may change on resume
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in free)
@@ -290,6 +324,7 @@ def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> di
             on_epoch(rec)
 
     partial = False
+    skipped = 0  # updates dropped by optim.nan_policy = "skip" in this process's run
     model.train()
     while epoch < cfg.epochs:
         data, order = train_epoch_data(cfg, epoch), epoch_order(cfg, epoch)
@@ -309,19 +344,26 @@ def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> di
             loss = F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), y.reshape(-1))  # [B*W, V]
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            if cfg.optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-            opt.step()
+            if _finite_step(cfg, model, loss, step + 1):
+                opt.step()
+                acc_loss += float(loss.detach())
+                acc_tok += float((logits.detach().argmax(-1) == y).float().mean())
+                acc_n += 1
+            else:  # nan_policy = "skip": drop this update, keep the batch position
+                opt.zero_grad(set_to_none=True)
+                skipped += 1
+                if info.is_main and not quiet:
+                    print(f"[{cfg.name}] step {step + 1}: non-finite loss or gradient, update skipped",
+                          file=sys.stderr, flush=True)
             step += 1
-            acc_loss += float(loss.detach())
-            acc_tok += float((logits.detach().argmax(-1) == y).float().mean())
-            acc_n += 1
             if step % cfg.log_every == 0 or b == nb - 1:
                 stats = _all_reduce(torch.tensor([acc_loss, acc_tok], dtype=torch.float64, device=device), info)
-                stats = (stats.cpu() / (acc_n * info.world)).tolist()
+                stats = (stats.cpu() / (max(acc_n, 1) * info.world)).tolist()
                 sps = acc_n * cfg.batch_size / max(time.perf_counter() - t_log, 1e-9)
                 rec = {"kind": "train", "epoch": epoch, "step": step, "loss": stats[0], "tok_acc": stats[1],
                        "lr": lr, "samples_per_s": sps}
+                if skipped:
+                    rec["skipped_steps"] = skipped
                 metrics.write(rec)
                 if tb:
                     tb.add_scalar("train/loss", stats[0], step)
