@@ -184,6 +184,7 @@ def test_pipeline_stays_on_simplex(seed, n, shifts, gamma):
     M = torch.randn(2, n, 3, generator=g, dtype=D)
     w = content_weights(M, torch.randn(2, 3, generator=g, dtype=D), torch.rand(2, generator=g, dtype=D) * 10)
     w = interpolate(w, torch.softmax(torch.randn(2, n, generator=g, dtype=D), -1), torch.rand(2, generator=g, dtype=D))
+    shifts = min(shifts, (n - 1) // 2)  # 2n+1 <= N
     w = circular_shift(w, torch.softmax(torch.randn(2, 2 * shifts + 1, generator=g, dtype=D), -1))
     w = sharpen(w, gamma)
     assert (w >= 0).all()

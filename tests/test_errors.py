@@ -167,6 +167,7 @@ CASES = {
     "cosine_similarity-memory": lambda p: ops.cosine_similarity(t(8), t(2, 1, 5)),
     "interpolate-w_prev": lambda p: ops.interpolate(t(2, 8), t(2, 7), 0.5),
     "circular_shift-s": lambda p: ops.circular_shift(t(2, 8), t(3, 3)),
+    "circular_shift-wide": lambda p: ops.circular_shift(t(2, 3), t(2, 5)),
     "sharpen-not-tensor": lambda p: ops.sharpen([0.5, 0.5], 2.0),
     "erase_add_write-erase": lambda p: ops.erase_add_write(t(2, 8, 4), t(2, 1, 8), t(2, 1, 3), t(2, 1, 4)),
     # ops.dnc
@@ -181,11 +182,16 @@ CASES = {
     "ntm-batch-0": lambda p: _ntm().init_state(0),
     "ntm-x-size": lambda p: _ntm()(t(2, 5, 4)),
     "ntm-x-rank": lambda p: _ntm()(t(5, 3)),
+    "ntm-x-empty": lambda p: _ntm()(t(2, 0, 3)),
+    "ntm-x-dtype": lambda p: _ntm()(t(2, 4, 3, dtype=torch.float64)),
+    "ntm-shift_range": lambda p: build_model("ntm", input_size=3, output_size=3, memory_slots=2, shift_range=2),
     "ntm-state-batch": lambda p: _with_state(_ntm(), t(2, 5, 3), 3),
     # DNC
     "dnc-impl": lambda p: _dnc(impl="x"),
     "dnc-batch-0": lambda p: _dnc().init_state(0),
     "dnc-x-size": lambda p: _dnc()(t(2, 5, 4)),
+    "dnc-x-empty": lambda p: _dnc()(t(2, 0, 3)),
+    "dnc-x-dtype": lambda p: _dnc()(torch.ones(2, 4, 3, dtype=L)),
     "dnc-state-batch": lambda p: _with_state(_dnc(), t(2, 5, 3), 3),
     # MemN2N
     "memn2n-vocab_size": lambda p: build_model("memn2n", vocab_size=1, sentence_size=4),
@@ -194,6 +200,7 @@ CASES = {
     "memn2n-stories-rank": lambda p: _memn2n()(torch.zeros(2, 4, dtype=L), torch.zeros(2, 4, dtype=L)),
     "memn2n-memory_size": lambda p: _memn2n(memory_size=3)(torch.zeros(2, 5, 4, dtype=L), torch.zeros(2, 4, dtype=L)),
     "memn2n-query-batch": lambda p: _memn2n()(torch.zeros(2, 3, 4, dtype=L), torch.zeros(3, 4, dtype=L)),
+    "memn2n-batch-0": lambda p: _memn2n()(torch.zeros(0, 3, 4, dtype=L), torch.zeros(0, 4, dtype=L)),
     "memn2n-token-range": lambda p: _memn2n()(torch.full((2, 3, 4), 12, dtype=L), torch.zeros(2, 4, dtype=L)),
     # NAM-TM
     "nam_tm-x-size": lambda p: _namtm()(t(2, 5, 4)),
@@ -310,11 +317,7 @@ def _exception_class(name: str) -> type:
 
 
 
-# Known gaps in modules that are still changing: non-strict, so that fixing them shows up as
-# XPASS rather than breaking the suite; each then becomes a row of the table above.
-@pytest.mark.xfail(strict=False, reason=(
-    "a shift kernel wider than the memory (2n+1 > N) is accepted and aliases shifts modulo N, "
-    "in NTM(memory_slots < 2*shift_range+1) and in ops.circular_shift"))
+# Cases that were once gaps, kept beside their table rows with a few more inputs.
 @pytest.mark.parametrize("where", ["ntm", "circular_shift"])
 def test_shift_wider_than_memory_is_refused(where):
     with pytest.raises(ValueError):
@@ -324,7 +327,6 @@ def test_shift_wider_than_memory_is_refused(where):
             ops.circular_shift(torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]]))
 
 
-@pytest.mark.xfail(strict=False, reason="NTM and DNC accept an empty sequence (T = 0) and return empty outputs")
 @pytest.mark.parametrize("name", ["ntm", "dnc"])
 def test_empty_sequence_is_refused_by_ntm_and_dnc(name):
     model = _ntm() if name == "ntm" else _dnc()
@@ -332,12 +334,19 @@ def test_empty_sequence_is_refused_by_ntm_and_dnc(name):
         model(t(2, 0, 3))
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "NTM and DNC do not check the input dtype: float64 input to a float32 model raises torch's "
-    "'mat1 and mat2 must have the same dtype' RuntimeError, integer input a NotImplementedError"))
 @pytest.mark.parametrize("name", ["ntm", "dnc"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.long])
 def test_ntm_dnc_input_dtype_is_checked(name, dtype):
     model = _ntm() if name == "ntm" else _dnc()
     with pytest.raises(TypeError, match="`x`"):
         model(torch.ones(2, 4, 3, dtype=dtype))
+
+
+@pytest.mark.parametrize("name", ["ntm", "dnc"])
+def test_ntm_dnc_accept_another_float_dtype_under_autocast(name):
+    model = _ntm() if name == "ntm" else _dnc()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = model(torch.ones(2, 3, 3, dtype=torch.bfloat16))
+    assert y.shape == (2, 3, 3) and torch.isfinite(y.float()).all()
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match="`x`"):
+        model(torch.ones(2, 3, 3, dtype=torch.long))

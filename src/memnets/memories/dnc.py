@@ -295,9 +295,16 @@ class DNC(nn.Module):
     def _readout(self, h: torch.Tensor, reads: torch.Tensor) -> torch.Tensor:
         return self.out_h(h) + self.out_r(reads.flatten(-2))  # reads [..., R, W] -> [..., R*W]
 
+    def _check_dtype(self, name: str, x: torch.Tensor) -> None:
+        """TypeError unless ``x`` has the parameters' dtype (any float dtype under autocast)."""
+        dt = next(self.parameters()).dtype
+        if not x.is_floating_point() or (x.dtype != dt and not torch.is_autocast_enabled(x.device.type)):
+            raise TypeError(f"`{name}` expected dtype {dt} (the parameters' dtype), got {x.dtype}")
+
     def step(self, x_t: torch.Tensor, state: DNCState | None = None):
         """One time step: ``x_t [B, input_size] -> (y_t [B, output_size], state)``."""
         check_shape("x_t", x_t, ["B", "input_size"], [None, self.config.input_size])
+        self._check_dtype("x_t", x_t)
         B = x_t.shape[0]
         state = self.init_state(B, x_t.device, x_t.dtype) if state is None else state
         self._check_state(state, B)
@@ -308,7 +315,10 @@ class DNC(nn.Module):
         """Run a sequence ``x [B, T, input_size]``; returns ``(y [B, T, output_size], state[, aux])``."""
         cfg = self.config
         check_shape("x", x, ["B", "T", "input_size"], [None, None, cfg.input_size])
+        self._check_dtype("x", x)
         B, T = x.shape[:2]
+        if T == 0:
+            raise ValueError(f"`x` expected a sequence of length T >= 1, got {list(x.shape)}")
         state = self.init_state(B, x.device, x.dtype) if state is None else state
         self._check_state(state, B)
         gx = self.ctrl_x(x).unbind(1)  # T x [B, 4C]

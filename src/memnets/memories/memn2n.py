@@ -305,6 +305,8 @@ class MemN2N(nn.Module):
         check_tensor("stories", stories)
         check_shape("stories", stories, ["B", "M", "W"], [None, None, None])
         B, M, W = stories.shape
+        if B == 0:
+            raise ValueError(f"`stories` expected batch size B >= 1, got {list(stories.shape)}")
         check_shape("query", query, ["B", "W"], [B, None])
         for name, x in (("stories", stories), ("query", query)):
             if x.dtype not in (torch.long, torch.int32, torch.int64):

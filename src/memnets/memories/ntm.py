@@ -73,7 +73,7 @@ class NTM(nn.Module):
         output_size: features of ``y_t`` (logits; apply σ for bit outputs).
         memory_slots: N. word_size: W. read_heads: R. write_heads: Hw.
         controller: ``"lstm"`` or ``"mlp"`` (one tanh layer). controller_size: C.
-        shift_range: n, shifts ``−n..+n`` are allowed.
+        shift_range: n, shifts ``−n..+n`` are allowed; needs 2n+1 <= memory_slots.
         memory_init: constant every memory cell starts at.
 
     ``forward(x [B, T, input_size], state=None, return_aux=False)`` returns
@@ -99,6 +99,9 @@ class NTM(nn.Module):
                             ("read_heads", read_heads, 1), ("write_heads", write_heads, 1),
                             ("controller_size", controller_size, 1), ("shift_range", shift_range, 0)):
             check_positive_int(name, v, minimum=lo)
+        if 2 * shift_range + 1 > memory_slots:
+            raise ValueError(f"`shift_range` expected 2*shift_range+1 <= memory_slots = {memory_slots}, "
+                             f"got shift_range = {shift_range}")
         if controller not in ("lstm", "mlp"):
             raise ValueError(f"`controller` expected 'lstm' or 'mlp', got {controller!r}")
         self.config = NTMConfig(input_size, output_size, memory_slots, word_size, read_heads,
@@ -191,9 +194,16 @@ class NTM(nn.Module):
     def _readout(self, h: torch.Tensor, reads: torch.Tensor) -> torch.Tensor:
         return self.out(torch.cat([h, reads.flatten(-2)], dim=-1))  # reads [..., R, W] -> [..., R*W]
 
+    def _check_dtype(self, name: str, x: torch.Tensor) -> None:
+        """TypeError unless ``x`` has the parameters' dtype (any float dtype under autocast)."""
+        dt = next(self.parameters()).dtype
+        if not x.is_floating_point() or (x.dtype != dt and not torch.is_autocast_enabled(x.device.type)):
+            raise TypeError(f"`{name}` expected dtype {dt} (the parameters' dtype), got {x.dtype}")
+
     def step(self, x_t: torch.Tensor, state: NTMState | None = None):
         """One time step: ``x_t [B, input_size] -> (y_t [B, output_size], state)``."""
         check_shape("x_t", x_t, ["B", "input_size"], [None, self.config.input_size])
+        self._check_dtype("x_t", x_t)
         B = x_t.shape[0]
         state = self.init_state(B, x_t.device, x_t.dtype) if state is None else state
         self._check_state(state, B)
@@ -203,7 +213,10 @@ class NTM(nn.Module):
     def forward(self, x: torch.Tensor, state: NTMState | None = None, return_aux: bool = False):
         """Run a sequence ``x [B, T, input_size]``; returns ``(y [B, T, output_size], state[, aux])``."""
         check_shape("x", x, ["B", "T", "input_size"], [None, None, self.config.input_size])
+        self._check_dtype("x", x)
         B, T = x.shape[:2]
+        if T == 0:
+            raise ValueError(f"`x` expected a sequence of length T >= 1, got {list(x.shape)}")
         state = self.init_state(B, x.device, x.dtype) if state is None else state
         self._check_state(state, B)
         gx = self.ctrl_x(x).unbind(1)  # T x [B, G]: the input part of every step at once

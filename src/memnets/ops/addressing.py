@@ -135,7 +135,7 @@ def circular_shift(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
     Args:
         w: weighting ``[..., N]``.
-        s: shift distribution ``[..., 2n+1]`` (odd length; may exceed N, shifts wrap).
+        s: shift distribution ``[..., 2n+1]`` (odd length, 2n+1 <= N so that no two shifts alias).
     Returns:
         ``[..., N]``; on the simplex when both inputs are.
     """
@@ -145,6 +145,9 @@ def circular_shift(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"`s` expected [..., 2n+1] (odd) with batch shape {list(w.shape[:-1])}, got {list(s.shape)}"
         )
+    if s.shape[-1] > w.shape[-1]:
+        raise ValueError(f"`s` has 2n+1 = {s.shape[-1]} shifts, more than the N = {w.shape[-1]} slots of `w` "
+                         "(shifts would alias modulo N)")
     n = s.shape[-1] // 2
     # torch.roll(w, k)[i] = w[i − k]
     rolled = torch.stack([torch.roll(w, k, dims=-1) for k in range(-n, n + 1)], dim=-1)  # [..., N, 2n+1]
