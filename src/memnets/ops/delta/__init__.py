@@ -101,6 +101,20 @@ def _validate(q, k, v, initial_state, seq: bool):
     return B, H, dk, dv
 
 
+def _prepare(q, k, v, p_w, p_e, p_r, state, seq: bool, validate: bool):
+    """Checks shared by nam_scan / nam_step; probabilities as tensors, the state as zeros if None."""
+    B, H, dk, dv = _validate(q, k, v, state, seq=seq)
+    shape = (B, k.shape[1], H) if seq else (B, H)
+    pw, pe, pr = (_prob_seq(n, p, shape, k) for n, p in (("p_w", p_w), ("p_e", p_e), ("p_r", p_r)))
+    if pw is None or pe is None:
+        raise ValueError(f"`p_w` and `p_e` are required (tensors {list(shape)} or floats)")
+    if validate:
+        _check_values(q, k, v, {"p_w": p_w, "p_e": p_e, "p_r": p_r}, state)
+    if state is None:
+        state = k.new_zeros(B, H, dv, dk)
+    return pw, pe, pr, state
+
+
 def nam_scan(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -139,19 +153,9 @@ def nam_scan(
     Returns:
         ``(outputs [B, T, H, dv], final_state [B, H, dv, dk])``.
     """
-    B, H, dk, dv = _validate(q, k, v, initial_state, seq=True)
-    T = k.shape[1]
     if impl == "chunked":
         check_positive_int("chunk_size", chunk_size)
-    pw = _prob_seq("p_w", p_w, (B, T, H), k)
-    pe = _prob_seq("p_e", p_e, (B, T, H), k)
-    pr = _prob_seq("p_r", p_r, (B, T, H), k)
-    if pw is None or pe is None:
-        raise ValueError("`p_w` and `p_e` are required (tensors [B, T, H] or floats)")
-    if validate:
-        _check_values(q, k, v, {"p_w": p_w, "p_e": p_e, "p_r": p_r}, initial_state)
-    if initial_state is None:
-        initial_state = k.new_zeros(B, H, dv, dk)
+    pw, pe, pr, initial_state = _prepare(q, k, v, p_w, p_e, p_r, initial_state, True, validate)
     which = resolve_impl(impl, q, chunk_size=chunk_size)
     if which == "chunked":
         return nam_scan_chunked(q, k, v, pw, pe, pr, initial_state, chunk_size)
@@ -178,14 +182,5 @@ def nam_step(
     Returns:
         ``(output [B, H, dv], new_state [B, H, dv, dk])``.
     """
-    B, H, dk, dv = _validate(q, k, v, state, seq=False)
-    pw = _prob_seq("p_w", p_w, (B, H), k)
-    pe = _prob_seq("p_e", p_e, (B, H), k)
-    pr = _prob_seq("p_r", p_r, (B, H), k)
-    if pw is None or pe is None:
-        raise ValueError("`p_w` and `p_e` are required (tensors [B, H] or floats)")
-    if validate:
-        _check_values(q, k, v, {"p_w": p_w, "p_e": p_e, "p_r": p_r}, state)
-    if state is None:
-        state = k.new_zeros(B, H, dv, dk)
+    pw, pe, pr, state = _prepare(q, k, v, p_w, p_e, p_r, state, False, validate)
     return nam_step_reference(q, k, v, pw, pe, pr, state)
