@@ -103,6 +103,13 @@ def _fake_run(tmp_path) -> str:
     return str(run)
 
 
+def _torn_pointer(tmp_path):
+    from memnets.train.checkpoint import load_checkpoint
+
+    (tmp_path / "last.json").write_text('{"step": 8, "weights": ')
+    return load_checkpoint(tmp_path, torch.nn.Linear(1, 1))
+
+
 def _check_finite_nan(tmp_path):
     from memnets.train.nan_guard import check_finite
 
@@ -245,6 +252,11 @@ CASES = {
     "config-digits": lambda p: _cfg("task.train_digits=[3,1]"),
     "config-select_split": lambda p: _cfg("select_split=zzz"),
     "config-table": lambda p: _cfg("optim=3"),
+    "config-lr-nan": lambda p: _cfg("optim.lr=nan"),
+    "config-device": lambda p: _cfg("device=tpu"),
+    "config-nan_policy": lambda p: _cfg("optim.nan_policy=warn"),
+    "config-replaced-table": lambda p: _cfg("model=0", "model.backbone=lstm"),
+    "checkpoint-torn-pointer": _torn_pointer,
     "config-backbone": lambda p: memnets.train.build_model(_cfg("model.backbone=nope")),
     "config-toml-syntax": lambda p: (p / "bad.toml").write_text("epochs = [") and memnets.train.load_config(p / "bad.toml"),
     # NaN guard
@@ -257,6 +269,8 @@ CASES = {
     "cli-eval-not-run": ["eval", "{tmp}"],
     "cli-unknown-command": ["frobnicate"],
     "cli-viz-corrupt-weights": ["viz", "{run}", "--out", "{tmp}/viz"],
+    "cli-eval-corrupt-weights": ["eval", "{run}"],
+    "cli-train-device": ["train", "cpu/reduce-lstm", "device=tpu"],
     "cli-bench-suite": ["bench", "zzz"],
 }
 
