@@ -40,10 +40,11 @@ def nam_scan_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     state = initial_state
     outs = []
-    for t in range(q.shape[1]):
-        o, state = nam_step_reference(
-            q[:, t], k[:, t], v[:, t], p_w[:, t], p_e[:, t],
-            None if p_r is None else p_r[:, t], state,
-        )
+    # unbind (not q[:, t]) so the backward pass stacks per-step gradients instead of
+    # materialising a full-size zero gradient per step (which would make it quadratic in T).
+    steps = zip(q.unbind(1), k.unbind(1), v.unbind(1), p_w.unbind(1), p_e.unbind(1),
+                [None] * q.shape[1] if p_r is None else p_r.unbind(1))
+    for q_t, k_t, v_t, pw_t, pe_t, pr_t in steps:
+        o, state = nam_step_reference(q_t, k_t, v_t, pw_t, pe_t, pr_t, state)
         outs.append(o)
     return torch.stack(outs, dim=1), state  # [B, T, H, dv], [B, H, dv, dk]
