@@ -350,3 +350,18 @@ def test_eval_of_a_malformed_config_is_a_usage_error(reference, tmp_path, capsys
     rc = main(["eval", str(run_dir)])
     err = capsys.readouterr().err
     assert rc == 2 and "config.json" in err and "Traceback" not in err
+
+
+def test_eval_of_weights_that_do_not_fit_the_config_is_a_usage_error(reference, tmp_path, capsys):
+    import shutil
+
+    from memnets.cli.main import main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference[0], run_dir)
+    cfg = json.loads((run_dir / "config.json").read_text())
+    cfg["model"]["d_model"] = 12  # the saved weights have d_model 8
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    rc = main(["eval", str(run_dir)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "does not fit the model" in err and "best.safetensors" in err

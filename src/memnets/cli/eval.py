@@ -50,7 +50,11 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int |
         model = build_model(cfg)
     except (TypeError, ValueError) as e:
         raise UsageError(f"{run_dir / 'config.json'}: the model cannot be built from it ({e})") from e
-    load_weights(path, model)  # a corrupt file: CorruptCheckpointError (a ValueError) naming it
+    try:
+        load_weights(path, model)  # a corrupt file: CorruptCheckpointError (a ValueError) naming it
+    except RuntimeError as e:  # weights of another shape
+        raise UsageError(f"{path} does not fit the model described by {run_dir / 'config.json'}: "
+                         f"{str(e).strip().splitlines()[0]}") from e
     return {name: evaluate(model, s, batch_size=256) for name, s in eval_splits(cfg).items()}
 
 

@@ -103,13 +103,9 @@ def load_weights(path: str | Path, model: torch.nn.Module) -> None:
     """Load safetensors weights into ``model`` (strict).
 
     Raises :class:`CorruptCheckpointError` for an unreadable file; a file that parses but does
-    not fit ``model`` raises ValueError naming the file and the mismatch.
+    not fit ``model`` raises torch's RuntimeError from ``load_state_dict``.
     """
-    tensors = read_weights(path)
-    try:
-        model.load_state_dict(tensors, strict=True)
-    except RuntimeError as e:
-        raise ValueError(f"weights file {path} does not fit the model: {_reason(e)}") from e
+    model.load_state_dict(read_weights(path), strict=True)
 
 
 def save_checkpoint(ckpt_dir: str | Path, step: int, model: torch.nn.Module, state: dict[str, Any],
