@@ -99,11 +99,13 @@ def _load_all() -> None:
 
 
 def available_models() -> list[str]:
+    """Sorted names of every registered model (importing the model modules first)."""
     _load_all()
     return sorted(_REGISTRY)
 
 
 def get_model_class(name: str) -> Callable[..., torch.nn.Module]:
+    """The class registered as ``name`` (case-insensitive); ValueError with suggestions if unknown."""
     _load_all()
     key = name.lower()
     if key not in _REGISTRY:
