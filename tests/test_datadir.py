@@ -59,3 +59,17 @@ def test_real_data_checksums(real_data_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("MEMNETS_CACHE", str(tmp_path / "cache"))
     f = datadir.data_file("babi/tasks_1-20_v1-2_en_en-10k.tar.gz", real_data_dir)
     assert datadir.verify_file(f, real_data_dir) is True
+
+
+def test_loaders_refuse_a_modified_archive(tmp_path, monkeypatch):
+    """A data file that no longer matches SHA256SUMS is refused by the loaders, naming it."""
+    from memnets.tasks import babi
+
+    root = tmp_path / "data"
+    (root / "babi").mkdir(parents=True)
+    archive = root / babi.ARCHIVE  # "babi/<name>.tar.gz"
+    archive.write_bytes(b"not the real archive")
+    (root / "SHA256SUMS").write_text(f"{'0' * 64}  {babi.ARCHIVE}\n")
+    monkeypatch.setenv("MEMNETS_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(datadir.DataError, match="tasks_1-20_v1-2_en_en-10k.tar.gz"):
+        babi.load_task(1, "train", data_dir=root)

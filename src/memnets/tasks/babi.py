@@ -37,7 +37,7 @@ from typing import Iterable, NamedTuple, Sequence
 
 import torch
 
-from ..datadir import resolve_data_dir
+from ..datadir import resolve_data_dir, verify_file
 
 __all__ = [
     "TASK_NAMES", "ARCHIVE", "PAD", "BabiExample", "BabiTensors", "Vocabulary",
@@ -124,6 +124,7 @@ def _read_archive(path: str, mtime_ns: int, size: int) -> dict[str, str]:
 
 def _archive_texts(data_dir: str | os.PathLike | None) -> tuple[Path, dict[str, str]]:
     path = archive_path(data_dir)
+    verify_file(path, path.parents[1])  # against the data directory's SHA256SUMS, once
     st = path.stat()
     return path, _read_archive(str(path), st.st_mtime_ns, st.st_size)
 

@@ -35,7 +35,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from ..datadir import cache_dir, resolve_data_dir
+from ..datadir import cache_dir, resolve_data_dir, verify_file
 
 __all__ = [
     "ZIPS", "SPLITS", "IMAGE_SIZE", "DRAWERS", "OmniglotImages", "OmniglotSplit", "Episode",
@@ -87,6 +87,7 @@ def _decode_png(data: bytes, size: int) -> np.ndarray:
 def _decode_zip(path: Path, alphabets: set[str] | None, size: int) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise FileNotFoundError(f"Omniglot archive not found: {path}")
+    verify_file(path, path.parents[1])  # against the data directory's SHA256SUMS, once
     out: dict[str, list[tuple[str, np.ndarray]]] = {}
     try:
         with zipfile.ZipFile(path) as zf:
