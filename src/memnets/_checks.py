@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["check_tensor", "check_shape", "check_prob", "check_positive_int", "shape_str"]
+__all__ = ["check_tensor", "check_shape", "check_prob", "check_positive_int", "check_input_dtype", "shape_str"]
 
 
 def shape_str(shape: Sequence[int | None]) -> str:
@@ -59,3 +59,13 @@ def check_positive_int(name: str, value: object, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"`{name}` expected an integer >= {minimum}, got {value!r}")
     return value
+
+
+def check_input_dtype(name: str, x: torch.Tensor, param_dtype: torch.dtype) -> None:
+    """TypeError unless ``x`` is floating-point with the parameters' dtype ``param_dtype``
+    (any floating dtype is accepted under autocast, which casts inside the ops)."""
+    if not x.is_floating_point() or (x.dtype != param_dtype and not torch.is_autocast_enabled(x.device.type)):
+        raise TypeError(
+            f"`{name}` expected dtype {param_dtype} (the parameters' dtype), got {x.dtype} "
+            "(convert the model with .to(dtype) or the input)"
+        )

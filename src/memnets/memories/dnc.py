@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_positive_int, check_shape
+from .._checks import check_input_dtype, check_positive_int, check_shape
 from ..ops.addressing import content_weights, erase_add_write, weighted_read
 from ..ops.dnc import (dnc_allocation, dnc_directional_weights, dnc_link, dnc_precedence, dnc_read_weights,
                        dnc_retention, dnc_usage, dnc_write_weighting)
@@ -296,10 +296,7 @@ class DNC(nn.Module):
         return self.out_h(h) + self.out_r(reads.flatten(-2))  # reads [..., R, W] -> [..., R*W]
 
     def _check_dtype(self, name: str, x: torch.Tensor) -> None:
-        """TypeError unless ``x`` has the parameters' dtype (any float dtype under autocast)."""
-        dt = next(self.parameters()).dtype
-        if not x.is_floating_point() or (x.dtype != dt and not torch.is_autocast_enabled(x.device.type)):
-            raise TypeError(f"`{name}` expected dtype {dt} (the parameters' dtype), got {x.dtype}")
+        check_input_dtype(name, x, next(self.parameters()).dtype)
 
     def step(self, x_t: torch.Tensor, state: DNCState | None = None):
         """One time step: ``x_t [B, input_size] -> (y_t [B, output_size], state)``."""

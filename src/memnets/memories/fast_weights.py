@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .._checks import check_positive_int, check_shape
+from .._checks import check_input_dtype, check_positive_int, check_shape
 from ..attention.delta import UPDATE_RULES, fast_weight_scan, fast_weight_step
 from ..attention.feature_maps import feature_dim, get_feature_map
 from ..registry import register_model
@@ -109,9 +109,7 @@ class FastWeightMemory(nn.Module):
     def _heads(self, x: torch.Tensor):
         """Projections of ``x [..., input_size]``: q, k ``[..., H, dk]``, v ``[..., H, dv]``, β ``[..., H]``."""
         H = self.num_heads
-        if x.dtype != self.query.weight.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise TypeError(f"`x` expected the parameters' dtype {self.query.weight.dtype}, got {x.dtype} "
-                            f"(convert the model with .to(dtype) or the input)")
+        check_input_dtype("x", x, self.query.weight.dtype)
         q = self.query(x).unflatten(-1, (H, self.key_size))  # [..., H, dk]
         k = self.key(x).unflatten(-1, (H, self.key_size))  # [..., H, dk]
         v = self.value(x).unflatten(-1, (H, self.value_size))  # [..., H, dv]

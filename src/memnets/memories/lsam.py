@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .._checks import check_positive_int, check_shape, check_tensor
+from .._checks import check_input_dtype, check_positive_int, check_shape, check_tensor
 from ..ops import merge_heads, nam_read, nam_write, split_heads, unit
 from ..registry import register_model
 
@@ -401,11 +401,7 @@ class LSAM(nn.Module):
         check_tensor("x", x)
         sym = ["B", "T", "input_size"] if self.batch_first else ["T", "B", "input_size"]
         check_shape("x", x, sym, [None, None, self.input_size])
-        if not x.is_floating_point():
-            raise TypeError(f"`x` expected a floating-point tensor, got {x.dtype}")
-        if x.dtype != self.weight_ih_l0.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise TypeError(f"`x` expected the parameters' dtype {self.weight_ih_l0.dtype}, got {x.dtype} "
-                            f"(convert the model with .to(dtype) or the input)")
+        check_input_dtype("x", x, self.weight_ih_l0.dtype)
         xt = x.transpose(0, 1) if self.batch_first else x  # [T, B, F]
         T, B = xt.shape[0], xt.shape[1]
         if T == 0 or B == 0:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_positive_int, check_shape
+from .._checks import check_input_dtype, check_positive_int, check_shape
 from ..ops.addressing import circular_shift, content_weights, erase_add_write, interpolate, sharpen, weighted_read
 from ..registry import register_model
 
@@ -195,10 +195,7 @@ class NTM(nn.Module):
         return self.out(torch.cat([h, reads.flatten(-2)], dim=-1))  # reads [..., R, W] -> [..., R*W]
 
     def _check_dtype(self, name: str, x: torch.Tensor) -> None:
-        """TypeError unless ``x`` has the parameters' dtype (any float dtype under autocast)."""
-        dt = next(self.parameters()).dtype
-        if not x.is_floating_point() or (x.dtype != dt and not torch.is_autocast_enabled(x.device.type)):
-            raise TypeError(f"`{name}` expected dtype {dt} (the parameters' dtype), got {x.dtype}")
+        check_input_dtype(name, x, next(self.parameters()).dtype)
 
     def step(self, x_t: torch.Tensor, state: NTMState | None = None):
         """One time step: ``x_t [B, input_size] -> (y_t [B, output_size], state)``."""
