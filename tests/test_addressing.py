@@ -10,15 +10,6 @@ from memnets.ops import (circular_shift, content_weights, cosine_similarity, era
 D = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids oversubscription on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _g(seed=0):
     return torch.Generator().manual_seed(seed)
 

@@ -22,13 +22,6 @@ from memnets.attention import (
 D, H = 12, 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 KINDS_CAUSAL = [("softmax", False), ("softmax", True), ("nam", False), ("nam", True),
                 ("linear", False), ("linear", True), ("delta", True)]
 

@@ -13,14 +13,6 @@ from memnets.capacity.sweep import markdown_table, mqar_table, run_sweep
 from memnets.tasks.retrieval import retrieval_batch
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("name", list(MEMORIES))
 def test_adapters_shapes_and_finite_grads(name):
     if unavailable_reason(name):

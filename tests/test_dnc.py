@@ -5,18 +5,11 @@ import torch
 import memnets
 from memnets.memories.dnc import DNC, DNCState
 from memnets.state import map_state
-from memnets.tasks.ntm_tasks import CopyTask, bits_per_sequence
+from memnets.tasks.ntm_tasks import CopyTask
+
+from helpers import copy_cost_before_after
 
 D = torch.float64
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids oversubscription on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _tiny(**kw):
@@ -110,23 +103,8 @@ def test_tiny_dnc_learns_copy():
     torch.manual_seed(0)
     task = CopyTask(min_len=1, max_len=3, bits=3)
     m = DNC(task.input_size, task.output_size, memory_slots=6, word_size=6, read_heads=1, controller_size=32)
-    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(0)
-    eval_batch = task.make_batch(64, torch.Generator().manual_seed(99))
-
-    def cost():
-        with torch.no_grad():
-            return float(bits_per_sequence(m(eval_batch.inputs)[0], eval_batch.targets, eval_batch.mask))
-
-    start = cost()
-    for _ in range(100):
-        b = task.make_batch(16, g)
-        loss = bits_per_sequence(m(b.inputs)[0], b.targets, b.mask)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 10.0)
-        opt.step()
-    assert cost() < 0.65 * start
+    start, end = copy_cost_before_after(m, task)
+    assert end < 0.65 * start
 
 
 def test_fused_write_link_gradcheck():

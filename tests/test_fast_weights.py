@@ -8,15 +8,6 @@ import memnets
 from memnets.attention import get_feature_map
 from memnets.memories.fast_weights import FastWeightMemory, FastWeightState
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _mem(rule="delta", fmap="elu", seed=0, **kw):
     torch.manual_seed(seed)
     kw.setdefault("num_heads", 2)

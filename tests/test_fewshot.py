@@ -13,14 +13,6 @@ from memnets.ops import nam_write, unit
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def algorithm1_loop(Wb, support, p_w, p_e):
     """Algorithm 1 written shot by shot with nam_write (each write from the same W)."""
     N, K, F = support.shape

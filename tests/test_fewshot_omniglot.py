@@ -10,14 +10,6 @@ from memnets.experiments import fewshot_omniglot as fs
 from memnets.models.conv4 import Conv4, CosineHead, l2_normalize
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_conv4_shape_and_bad_input():
     m = Conv4()
     y = m(torch.rand(3, 1, 28, 28))

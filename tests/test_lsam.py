@@ -11,15 +11,6 @@ from memnets.ops import nam_read, nam_write, unit
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny ops: intra-op threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def cell_of(m: LSAM, layer: int, direction: int) -> LSAMCell:
     """An LSAMCell whose parameters ARE slices of the layer's (gradients flow to ``m``)."""
     w_ih, w_hh, b = m.layer_weights(layer)

@@ -13,14 +13,6 @@ from memnets.ops import unit
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def onehot(i, n, *lead):
     e = torch.zeros(*lead, n, dtype=DT)
     e[..., i] = 1.0

@@ -12,15 +12,6 @@ from memnets.models.transformer import TransformerEncoder, UniversalTransformer,
 D, H = 16, 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _copy_into_torch_layer(ours, ref):
     with torch.no_grad():
         ref.self_attn.in_proj_weight.copy_(ours.attn.qkv.weight)
