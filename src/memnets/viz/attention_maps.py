@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import unit
+from .trace import record_module_inputs
 
 __all__ = ["attention_map", "collect_attention_maps"]
 
@@ -72,21 +73,9 @@ def collect_attention_maps(model: torch.nn.Module, *inputs, **kwargs) -> dict[st
     from ..attention import MultiHeadBase
 
     seen: dict[str, list] = {}
-    hooks = []
-    for name, mod in model.named_modules():
-        if isinstance(mod, MultiHeadBase):
-            def hook(m, args, kw, name=name):
-                mask = args[1] if len(args) > 1 else kw.get("mask")
-                seen.setdefault(name, []).append(attention_map(m, args[0], mask))
-            hooks.append(mod.register_forward_pre_hook(hook, with_kwargs=True))
-    was = model.training
-    model.eval()
-    try:
-        model(*inputs, **kwargs)
-    finally:
-        model.train(was)
-        for h in hooks:
-            h.remove()
+    for name, mod, args, kw in record_module_inputs(model, lambda m: isinstance(m, MultiHeadBase), *inputs, **kwargs):
+        mask = args[1] if len(args) > 1 else kw.get("mask")
+        seen.setdefault(name, []).append(attention_map(mod, args[0], mask))
     out = {}
     for name, maps in seen.items():
         for i, A in enumerate(maps):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..ops import merge_heads, nam_read, nam_write, split_heads, unit
 
-__all__ = ["memory_kind", "memory_trace", "lsam_gates", "collect_lsam_gates", "aux_to_dict"]
+__all__ = ["memory_kind", "memory_trace", "lsam_gates", "collect_lsam_gates", "record_module_inputs", "aux_to_dict"]
 
 
 def aux_to_dict(aux: Any) -> dict[str, torch.Tensor]:
@@ -114,19 +114,13 @@ def memory_trace(memory: torch.nn.Module, x: torch.Tensor) -> dict[str, Any]:
         memory.train(was)
 
 
-@torch.no_grad()
-def collect_lsam_gates(model: torch.nn.Module, *inputs, **kwargs) -> dict[str, torch.Tensor]:
-    """Run ``model(*inputs, **kwargs)`` and return the gates of every LSAM inside it, replayed
-    from the exact input and initial state each one received (forward pre-hooks):
-    ``{"<module name> <gate name>": [B, T, H']}`` (gate names as in :func:`lsam_gates`)."""
-    calls = []
-    hooks = []
-    for name, mod in model.named_modules():
-        if memory_kind(mod) == "lsam":
-            def hook(m, args, kw, name=name):
-                st = args[1] if len(args) > 1 else kw.get("state")
-                calls.append((name, m, args[0], st))
-            hooks.append(mod.register_forward_pre_hook(hook, with_kwargs=True))
+def record_module_inputs(model: torch.nn.Module, select, *inputs, **kwargs) -> list[tuple]:
+    """Run ``model(*inputs, **kwargs)`` in eval mode and return ``(name, module, args, kwargs)``
+    of every call of a submodule with ``select(module)`` true (forward pre-hooks, removed after)."""
+    calls: list[tuple] = []
+    hooks = [mod.register_forward_pre_hook(lambda m, a, kw, name=name: calls.append((name, m, a, kw)),
+                                           with_kwargs=True)
+             for name, mod in model.named_modules() if select(mod)]
     was = model.training
     model.eval()
     try:
@@ -135,8 +129,17 @@ def collect_lsam_gates(model: torch.nn.Module, *inputs, **kwargs) -> dict[str, t
         model.train(was)
         for h in hooks:
             h.remove()
+    return calls
+
+
+@torch.no_grad()
+def collect_lsam_gates(model: torch.nn.Module, *inputs, **kwargs) -> dict[str, torch.Tensor]:
+    """Run ``model(*inputs, **kwargs)`` and return the gates of every LSAM inside it, replayed
+    from the exact input and initial state each one received (forward pre-hooks):
+    ``{"<module name> <gate name>": [B, T, H']}`` (gate names as in :func:`lsam_gates`)."""
     out = {}
-    for name, mod, x, st in calls:
-        for key, g in lsam_gates(mod, x, st)[1].items():
+    for name, mod, args, kw in record_module_inputs(model, lambda m: memory_kind(m) == "lsam", *inputs, **kwargs):
+        state = args[1] if len(args) > 1 else kw.get("state")
+        for key, g in lsam_gates(mod, args[0], state)[1].items():
             out[f"{name} {key}".strip()] = g
     return out
