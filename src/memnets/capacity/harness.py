@@ -110,6 +110,27 @@ def _make_batch(cfg: RetrievalConfig, n: int, g: torch.Generator):
     return type(b)(*(t.to(cfg.device) for t in b))
 
 
+def _fit(model: nn.Module, cfg, run) -> dict:
+    """Adam on ``run(batch_size, generator) -> (loss, accuracy)`` for ``cfg.steps`` steps
+    (gradient-norm clip 1), then evaluation on ``cfg.eval_batch`` held-out samples."""
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    g = torch.Generator().manual_seed(cfg.seed)
+    t0, losses = time.perf_counter(), []
+    for _ in range(cfg.steps):
+        loss, _ = run(cfg.batch_size, g)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    with torch.no_grad():
+        loss, acc = run(cfg.eval_batch, torch.Generator().manual_seed(10_000 + cfg.seed))
+    tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
+    return {**asdict(cfg), "loss": float(loss), "accuracy": float(acc), "train_loss": sum(tail) / len(tail),
+            "seconds": time.perf_counter() - t0, "params": sum(p.numel() for p in model.parameters())}
+
+
 def train_retrieval(cfg: RetrievalConfig | None = None, **overrides) -> dict:
     """Train one memory on setting 1 (or 2 with ``edits``) from scratch; evaluate on fresh data.
 
@@ -121,24 +142,12 @@ def train_retrieval(cfg: RetrievalConfig | None = None, **overrides) -> dict:
     check_positive_int("steps", cfg.steps, minimum=0)
     torch.manual_seed(cfg.seed)
     model = RetrievalModel(cfg.memory, cfg.num_pairs, cfg.d_key, cfg.value_dim).to(cfg.device)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    g = torch.Generator().manual_seed(cfg.seed)
-    t0, losses = time.perf_counter(), []
-    for _ in range(cfg.steps):
-        b = _make_batch(cfg, cfg.batch_size, g)
-        loss, _ = retrieval_metrics(model(b.keys, b.values, b.queries), b, cfg.value_kind)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-    model.eval()
-    with torch.no_grad():
-        b = _make_batch(cfg, cfg.eval_batch, torch.Generator().manual_seed(10_000 + cfg.seed))
-        loss, acc = retrieval_metrics(model(b.keys, b.values, b.queries), b, cfg.value_kind)
-    tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
-    return {**asdict(cfg), "loss": float(loss), "accuracy": float(acc), "train_loss": sum(tail) / len(tail),
-            "seconds": time.perf_counter() - t0, "params": sum(p.numel() for p in model.parameters())}
+
+    def run(batch_size: int, g: torch.Generator):
+        b = _make_batch(cfg, batch_size, g)
+        return retrieval_metrics(model(b.keys, b.values, b.queries), b, cfg.value_kind)
+
+    return _fit(model, cfg, run)
 
 
 class TokenModel(nn.Module):
@@ -163,11 +172,9 @@ def train_mqar(cfg: MQARConfig | None = None, **overrides) -> dict:
     check_positive_int("steps", cfg.steps, minimum=0)
     torch.manual_seed(cfg.seed)
     model = TokenModel(cfg.memory, cfg.vocab_size, cfg.d_model).to(cfg.device)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    g = torch.Generator().manual_seed(cfg.seed)
-    t0, losses = time.perf_counter(), []
 
-    def run(b):
+    def run(batch_size: int, g: torch.Generator):
+        b = mqar_batch(batch_size, cfg.seq_len, cfg.num_pairs, cfg.vocab_size, generator=g)
         b = type(b)(*(t.to(cfg.device) for t in b))
         logits = model(b.inputs)  # [B, T, V]
         loss = F.cross_entropy(logits.flatten(0, 1), b.labels.flatten(), ignore_index=-100)
@@ -175,17 +182,4 @@ def train_mqar(cfg: MQARConfig | None = None, **overrides) -> dict:
         acc = (logits.argmax(-1)[m] == b.labels[m]).float().mean()
         return loss, acc
 
-    for _ in range(cfg.steps):
-        loss, _ = run(mqar_batch(cfg.batch_size, cfg.seq_len, cfg.num_pairs, cfg.vocab_size, generator=g))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-    model.eval()
-    with torch.no_grad():
-        eg = torch.Generator().manual_seed(10_000 + cfg.seed)
-        loss, acc = run(mqar_batch(cfg.eval_batch, cfg.seq_len, cfg.num_pairs, cfg.vocab_size, generator=eg))
-    tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
-    return {**asdict(cfg), "loss": float(loss), "accuracy": float(acc), "train_loss": sum(tail) / len(tail),
-            "seconds": time.perf_counter() - t0, "params": sum(p.numel() for p in model.parameters())}
+    return _fit(model, cfg, run)
