@@ -67,6 +67,13 @@ def test_train_eval_table(tmp_path, capsys):
     res = json.loads((run / "results.json").read_text())
     assert ev["od_hard"]["n"] == 16
     assert ev["od_easy"]["seq_acc"] == res["splits"]["od_easy"]["seq_acc"]  # best weights = selected epoch
+    # --by-digits adds one row per digit count; the rows add up to their split
+    assert main(["eval", str(run), "--json", "--by-digits"]) == 0
+    evd = json.loads(capsys.readouterr().out)
+    rows = [k for k in evd if k.startswith("od_hard/")]
+    assert sorted(rows) == ["od_hard/6", "od_hard/7"]  # the TINY split od_hard = [6, 7]
+    assert sum(evd[k]["n"] for k in rows) == 16
+    assert sum(evd[k]["seq_acc"] * evd[k]["n"] for k in rows) == pytest.approx(16 * ev["od_hard"]["seq_acc"])
 
     out_md = tmp_path / "t.md"
     assert main(["table", str(run), str(tmp_path / "missing"), "--out", str(out_md)]) == 0

@@ -13,12 +13,16 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint", choices=("best", "last"), default="best",
                    help="weights to load: best (selected by the OD-easy accuracy) or last")
     p.add_argument("--eval-size", type=int, default=None, help="samples per split (default: the run's)")
+    p.add_argument("--by-digits", action="store_true",
+                   help="also score each digit count of every split (rows 'split/n')")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_run)
 
 
-def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int | None = None) -> dict:
-    """``{split: {"seq_acc", "tok_acc", "ans_acc", "n"}}`` for the run's saved weights."""
+def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int | None = None,
+                 by_digits: bool = False) -> dict:
+    """``{split: {"seq_acc", "tok_acc", "ans_acc", "n"}}`` for the run's saved weights; with
+    ``by_digits`` also ``"split/n"`` for the samples of each digit count ``n`` of the split."""
     import dataclasses
 
     import torch
@@ -55,7 +59,14 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int |
     except RuntimeError as e:  # weights of another shape
         raise UsageError(f"{path} does not fit the model described by {run_dir / 'config.json'}: "
                          f"{str(e).strip().splitlines()[0]}") from e
-    return {name: evaluate(model, s, batch_size=256) for name, s in eval_splits(cfg).items()}
+    out = {}
+    for name, s in eval_splits(cfg).items():
+        out[name] = evaluate(model, s, batch_size=256)
+        if by_digits:
+            for n in s.digits.unique().tolist():
+                m = s.digits == n
+                out[f"{name}/{n}"] = evaluate(model, type(s)(*(t[m] for t in s)), batch_size=256)
+    return out
 
 
 def _read_config(path: Path):
@@ -73,7 +84,7 @@ def _read_config(path: Path):
 
 
 def _run(args) -> int:
-    res = evaluate_run(args.run_dir, args.checkpoint, args.eval_size)
+    res = evaluate_run(args.run_dir, args.checkpoint, args.eval_size, args.by_digits)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
