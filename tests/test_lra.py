@@ -62,3 +62,16 @@ def test_presets_and_table():
             {"attention": "nam", "steps": 2, "test_accuracy": 0.3, "wall_s_per_step": 0.5, "cpu_s_per_step": 0.25}]
     t = format_table(rows)
     assert "| nam | 2 | 30.0 | 0.500 | 4.00 | 0.250 | 4.00 |" in t
+
+
+def test_min_len_and_loss_curve(tmp_path, capsys):
+    res = main(["--attention", "nam", "--max-len", "40", "--min-len", "20", "--n-train", "8", "--n-test", "4",
+                "--steps", "4", "--log-every", "2", "--d-model", "8", "--layers", "1", "--heads", "2",
+                "--batch-size", "2", "--out", str(tmp_path)])
+    assert [p["step"] for p in res["rows"][0]["loss_curve"]] == [2, 4]
+    assert "nam step 4: mean training loss" in capsys.readouterr().out
+    from memnets.experiments.lra import load_task
+    xtr, _, xte, _, _, _ = load_task("listops", 40, 8, 4, seed=0, min_len=20)
+    assert ((xtr != 0).sum(1) > 20).all() and ((xte != 0).sum(1) > 20).all()
+    with pytest.raises(SystemExit):
+        parse_args(["--max-len", "40", "--min-len", "39"])

@@ -4,7 +4,8 @@
     python -m memnets.experiments.lra --task listops|text --attention softmax,linear,nam
         [--preset cpu|paper] [--max-len 2000] [--steps N] [--max-minutes M]
         [--d-model 64 --layers 2 --heads 4 --ffn 128] [--batch-size 8] [--lr 1e-3]
-        [--n-train 2000 --n-test 200] [--pool mean|cls] [--out DIR] [--seed S] [--threads T]
+        [--n-train 2000 --n-test 200] [--min-len L] [--pool mean|cls] [--log-every K]
+        [--out DIR] [--seed S] [--threads T]
 
 Model: token Embedding (0 = padding) + learned positions + :class:`TransformerEncoder`
 (post-LN) + mean pooling over non-pad positions (or a prepended CLS token) + Linear. Every
@@ -20,6 +21,10 @@ also holds ``majority_test_accuracy``, the share of the most frequent test label
 Presets: ``cpu`` (default) = d 64, 2 layers, 4 heads, FFN 128; ``paper`` = the LRA base
 model: d 512, 4 layers, 8 heads, FFN 1024 (listops) / 2048 (text), length 2000 / 4000,
 96,000 / 25,000 training examples, CLS pooling. Explicit flags override a preset.
+
+ListOps trees are kept when ``min_len < length < max_len``; ``--min-len`` defaults to 500 at
+``--max-len 2000`` (the LRA rule) and to ``max_len // 4`` otherwise. ``--log-every K`` prints
+the mean training loss of every K steps; that curve is kept in ``results.json`` (``loss_curve``).
 """
 from __future__ import annotations
 
@@ -80,11 +85,17 @@ class LRAClassifier(nn.Module):
         return self.head((h * m).sum(1) / m.sum(1).clamp_min(1.0))
 
 
-def load_task(task: str, max_len: int, n_train: int, n_test: int, seed: int, data_dir=None):
+def default_min_len(max_len: int) -> int:
+    """Shortest ListOps tree kept (exclusive) for a model length: 500 at 2000 (LRA), else a quarter."""
+    return 500 if max_len == 2000 else max(0, max_len // 4)
+
+
+def load_task(task: str, max_len: int, n_train: int, n_test: int, seed: int, data_dir=None,
+              min_len: int | None = None):
     """``(train_tokens, train_labels, test_tokens, test_labels, vocab_size, num_classes)``."""
     if task == "listops":
         from ..tasks.listops import NUM_CLASSES, VOCAB_SIZE, make_listops, split_listops
-        min_len = 500 if max_len == 2000 else max(0, max_len // 4)
+        min_len = default_min_len(max_len) if min_len is None else min_len
         data = make_listops(n_train + n_test, seed=seed, min_len=min_len, max_len=max_len)
         parts = split_listops(data, (n_train, 0, n_test))
         return (parts["train"].tokens, parts["train"].labels, parts["test"].tokens, parts["test"].labels,
@@ -119,7 +130,8 @@ def train_one(attention: str, data: tuple, args: argparse.Namespace, steps: int,
     g = torch.Generator().manual_seed(args.seed + 1)
     order = torch.cat([torch.randperm(len(ytr), generator=g) for _ in range(steps * args.batch_size // len(ytr) + 1)])
     wall = cpu = 0.0
-    losses, done = [], 0
+    losses, done, curve = [], 0, []
+    log_every = getattr(args, "log_every", 0) or 0
     for step in range(steps):
         idx = order[step * args.batch_size:(step + 1) * args.batch_size]
         w0, c0 = time.perf_counter(), time.process_time()
@@ -132,6 +144,10 @@ def train_one(attention: str, data: tuple, args: argparse.Namespace, steps: int,
         cpu += time.process_time() - c0
         losses.append(float(loss.detach()))
         done = step + 1
+        if log_every and done % log_every == 0:
+            curve.append({"step": done, "loss": sum(losses[-log_every:]) / log_every})
+            print(f"  {attention} step {done}: mean training loss {curve[-1]['loss']:.4f} "
+                  f"({wall:.0f} s wall)", flush=True)
         if max_seconds is not None and wall >= max_seconds:
             break
     t0 = time.perf_counter()
@@ -139,7 +155,7 @@ def train_one(attention: str, data: tuple, args: argparse.Namespace, steps: int,
     return {"attention": attention, "steps": done, "test_accuracy": acc, "test_examples": len(yte),
             "wall_s_per_step": wall / done, "cpu_s_per_step": cpu / done, "train_wall_s": wall,
             "eval_wall_s": time.perf_counter() - t0, "final_loss": sum(losses[-20:]) / len(losses[-20:]),
-            "parameters": sum(p.numel() for p in model.parameters())}
+            "parameters": sum(p.numel() for p in model.parameters()), "loss_curve": curve}
 
 
 def format_table(rows: list[dict], base: str = "softmax") -> str:
@@ -161,7 +177,8 @@ def run(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    data = load_task(args.task, args.max_len, args.n_train, args.n_test, args.seed, args.data_dir)
+    data = load_task(args.task, args.max_len, args.n_train, args.n_test, args.seed, args.data_dir,
+                     getattr(args, "min_len", None))
     data_s = time.perf_counter() - t0
     kinds = [k.strip() for k in args.attention.split(",") if k.strip()]
     rows, steps = [], args.steps
@@ -170,7 +187,7 @@ def run(args: argparse.Namespace) -> dict:
         row = train_one(kind, data, args, steps, limit)
         steps = row["steps"]
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k != "loss_curve"}), flush=True)
     base = "softmax" if "softmax" in kinds else kinds[0]
     table = format_table(rows, base)
     yte = data[3]
@@ -196,6 +213,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                       ("batch-size", int), ("n-train", int), ("n-test", int)]:
         p.add_argument(f"--{name}", type=typ, default=None)
     p.add_argument("--pool", choices=["mean", "cls"], default=None)
+    p.add_argument("--min-len", type=int, default=None,
+                   help="ListOps: keep trees longer than this; default 500 at --max-len 2000, else max_len // 4")
+    p.add_argument("--log-every", type=int, default=0, help="print the mean training loss every K steps")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--max-minutes", type=float, default=None, help="cap on the first kind's training time")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -214,6 +234,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(args, k, v)
     if args.steps < 1:
         p.error("--steps expected >= 1")
+    if args.min_len is not None and not 0 <= args.min_len < args.max_len - 1:
+        p.error(f"--min-len expected 0 <= min_len < max_len - 1 (max_len {args.max_len}), got {args.min_len}")
     return args
 
 
