@@ -187,3 +187,16 @@ def test_dtype_mismatch_raises_type_error():
     inp["v"] = inp["v"].double()
     with pytest.raises(TypeError, match="`v`"):
         run(inp, "auto")
+
+
+@pytest.mark.parametrize("C", [1, 2, 5, 16, 33, 64])
+def test_unit_lower_inverse(C):
+    from memnets.ops.delta.chunked import unit_lower_inverse
+
+    g = torch.Generator().manual_seed(C)
+    A = (0.5 * torch.randn(3, 2, C, C, generator=g, dtype=torch.float64)).tril(-1)
+    inv = unit_lower_inverse(A)
+    eye = torch.eye(C, dtype=torch.float64)
+    assert inv.shape == A.shape
+    torch.testing.assert_close(inv @ (eye + A), eye.expand_as(A), atol=1e-10, rtol=0)
+    assert torch.equal(inv.triu(1), torch.zeros_like(inv))  # stays lower-triangular

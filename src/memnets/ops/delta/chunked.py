@@ -6,29 +6,167 @@ Write the recurrence with the pseudo-value ``u_t = p_w,t v_t − p_e,t S_{t−1}
 
     u_t + p_e,t Σ_{s<t} (k_t·k_s) u_s = p_w,t v_t − p_e,t S_0 k_t,
 
-i.e. ``(I + A) U = P_w V − P_e K S_0ᵀ`` with ``A = tril(P_e K Kᵀ, −1)`` unit-lower-triangular
-system. Solving once for ``[P_w V, P_e K]`` (every chunk in parallel) gives
-``U = W_v − W_k S_0ᵀ``; only the chunk-to-chunk state pass ``S ← S + Uᵀ K`` is sequential
-(T / chunk_size small matmuls). Outputs: ``O = P_r (Q S_0ᵀ + tril(Q Kᵀ) U)``.
+i.e. ``(I + A) U = P_w V − P_e K S_0ᵀ`` with ``A = tril(P_e K Kᵀ, −1)``: a unit-lower-triangular
+system. With ``T = (I + A)⁻¹`` (one small inverse per chunk, every chunk at once) and
+``[W_v, W_k] = T [P_w V, P_e K]``, ``U = W_v − W_k S_0ᵀ``; only the chunk-to-chunk state pass
+``S ← S + Uᵀ K`` is sequential (T / chunk_size small matmuls). Outputs (read after write):
+``O = Q S_0ᵀ + tril(Q Kᵀ) U``, then scaled by ``p_r``.
+
+The chunk pass is one :class:`torch.autograd.Function` with a hand-derived backward (see
+:class:`_ChunkScan`): it reuses the saved per-chunk states and ``T``, so the backward pass is
+a few batched matmuls plus one reverse sequential pass over the chunks, with no triangular
+solve. ``tests/test_nam_scan.py`` holds it to the reference loop (values and gradients,
+float64) and runs ``torch.autograd.gradcheck`` on it. The backward is not itself
+differentiable: for second derivatives use ``impl="reference"``.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
-__all__ = ["nam_scan_chunked"]
+__all__ = ["nam_scan_chunked", "unit_lower_inverse"]
 
 _UPCAST = (torch.bfloat16, torch.float16)
 
 
 def _to_chunks(x: torch.Tensor, n_chunks: int, chunk: int) -> torch.Tensor:
-    """``[B, T, H, *rest] -> [B, H, N, C, *rest]``, zero-padding T to N*C."""
-    x = x.movedim(1, 2)  # [B, H, T, *rest]
-    pad = n_chunks * chunk - x.shape[2]
+    """``[B, T, H, *rest] -> [N, B*H, C, *rest]`` (contiguous), zero-padding T to N*C."""
+    B, T, H = x.shape[:3]
+    pad = n_chunks * chunk - T
     if pad:
-        widths = [0, 0] * (x.dim() - 3) + [0, pad]
-        x = F.pad(x, widths)
-    return x.reshape(x.shape[:2] + (n_chunks, chunk) + x.shape[3:])  # [B, H, N, C, *rest]
+        x = F.pad(x, [0, 0] * (x.dim() - 2) + [0, pad])
+    x = x.reshape((B, n_chunks, chunk, H) + x.shape[3:]).transpose(2, 3)  # [B, N, H, C, *rest]
+    return x.transpose(0, 1).reshape((n_chunks, B * H, chunk) + x.shape[4:]).contiguous()
+
+
+def unit_lower_inverse(A: torch.Tensor) -> torch.Tensor:
+    """``(I + A)⁻¹`` for strictly lower-triangular ``A`` of shape ``[..., C, C]``.
+
+    Block doubling: with the diagonal blocks of size ``b`` already inverted, each pair of them
+    forms a ``2b`` block whose inverse is ``[[T₁, 0], [−T₂ A₂₁ T₁, T₂]]``. Starting from the
+    identity (``b = 1``) that takes ``⌈log₂ C⌉`` rounds of two batched matmuls each, which on
+    a CPU is several times faster than a batched triangular solve against the identity.
+    """
+    C = A.shape[-1]
+    lead = A.shape[:-2]
+    P = 1 << max(C - 1, 0).bit_length()  # next power of two >= C
+    if P != C:
+        A = F.pad(A, (0, P - C, 0, P - C))
+    A = A.reshape(-1, P, P)
+    n = A.shape[0]
+    Tm = torch.eye(P, dtype=A.dtype, device=A.device).expand(n, P, P).contiguous()
+    b = 1
+    while b < P:
+        m = P // (2 * b)  # number of 2b blocks on the diagonal
+        # Off-diagonal block A21 and the inverted diagonal blocks of every 2b block.
+        Ab = A.view(n, m, 2 * b, m, 2 * b).diagonal(dim1=1, dim2=3)  # [n, 2b, 2b, m]
+        Tb = Tm.view(n, m, 2 * b, m, 2 * b).diagonal(dim1=1, dim2=3)
+        a21 = Ab[:, b:, :b].permute(0, 3, 1, 2).reshape(n * m, b, b)
+        t11 = Tb[:, :b, :b].permute(0, 3, 1, 2).reshape(n * m, b, b)
+        t22 = Tb[:, b:, b:].permute(0, 3, 1, 2).reshape(n * m, b, b)
+        t21 = -(t22 @ (a21 @ t11))
+        Tb[:, b:, :b] = t21.view(n, m, b, b).permute(0, 2, 3, 1)
+        b *= 2
+    Tm = Tm.view(lead + (P, P))
+    return Tm[..., :C, :C] if P != C else Tm
+
+
+class _ChunkScan(torch.autograd.Function):
+    """Chunk pass on chunked tensors: q, k ``[N, BH, C, dk]``, v ``[N, BH, C, dv]``,
+    p_w, p_e ``[N, BH, C, 1]``, state ``[BH, dv, dk]`` -> (O ``[N, BH, C, dv]``, final state).
+
+    Chunk-major layout: the sequential passes touch one contiguous ``[BH, ...]`` slice per chunk.
+
+    Backward (per chunk, ``P = tril(Q Kᵀ)``, ``L = I + A``, ``T = L⁻¹``,
+    ``[W_v, W_k] = T [P_w V, P_e K]``; ``dS₁`` is the gradient of the state after the chunk)::
+
+        dU  = Pᵀ dO + K dS₁ᵀ                      (reverse pass over chunks)
+        dS₀ = dS₁ + dOᵀ Q − dUᵀ W_k
+        dP  = tril(dO Uᵀ);  dQ = dO S₀ + dP K;  dK = dPᵀ Q + U dS₁
+        dR_v = Tᵀ dU;  dR_k = −Tᵀ (dU S₀);  dA = −stril(dR_v W_vᵀ + dR_k W_kᵀ)
+        M   = dA K + dR_k;  dP_e = rowsum(M ⊙ K);  dP_w = rowsum(dR_v ⊙ V)
+        dK += P_e M + (P_e dA)ᵀ K;  dV = P_w dR_v
+
+    (``rowsum(dA ⊙ K Kᵀ) = rowsum((dA K) ⊙ K)``, so the Gram matrix need not be kept.)
+    Matmuls run on 3-D views with in-place accumulation (``baddbmm_``): on a CPU, allocating
+    a fresh output costs about as much as an elementwise pass over it.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, pw, pe, state):
+        N, BH, C, dk = k.shape
+        dv = v.shape[-1]
+        NB = N * BH
+        q3, k3, v3 = (x.view(NB, C, x.shape[-1]) for x in (q, k, v))
+        pw3, pe3 = pw.view(NB, C, 1), pe.view(NB, C, 1)
+        lower = torch.ones(C, C, dtype=k.dtype, device=k.device).tril()
+        strict = lower.tril(-1)
+        A = torch.bmm(k3, k3.mT).mul_(pe3).mul_(strict)  # stril(P_e K Kᵀ)
+        Tm = unit_lower_inverse(A)  # (I + A)⁻¹
+        R = torch.cat([v3 * pw3, k3 * pe3], dim=-1)  # [P_w V, P_e K]
+        W = torch.bmm(Tm, R).view(N, BH, C, dv + dk)  # [W_v, W_k]
+        Wk = W[..., dv:]
+
+        # States at the chunk boundaries: Sb[n] is the state before chunk n, Sb[N] the final one.
+        Sb = k.new_empty(N + 1, BH, dv, dk)
+        Sb[0] = state
+        U = W[..., :dv].contiguous()  # becomes U = W_v − W_k S₀ᵀ in place
+        for n in range(N):
+            U[n].baddbmm_(Wk[n], Sb[n].mT, alpha=-1)
+            torch.baddbmm(Sb[n], U[n].mT, k[n], out=Sb[n + 1])
+        S0 = Sb[:N]
+        S03, U3 = S0.view(NB, dv, dk), U.view(NB, C, dv)
+        P = torch.bmm(q3, k3.mT).mul_(lower)  # tril(Q Kᵀ)
+        O = torch.bmm(q3, S03.mT).baddbmm_(P, U3)
+        ctx.save_for_backward(q, k, v, pw, pe, Tm, W, S0, U, P)
+        return O.view(N, BH, C, dv), Sb[N]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dO, dS):
+        q, k, v, pw, pe, Tm, W, S0, U, P = ctx.saved_tensors
+        N, BH, C, dk = k.shape
+        dv = v.shape[-1]
+        NB = N * BH
+        q3, k3, v3 = (x.view(NB, C, x.shape[-1]) for x in (q, k, v))
+        pw3, pe3 = pw.view(NB, C, 1), pe.view(NB, C, 1)
+        S03, U3, W3 = S0.view(NB, dv, dk), U.view(NB, C, dv), W.view(NB, C, dv + dk)
+        Wk = W[..., dv:]
+        lower = torch.ones(C, C, dtype=k.dtype, device=k.device).tril()
+        strict = lower.tril(-1)
+        # Incoming gradients may be broadcast views (e.g. of a ``.sum()``); matmuls on
+        # stride-0 operands copy matrix by matrix, so materialise them once.
+        dO3 = dO.contiguous().view(NB, C, dv)
+
+        # Gradients at the chunk boundaries: dSb[n + 1] is that of the state after chunk n.
+        # dSb[:N] starts as dOᵀ Q per chunk and becomes dS₀ = dS₁ + dOᵀ Q − dUᵀ W_k in place.
+        dSb = k.new_empty(N + 1, BH, dv, dk)
+        torch.bmm(dO3.mT, q3, out=dSb[:N].view(NB, dv, dk))
+        dSb[N] = dS
+        dU = torch.bmm(P.mT, dO3).view(N, BH, C, dv)  # Pᵀ dO, completed below
+        for n in range(N - 1, -1, -1):
+            dUn = dU[n].baddbmm_(k[n], dSb[n + 1].mT)
+            dSb[n].add_(dSb[n + 1]).baddbmm_(dUn.mT, Wk[n], alpha=-1)
+        d_state = dSb[0]
+        dU3, dS13 = dU.view(NB, C, dv), dSb[1:].view(NB, dv, dk)
+
+        # [dR_v, −dR_k] = Tᵀ [dU, dU S₀]
+        dR = torch.bmm(Tm.mT, torch.cat([dU3, torch.bmm(dU3, S03)], dim=-1))
+        dRv, ndRk = dR[..., :dv], dR[..., dv:]
+        nW = torch.cat([W3[..., :dv].neg(), W3[..., dv:]], dim=-1)
+        dA = torch.bmm(dR, nW.mT).mul_(strict)  # −stril(dR_v W_vᵀ + dR_k W_kᵀ)
+        M = torch.bmm(dA, k3).sub_(ndRk)  # dA K + dR_k
+        dpe = torch.linalg.vecdot(M, k3)
+        dk_ = torch.bmm(dA.mul_(pe3).mT, k3).addcmul_(M, pe3)
+        dP = torch.bmm(dO3, U3.mT).mul_(lower)
+        dq = torch.bmm(dO3, S03).baddbmm_(dP, k3)
+        dk_.baddbmm_(dP.mT, q3).baddbmm_(U3, dS13)
+        dpw = torch.linalg.vecdot(dRv, v3)
+        dv_ = dRv * pw3
+        shape = (N, BH, C)
+        return (dq.view(shape + (dk,)), dk_.view(shape + (dk,)), dv_.view(shape + (dv,)),
+                dpw.view(shape + (1,)), dpe.view(shape + (1,)), d_state)
 
 
 def nam_scan_chunked(
@@ -44,45 +182,19 @@ def nam_scan_chunked(
     B, T, H, dk = k.shape
     dv = v.shape[-1]
     out_dtype = v.dtype
-    if out_dtype in _UPCAST:  # triangular solves need float32 or better
+    if out_dtype in _UPCAST:  # the chunk inverse needs float32 or better
         q, k, v, p_w, p_e, initial_state = (
             t.float() for t in (q, k, v, p_w, p_e, initial_state)
         )
         p_r = None if p_r is None else p_r.float()
     C = min(chunk_size, T)
     N = -(-T // C)
-    qc = _to_chunks(q, N, C)  # [B, H, N, C, dk]
-    kc = _to_chunks(k, N, C)  # [B, H, N, C, dk]
-    vc = _to_chunks(v, N, C)  # [B, H, N, C, dv]
-    pw = _to_chunks(p_w, N, C).unsqueeze(-1)  # [B, H, N, C, 1]
-    pe = _to_chunks(p_e, N, C).unsqueeze(-1)  # [B, H, N, C, 1]
-
-    # Intra-chunk system (I + A) [W_v, W_k] = [P_w V, P_e K], all chunks at once.
-    # Triangular masks as multiplications: batched .tril() is slow on CPU.
-    lower = torch.ones(C, C, dtype=kc.dtype, device=kc.device).tril()  # incl. diagonal
-    eye = torch.eye(C, dtype=kc.dtype, device=kc.device)
-    A = pe * (kc @ kc.transpose(-1, -2)) * (lower - eye)  # strictly lower: [B, H, N, C, C]
-    rhs = torch.cat([pw * vc, pe * kc], dim=-1)  # [B, H, N, C, dv + dk]
-    sol = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)
-    Wv, Wk = sol.split([dv, dk], dim=-1)  # [B, H, N, C, dv], [B, H, N, C, dk]
-
-    # Sequential pass of the state across chunks.
-    # (unbind, not indexing: its backward stacks the gradients instead of materialising a
-    # full-size zero gradient per chunk.)
-    S = initial_state
-    starts, us = [], []
-    for wv, wk, kn in zip(Wv.unbind(2), Wk.unbind(2), kc.unbind(2)):
-        starts.append(S)
-        U = torch.baddbmm(wv.flatten(0, 1), wk.flatten(0, 1), S.flatten(0, 1).transpose(-1, -2),
-                          alpha=-1).view(wv.shape)  # [B, H, C, dv]
-        S = S + U.transpose(-1, -2) @ kn  # [B, H, dv, dk]
-        us.append(U)
-    S0 = torch.stack(starts, dim=2)  # [B, H, N, dv, dk]
-    U = torch.stack(us, dim=2)  # [B, H, N, C, dv]
-
-    # Read after write: o_t = S_t q_t = S_0 q_t + Σ_{s<=t} (k_s·q_t) u_s.
-    O = qc @ S0.transpose(-1, -2) + ((qc @ kc.transpose(-1, -2)) * lower) @ U  # [B, H, N, C, dv]
-    O = O.reshape(B, H, N * C, dv)[:, :, :T].movedim(2, 1)  # [B, T, H, dv]
+    qc, kc, vc = (_to_chunks(x, N, C) for x in (q, k, v))
+    pw = _to_chunks(p_w, N, C).unsqueeze(-1)  # [N, BH, C, 1]
+    pe = _to_chunks(p_e, N, C).unsqueeze(-1)
+    S = initial_state.expand(B, H, dv, dk).reshape(B * H, dv, dk)
+    O, S = _ChunkScan.apply(qc, kc, vc, pw, pe, S)  # O: [N, B*H, C, dv]
+    O = O.view(N, B, H, C, dv).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, dv)[:, :T]
     if p_r is not None:
         O = O * p_r.unsqueeze(-1)
-    return O.to(out_dtype), S.to(out_dtype)
+    return O.to(out_dtype), S.view(B, H, dv, dk).to(out_dtype)
