@@ -293,12 +293,23 @@ def test_experiment_smoke(tmp_path):
 
     threads = torch.get_num_threads()
     try:
-        res = babi_memn2n.main(["--tasks", "1", "--epochs", "2", "--data-dir", str(_data_dir()),
-                                "--out", str(tmp_path)])
+        res = babi_memn2n.main(["--tasks", "1", "--epochs", "2", "--ls-max-epochs", "2", "--seeds", "2",
+                                "--data-dir", str(_data_dir()), "--out", str(tmp_path)])
     finally:
         torch.set_num_threads(threads)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["tasks"]["1"]["name"] == "single-supporting-fact"
     assert 0.0 <= saved["tasks"]["1"]["test_error"] <= 100.0 and saved["mean_error"] == res["mean_error"]
+    runs = saved["run_summary"]["1"]
+    assert [r["seed"] for r in runs] == [0, 1]
+    # the kept run is the one with the lowest validation error
+    assert saved["tasks"]["1"]["valid_error"] == min(r["valid_error"] for r in runs)
     table = (tmp_path / "results.md").read_text()
-    assert "| 1 | single-supporting-fact |" in table and "| mean |" in table
+    assert "| 1 | single-supporting-fact |" in table and "| mean |" in table and "| 1 | 1 |" in table
+
+
+def test_experiment_runs_must_be_positive():
+    from memnets.experiments import babi_memn2n
+
+    with pytest.raises(ValueError, match="runs"):
+        babi_memn2n.run([1], False, babi_memn2n.TrainConfig(), runs=0)
