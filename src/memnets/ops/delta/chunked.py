@@ -84,7 +84,7 @@ class _ChunkScan(torch.autograd.Function):
         dU  = Pᵀ dO + K dS₁ᵀ                      (reverse pass over chunks)
         dS₀ = dS₁ + dOᵀ Q − dUᵀ W_k
         dP  = tril(dO Uᵀ);  dQ = dO S₀ + dP K;  dK = dPᵀ Q + U dS₁
-        dR_v = Tᵀ dU;  dR_k = −Tᵀ (dU S₀);  dA = −stril(dR_v W_vᵀ + dR_k W_kᵀ)
+        dR_v = Tᵀ dU;  dR_k = −dR_v S₀;  dA = −stril(dR_v Uᵀ)
         M   = dA K + dR_k;  dP_e = rowsum(M ⊙ K);  dP_w = rowsum(dR_v ⊙ V)
         dK += P_e M + (P_e dA)ᵀ K;  dV = P_w dR_v
 
@@ -119,22 +119,21 @@ class _ChunkScan(torch.autograd.Function):
         S03, U3 = S0.view(NB, dv, dk), U.view(NB, C, dv)
         P = torch.bmm(q3, k3.mT).mul_(lower)  # tril(Q Kᵀ)
         O = torch.bmm(q3, S03.mT).baddbmm_(P, U3)
-        ctx.save_for_backward(q, k, v, pw, pe, Tm, W, S0, U, P)
+        ctx.save_for_backward(q, k, v, pw, pe, Tm, Wk, S0, U, P)
         return O.view(N, BH, C, dv), Sb[N]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dO, dS):
-        q, k, v, pw, pe, Tm, W, S0, U, P = ctx.saved_tensors
+        q, k, v, pw, pe, Tm, Wk, S0, U, P = ctx.saved_tensors
         N, BH, C, dk = k.shape
         dv = v.shape[-1]
         NB = N * BH
         q3, k3, v3 = (x.view(NB, C, x.shape[-1]) for x in (q, k, v))
         pw3, pe3 = pw.view(NB, C, 1), pe.view(NB, C, 1)
-        S03, U3, W3 = S0.view(NB, dv, dk), U.view(NB, C, dv), W.view(NB, C, dv + dk)
-        Wk = W[..., dv:]
+        S03, U3 = S0.view(NB, dv, dk), U.view(NB, C, dv)
         lower = torch.ones(C, C, dtype=k.dtype, device=k.device).tril()
-        strict = lower.tril(-1)
+        nstrict = -lower.tril(-1)
         # Incoming gradients may be broadcast views (e.g. of a ``.sum()``); matmuls on
         # stride-0 operands copy matrix by matrix, so materialise them once.
         dO3 = dO.contiguous().view(NB, C, dv)
@@ -151,11 +150,11 @@ class _ChunkScan(torch.autograd.Function):
         d_state = dSb[0]
         dU3, dS13 = dU.view(NB, C, dv), dSb[1:].view(NB, dv, dk)
 
-        # [dR_v, −dR_k] = Tᵀ [dU, dU S₀]
-        dR = torch.bmm(Tm.mT, torch.cat([dU3, torch.bmm(dU3, S03)], dim=-1))
-        dRv, ndRk = dR[..., :dv], dR[..., dv:]
-        nW = torch.cat([W3[..., :dv].neg(), W3[..., dv:]], dim=-1)
-        dA = torch.bmm(dR, nW.mT).mul_(strict)  # −stril(dR_v W_vᵀ + dR_k W_kᵀ)
+        # dR_v = Tᵀ dU and dR_k = −Tᵀ dU S₀ = −dR_v S₀; with U = W_v − W_k S₀ᵀ,
+        # dA = −stril(dR_v W_vᵀ + dR_k W_kᵀ) = −stril(dR_v Uᵀ).
+        dRv = torch.bmm(Tm.mT, dU3)
+        ndRk = torch.bmm(dRv, S03)  # −dR_k
+        dA = torch.bmm(dRv, U3.mT).mul_(nstrict)
         M = torch.bmm(dA, k3).sub_(ndRk)  # dA K + dR_k
         dpe = torch.linalg.vecdot(M, k3)
         dk_ = torch.bmm(dA.mul_(pe3).mT, k3).addcmul_(M, pe3)
