@@ -55,7 +55,8 @@ def unit_lower_inverse(A: torch.Tensor) -> torch.Tensor:
         A = F.pad(A, (0, P - C, 0, P - C))
     A = A.reshape(-1, P, P)
     n = A.shape[0]
-    Tm = torch.eye(P, dtype=A.dtype, device=A.device).expand(n, P, P).contiguous()
+    Tm = A.new_zeros(n, P, P)
+    Tm.diagonal(dim1=1, dim2=2).fill_(1)
     b = 1
     while b < P:
         m = P // (2 * b)  # number of 2b blocks on the diagonal
@@ -104,7 +105,9 @@ class _ChunkScan(torch.autograd.Function):
         strict = lower.tril(-1)
         A = torch.bmm(k3, k3.mT).mul_(pe3).mul_(strict)  # stril(P_e K Kᵀ)
         Tm = unit_lower_inverse(A)  # (I + A)⁻¹
-        R = torch.cat([v3 * pw3, k3 * pe3], dim=-1)  # [P_w V, P_e K]
+        R = k.new_empty(NB, C, dv + dk)  # [P_w V, P_e K] (written in place: torch.cat along
+        torch.mul(v3, pw3, out=R[..., :dv])  # the last dim is far slower on CPU)
+        torch.mul(k3, pe3, out=R[..., dv:])
         W = torch.bmm(Tm, R).view(N, BH, C, dv + dk)  # [W_v, W_k]
         Wk = W[..., dv:]
 
