@@ -97,11 +97,14 @@ class _LSAMRecurrence(torch.autograd.Function):
         MT = M.transpose(1, 2)  # view of the in-place buffer
         steps = zip(gx.unbind(0), NRM.unbind(0), QK.unbind(0), P.unbind(0), E.unbind(0), U.unbind(0),
                     CQ.unbind(0), R.unbind(0), out.view(T, N, d).unbind(0))  # per-step views
+        # One direction: a 2-D matmul, which (unlike a batch-of-one bmm) uses every intra-op thread.
+        rec = (lambda g, hh: torch.addmm(g[0], hh[0], w_hhT[0])) if dirs == 1 else \
+            (lambda g, hh: torch.baddbmm(g, hh, w_hhT))
         for t, (gx_t, nrm_t, qk_t, p_t, e_t, u_t, c_t, r_t, o_t) in enumerate(steps):
-            blk = torch.baddbmm(gx_t, h, w_hhT).view(N, 3 * d + 2)  # [N, 3d+2]
+            blk = rec(gx_t, h).view(N, 3 * d + 2)  # [N, 3d+2]
             raw = blk[:, : 2 * d].view(N, 2, d)
-            nrm = torch.linalg.vector_norm(raw, dim=-1, keepdim=True, out=nrm_t)  # [N, 2, 1]
-            qk = torch.div(raw, nrm.clamp_min(_EPS), out=qk_t)  # [N, 2, d] = (μ(q), μ(k))
+            nrm = torch.linalg.vector_norm(raw, dim=-1, keepdim=True, out=nrm_t).clamp_min_(_EPS)  # [N, 2, 1]
+            qk = torch.div(raw, nrm, out=qk_t)  # [N, 2, d] = (μ(q), μ(k))
             p = torch.sigmoid(blk[:, 3 * d:], out=p_t)  # [N, 2] = (p_r, p_w)
             ab = torch.bmm(qk, MT)  # [N, 2, d] = (M q, M k)
             torch.sub(blk[:, 2 * d: 3 * d], ab[:, 1], out=e_t)  # v − M k
@@ -124,7 +127,7 @@ class _LSAMRecurrence(torch.autograd.Function):
         dM = torch.zeros_like(M_T) if dM is None else dM.clone()
         dout = torch.zeros_like(out) if dout is None else dout
         S = P * (1 - P)  # σ' for all steps: [T, N, 2]
-        INV = 1.0 / NRM.clamp_min(_EPS)  # [T, N, 2, 1]
+        INV = 1.0 / NRM  # [T, N, 2, 1] (NRM holds max(‖x‖, eps))
         QKM = QK * (NRM > _EPS)  # μ's projection only where ‖x‖ > eps: [T, N, 2, d]
         QKS = QK.flip(2)  # (k, q): [T, N, 2, d]
         work = M_T.clone()  # M_t, reversed in place to M_{t-1}
@@ -135,11 +138,10 @@ class _LSAMRecurrence(torch.autograd.Function):
         steps = list(zip(QK.unbind(0), U.unbind(0), P.unbind(0), CQ.unsqueeze(-1).unbind(0), R.unbind(0),
                          E.unbind(0), QKS.unbind(0), QKM.unbind(0), INV.unbind(0), S.unbind(0),
                          dout.reshape(T, N, d).unbind(0), g4[..., : 2 * d].unflatten(-1, (2, d)).unbind(0),
-                         g4[..., 2 * d: 3 * d].unbind(0), g4[..., 3 * d].unbind(0), g4[..., 3 * d + 1].unbind(0),
-                         dgx.unbind(0)))
+                         g4[..., 2 * d: 3 * d].unbind(0), g4[..., 3 * d:].unbind(0), dgx.unbind(0)))
         dMT, da_q, da_k, dabT = dM.transpose(1, 2), dab[:, 0], dab[:, 1], dab.transpose(1, 2)
         for t in range(T - 1, -1, -1):
-            qk, u, p, c, r, e, qks, qkm, inv, sg, do, g_qk, g_v, g_r, g_w, dg = steps[t]
+            qk, u, p, c, r, e, qks, qkm, inv, sg, do, g_qk, g_v, g_rw, dg = steps[t]
             if (t + 1) % _SEGMENT == 0 and t < T - 1:
                 work.copy_(ckpts[(t + 1) // _SEGMENT - 1])  # exact M_t
             k1 = qk[:, 1:]  # [N, 1, d]
@@ -158,9 +160,9 @@ class _LSAMRecurrence(torch.autograd.Function):
             dM.baddbmm_(dabT, qk)  # dM_{t-1} = dM_t + da_q qᵀ + da_k kᵀ
             proj = torch.linalg.vecdot(dqk, qkm).unsqueeze(-1)  # [N, 2, 1]
             torch.mul(torch.addcmul(dqk, qk, proj, value=-1.0), inv, out=g_qk)  # μ backward
-            torch.mul(dp_r, sg[:, 0], out=g_r)  # σ backward
-            torch.mul(dp_w, sg[:, 1], out=g_w)
-            dh = torch.bmm(dg, w_hh).view(N, d)  # [dirs, B, D'] -> [N, d]
+            torch.mul(dp_r, sg[:, 0], out=g_rw[:, 0])  # σ backward
+            torch.mul(dp_w, sg[:, 1], out=g_rw[:, 1])
+            dh = (torch.mm(dg[0], w_hh[0]) if dirs == 1 else torch.bmm(dg, w_hh)).view(N, d)  # [N, d]
         dw = None
         if ctx.needs_input_grad[1]:
             hprev = torch.cat([h0.unsqueeze(0), out[:-1]], 0)  # [T, dirs, B, D']
