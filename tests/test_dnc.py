@@ -119,3 +119,67 @@ def test_fused_write_link_gradcheck():
     offdiag = 1 - torch.eye(N, dtype=D)
     args = (r(B, N, W), r(B, N, N), r(B, N), r(B, N), r(B, W), r(B, W), r(B, R, N), offdiag)
     assert torch.autograd.gradcheck(_WriteLink.apply, args)
+
+
+def _random_state(m, B, seed):
+    g = torch.Generator().manual_seed(seed)
+    s = m.init_state(B, dtype=D)
+    return map_state(lambda z: (torch.rand(z.shape, generator=g, dtype=D) * 0.3).requires_grad_(), s)
+
+
+@pytest.mark.parametrize("layers,T,R", [(1, 1, 1), (1, 6, 2), (2, 5, 3), (3, 4, 2)])
+def test_scan_equals_reference_with_state_grads(layers, T, R):
+    """The whole-sequence Function (impl="fast") against the per-equation reference in float64:
+    outputs, final state, and gradients of every parameter, the input and the initial state."""
+    m = _tiny(controller_layers=layers, read_heads=R).double()
+    x = torch.randn(3, T, 4, dtype=D, generator=torch.Generator().manual_seed(1))
+    results = []
+    for impl in ("fast", "reference"):
+        m.impl = impl
+        m.zero_grad()
+        xi = x.clone().requires_grad_()
+        s0 = _random_state(m, 3, 5)
+        y, s = m(xi, s0)
+        loss = (y * torch.randn(y.shape, generator=torch.Generator().manual_seed(2), dtype=D)).sum()
+        for i, t in enumerate(torch.utils._pytree.tree_leaves(s)):
+            loss = loss + (t * torch.randn(t.shape, generator=torch.Generator().manual_seed(10 + i), dtype=D)).sum()
+        loss.backward()
+        results.append((y.detach(), [t.detach() for t in torch.utils._pytree.tree_leaves(s)], xi.grad,
+                        {n: p.grad for n, p in m.named_parameters()}, [t.grad for t in torch.utils._pytree.tree_leaves(s0)]))
+    (y1, s1, gx1, gp1, gs1), (y2, s2, gx2, gp2, gs2) = results
+    torch.testing.assert_close(y1, y2)
+    for a, b in zip(s1, s2):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(gx1, gx2)
+    for n in gp1:
+        torch.testing.assert_close(gp1[n], gp2[n], msg=lambda msg: f"{n}: {msg}")
+    for i, (a, b) in enumerate(zip(gs1, gs2)):
+        torch.testing.assert_close(a, b, msg=lambda msg: f"initial state leaf {i}: {msg}")
+
+
+def test_scan_backward_twice_with_retain_graph():
+    m = _tiny().double()
+    y, _ = m(torch.randn(2, 4, 4, dtype=D))
+    g1 = torch.autograd.grad(y.sum(), m.interface.weight, retain_graph=True)[0]
+    g2 = torch.autograd.grad(y.sum(), m.interface.weight)[0]
+    torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_scan_function_gradcheck(layers):
+    from memnets.memories.dnc_scan import DNCRecurrence
+
+    g = torch.Generator().manual_seed(3)
+    T, B, C, N, W, R = 3, 2, 3, 4, 3, 2
+    I = (R + 1) * W + (R + 1) + 2 * W + R + 2 + 3 * R
+
+    def r(*shape, scale=0.5):
+        return ((torch.rand(*shape, generator=g, dtype=D) - 0.3) * scale).requires_grad_()
+
+    def p(*shape):
+        return (torch.rand(*shape, generator=g, dtype=D) * 0.4).requires_grad_()
+
+    upper = [t for _ in range(layers - 1) for t in (r(4 * C, 2 * C), r(4 * C))]
+    args = ((R, W), r(T, B, 4 * C, scale=2.0), r(I, C, scale=2.0), r(I, scale=2.0), r(B, layers, C), r(B, layers, C),
+            r(B, N, W), p(B, N), p(B, N, N), p(B, N), p(B, R, N), p(B, N), r(B, R, W), r(4 * C, R * W + C), *upper)
+    assert torch.autograd.gradcheck(DNCRecurrence.apply, args)

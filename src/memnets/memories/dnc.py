@@ -26,6 +26,7 @@ from ..ops.addressing import content_weights, erase_add_write, weighted_read
 from ..ops.dnc import (dnc_allocation, dnc_directional_weights, dnc_link, dnc_precedence, dnc_read_weights,
                        dnc_retention, dnc_usage, dnc_write_weighting)
 from ..registry import register_model
+from .dnc_scan import DNCRecurrence, interface_permutation
 
 __all__ = ["DNC", "DNCConfig", "DNCState", "DNCAccessState", "DNCControllerState", "DNCAux"]
 
@@ -298,6 +299,25 @@ class DNC(nn.Module):
     def _check_dtype(self, name: str, x: torch.Tensor) -> None:
         check_input_dtype(name, x, next(self.parameters()).dtype)
 
+    def _forward_scan(self, x: torch.Tensor, state: DNCState):
+        """The whole sequence through :class:`~memnets.memories.dnc_scan.DNCRecurrence` (fast path)."""
+        cfg = self.config
+        B, T = x.shape[:2]
+        R, W = cfg.read_heads, cfg.word_size
+        gx = self.ctrl_x(x.transpose(0, 1))  # [T, B, 4C]
+        perm = interface_permutation(R, W, x.device)
+        w_xi = self.interface.weight.index_select(0, perm)
+        b_xi = self.interface.bias.index_select(0, perm)
+        upper = [p for lin in self.ctrl_rec[1:] for p in (lin.weight, lin.bias)]
+        ctrl, a = state.controller, state.access
+        H, reads, h, c, mem, usage, link, prec, wr, ww = DNCRecurrence.apply(
+            (R, W), gx.contiguous(), w_xi, b_xi, ctrl.h, ctrl.c, a.memory, a.usage, a.link, a.precedence,
+            a.read_weights, a.write_weights, state.reads, self.ctrl_rec[0].weight, *upper)
+        y = self._readout(H, reads.unflatten(-1, (R, W))).transpose(0, 1)  # [B, T, output_size]
+        state = DNCState(DNCControllerState(h, c), DNCAccessState(mem, usage, link, prec, wr, ww),
+                         reads[-1].view(B, R, W))
+        return y, state
+
     def step(self, x_t: torch.Tensor, state: DNCState | None = None):
         """One time step: ``x_t [B, input_size] -> (y_t [B, output_size], state)``."""
         check_shape("x_t", x_t, ["B", "input_size"], [None, self.config.input_size])
@@ -318,6 +338,8 @@ class DNC(nn.Module):
             raise ValueError(f"`x` expected a sequence of length T >= 1, got {list(x.shape)}")
         state = self.init_state(B, x.device, x.dtype) if state is None else state
         self._check_state(state, B)
+        if self.impl == "fast" and not return_aux:
+            return self._forward_scan(x, state)
         gx = self.ctrl_x(x).unbind(1)  # T x [B, 4C]
         offdiag = self._offdiag(x)
         hs, rs, trace = [], [], []
