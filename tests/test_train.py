@@ -10,6 +10,7 @@ import torch
 from memnets.train import (ConfigError, ModelConfig, OptimConfig, RunConfig, RunExistsError, TaskConfig,
                            apply_overrides, config_from_dict, config_to_dict, list_presets, load_config,
                            lr_factor, train)
+from memnets.train.loop import selects
 from memnets.train import checkpoint as ck
 from memnets.train.data import batch_indices, epoch_order, eval_splits, train_epoch_data
 
@@ -117,6 +118,16 @@ def test_tiny_run_writes_every_file(tmp_path):
         train(tiny_config(), run, quiet=True)
     with pytest.raises(ConfigError, match="config differs in epochs"):
         train(tiny_config(checkpoint_every=3, epochs=3), run, resume=True, quiet=True)
+
+
+@pytest.mark.parametrize("ties,epoch", [("first", 1), ("last", 3)])
+def test_select_ties_picks_the_first_or_last_equal_evaluation(tmp_path, ties, epoch):
+    # lr 0: the weights never change, so every epoch scores the same on the selection split
+    res = train(tiny_config(epochs=3, select_ties=ties, optim=OptimConfig(lr=0.0)), tmp_path / ties, quiet=True)
+    assert res["best_epoch"] == epoch
+    assert selects(0.5, 0.4) and not selects(0.5, 0.5) and selects(0.5, 0.5, "last") and not selects(0.4, 0.5, "last")
+    with pytest.raises(ConfigError, match="select_ties"):
+        tiny_config(select_ties="best")
 
 
 def test_loss_decreases(tmp_path):

@@ -95,7 +95,9 @@ class RunConfig:
     ``batch_size`` is the global batch (split across DDP processes). ``checkpoint_every``:
     also checkpoint every that many optimiser steps (0: at epoch ends only). ``log_every``:
     steps between training records in ``metrics.jsonl``. ``select_split``: the split whose
-    sequence accuracy picks the reported epoch. ``amp``: ``auto`` (bf16 autocast on CUDA
+    sequence accuracy picks the reported epoch; ``select_ties``: which of several evaluations
+    with that same best accuracy is reported, the ``first`` or the ``last`` (the most trained
+    model, e.g. once OD-easy saturates at 100%). ``amp``: ``auto`` (bf16 autocast on CUDA
     only), ``bf16`` or ``none``. ``threads``: torch intra-op threads (0: torch's default).
     ``time_limit_min``: stop at the first epoch end past this wall time (0: no limit; a run
     stopped this way is not reproducible step for step).
@@ -107,6 +109,7 @@ class RunConfig:
     epochs: int = 100
     batch_size: int = 128
     select_split: str = "od_easy"
+    select_ties: str = "first"
     eval_every: int = 1
     checkpoint_every: int = 0
     log_every: int = 20
@@ -127,6 +130,7 @@ class RunConfig:
 _CHOICES = {
     ("schedule", "kind"): ("exp", "constant", "cosine"),
     ("amp",): ("auto", "bf16", "none"),
+    ("select_ties",): ("first", "last"),
     ("task", "name"): ("fib", "addition", "palindrome", "reduce"),
     ("optim", "nan_policy"): ("raise", "skip"),
 }

@@ -34,7 +34,7 @@ from .data import batch_indices, epoch_order, eval_splits, train_epoch_data
 from .nan_guard import NonFiniteError, check_finite, first_non_finite
 from .env import DistInfo, cleanup_distributed, resolve_device, run_env, setup_distributed
 
-__all__ = ["train", "build_model", "evaluate", "lr_factor", "RunExistsError"]
+__all__ = ["train", "build_model", "evaluate", "lr_factor", "selects", "RunExistsError"]
 
 
 class RunExistsError(ConfigError):
@@ -61,6 +61,12 @@ def lr_factor(cfg: RunConfig, epoch: int, step: int, total_steps: int) -> float:
     if s.warmup_steps and step < s.warmup_steps:
         f *= (step + 1) / s.warmup_steps
     return f
+
+
+def selects(score: float, best: float, ties: str = "first") -> bool:
+    """Whether an evaluation scoring ``score`` on the selection split replaces the reported
+    one (``best``): a higher score always does; an equal one only with ``ties = "last"``."""
+    return score > best or (ties == "last" and score == best)
 
 
 def _autocast(cfg: RunConfig, device: torch.device):
@@ -309,7 +315,7 @@ def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> di
         rec = {"kind": "eval", "epoch": ep, "step": step, "splits": res, "wall_s": wall()}
         metrics.write(rec)
         score = res[cfg.select_split]["seq_acc"]
-        if score > best["score"]:
+        if selects(score, best["score"], cfg.select_ties):
             best = {"score": score, "epoch": ep, "splits": res}
             if info.is_main:
                 ck.save_weights(run_dir / "checkpoints" / "best.safetensors", model, meta)
