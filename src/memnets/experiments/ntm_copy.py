@@ -4,9 +4,14 @@
 
 Setup: LSTM controller 100, memory 128 × 20, one read and one write head, shifts −1..+1,
 8-bit vectors, train lengths 1–20, loss = cost in bits per sequence, gradient-norm
-clipping, Adam (Collier & Beel 2018) or RMSProp with momentum (Graves et al. 2014).
-By default all sequences of a batch share one length drawn uniformly from 1–20, so no
-padded steps are run.
+clipping 10, Adam lr 1e-3 (Collier & Beel 2018) or RMSProp with momentum (Graves et al.
+2014), batch 8. By default all sequences of a batch share one length drawn uniformly from
+1–20, so no padded steps are run.
+
+Optional annealing (off by default): once the logged training cost first falls below
+``--anneal-below`` bits, the learning rate halves (``--anneal-factor``) every
+``--anneal-every`` sequences, down to ``--min-lr``; before that point it stays constant, so
+the escape from the initial plateau, whose timing varies from seed to seed, is not slowed.
 Logs the cost every ``--log-every`` steps to ``DIR/metrics.jsonl`` and writes
 ``DIR/results.json`` with the sequences seen until the running cost first fell below 0.1
 bits per sequence and the average bit errors on held-out copies of length 20, 40 (and the
@@ -63,6 +68,7 @@ def train(args: argparse.Namespace) -> dict:
     else:
         opt = torch.optim.RMSprop(model.parameters(), lr=args.lr, momentum=0.9, alpha=0.95)
     gen = torch.Generator().manual_seed(args.seed)
+    lr, anneal_from = args.lr, None  # sequences seen when the cost first fell below --anneal-below
     metrics = open(out / "metrics.jsonl", "w")
     t0 = time.time()
     window: list[float] = []
@@ -86,9 +92,12 @@ def train(args: argparse.Namespace) -> dict:
             cost = sum(window) / len(window)
             window = []
             seen = step * args.batch_size
-            row = {"step": step, "sequences": seen, "cost_bits": cost, "time_s": round(time.time() - t0, 1)}
+            row = {"step": step, "sequences": seen, "cost_bits": cost, "lr": lr,
+                   "time_s": round(time.time() - t0, 1)}
             if reached is None and cost < 0.1:
                 reached = seen
+            if anneal_from is None and args.anneal_below > 0 and cost < args.anneal_below:
+                anneal_from = seen
             if cost < best_cost:  # snapshot at the lowest logged training cost
                 best_cost, best_step = cost, step
                 best_state = copy.deepcopy(model.state_dict())
@@ -96,6 +105,11 @@ def train(args: argparse.Namespace) -> dict:
             metrics.write(json.dumps(row) + "\n")
             metrics.flush()
             print(json.dumps(row), flush=True)
+        if anneal_from is not None:
+            halvings = (step * args.batch_size - anneal_from) // args.anneal_every
+            lr = max(args.min_lr, args.lr * args.anneal_factor ** halvings)
+            for group in opt.param_groups:
+                group["lr"] = lr
         if args.max_minutes and time.time() - t0 > args.max_minutes * 60:
             print(f"stopping at step {step}: --max-minutes {args.max_minutes} reached", flush=True)
             break
@@ -119,6 +133,7 @@ def train(args: argparse.Namespace) -> dict:
         "train_seconds": round(time.time() - t0, 1),
         "final_cost_bits": log_rows[-1]["cost_bits"] if log_rows else math.nan,
         "sequences_to_cost_below_0.1": reached,
+        "anneal_from_sequences": anneal_from, "final_lr": lr,
         "eval": evals,
         "best_step": best_step, "best_cost_bits": best_cost, "eval_best": evals_best,
         "bar": {"cost_below_0.1_within_sequences": 20000, "max_bit_errors_length_40": 1.0},
@@ -130,11 +145,16 @@ def train(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m memnets.experiments.ntm_copy", description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=4000, help="optimizer steps")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=3000, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--optimizer", choices=["adam", "rmsprop"], default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--clip", type=float, default=10.0, help="gradient-norm clipping")
+    p.add_argument("--anneal-below", type=float, default=0.0,
+                   help="start annealing once the logged cost falls below this many bits (0 = never)")
+    p.add_argument("--anneal-every", type=int, default=2000, help="sequences between learning-rate cuts")
+    p.add_argument("--anneal-factor", type=float, default=0.5)
+    p.add_argument("--min-lr", type=float, default=1e-5)
     p.add_argument("--min-len", type=int, default=1)
     p.add_argument("--max-len", type=int, default=20)
     p.add_argument("--eval-lengths", type=int, nargs="*", default=[80, 120])
@@ -146,6 +166,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default="runs/ntm_copy")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    for name, ok, want in (("--steps", args.steps >= 1, ">= 1"), ("--batch-size", args.batch_size >= 1, ">= 1"),
+                           ("--lr", args.lr > 0, "> 0"), ("--clip", args.clip > 0, "> 0"),
+                           ("--anneal-below", args.anneal_below >= 0, ">= 0"),
+                           ("--anneal-every", args.anneal_every >= 1, ">= 1"),
+                           ("--anneal-factor", 0 < args.anneal_factor <= 1, "in (0, 1]"),
+                           ("--min-lr", args.min_lr >= 0, ">= 0")):
+        if not ok:
+            p.error(f"{name} expected a value {want}, got {getattr(args, name[2:].replace('-', '_'))}")
     torch.set_num_threads(args.threads)
     return train(args)
 
