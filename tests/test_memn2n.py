@@ -293,8 +293,9 @@ def test_experiment_smoke(tmp_path):
 
     threads = torch.get_num_threads()
     try:
-        res = babi_memn2n.main(["--tasks", "1", "--epochs", "2", "--ls-max-epochs", "2", "--seeds", "2",
-                                "--data-dir", str(_data_dir()), "--out", str(tmp_path)])
+        res = babi_memn2n.main(["--tasks", "1", "--epochs", "2", "--ls-max-epochs", "2", "--ls-patience", "0",
+                                "--lr", "0.005", "--seeds", "2", "--data-dir", str(_data_dir()),
+                                "--out", str(tmp_path)])
     finally:
         torch.set_num_threads(threads)
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -302,6 +303,8 @@ def test_experiment_smoke(tmp_path):
     assert 0.0 <= saved["tasks"]["1"]["test_error"] <= 100.0 and saved["mean_error"] == res["mean_error"]
     runs = saved["run_summary"]["1"]
     assert [r["seed"] for r in runs] == [0, 1]
+    assert [r["epochs"] for r in runs] == [4, 4]  # 2 linear-start epochs (patience 0: all of them) + 2
+    assert saved["config"]["lr"] == 0.005 and saved["config"]["ls_patience"] == 0
     # the kept run is the one with the lowest validation error
     assert saved["tasks"]["1"]["valid_error"] == min(r["valid_error"] for r in runs)
     table = (tmp_path / "results.md").read_text()
@@ -313,3 +316,7 @@ def test_experiment_runs_must_be_positive():
 
     with pytest.raises(ValueError, match="runs"):
         babi_memn2n.run([1], False, babi_memn2n.TrainConfig(), runs=0)
+    with pytest.raises(SystemExit):
+        babi_memn2n.main(["--seeds", "0"])
+    with pytest.raises(SystemExit):
+        babi_memn2n.main(["--ls-patience", "-1"])

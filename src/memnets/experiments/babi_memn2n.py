@@ -109,7 +109,8 @@ def evaluate(model: MemN2N, data: babi.BabiTensors, batch_size: int = 256) -> tu
 def train_memn2n(train: babi.BabiTensors, valid: babi.BabiTensors, vocab_size: int, sentence_size: int,
                  cfg: TrainConfig, log=print) -> tuple[MemN2N, dict]:
     """Train one model: an LS phase (softmax removed, lr ``ls_lr``) that ends when the
-    validation loss has not fallen for ``ls_patience`` epochs or after ``ls_max_epochs``, then
+    validation loss has not fallen for ``ls_patience`` epochs (0: never, the LS phase then lasts
+    exactly ``ls_max_epochs``, as in the authors' released code) or after ``ls_max_epochs``, then
     ``epochs`` epochs with the softmax, lr halved every ``anneal_every``. Returns the state with
     the best validation accuracy after LS ended, and a history dict."""
     torch.manual_seed(cfg.seed)
@@ -151,7 +152,7 @@ def train_memn2n(train: babi.BabiTensors, valid: babi.BabiTensors, vocab_size: i
         if model.linear_start:
             ls_epochs += 1
             best_ls_loss, ls_bad = (v_loss, 0) if v_loss < best_ls_loss else (best_ls_loss, ls_bad + 1)
-            if ls_bad >= cfg.ls_patience or ls_epochs >= cfg.ls_max_epochs:
+            if (cfg.ls_patience > 0 and ls_bad >= cfg.ls_patience) or ls_epochs >= cfg.ls_max_epochs:
                 model.linear_start = False  # validation loss stopped falling: re-insert the softmax
                 log(f"  epoch {epoch}: softmax re-inserted (linear start ended), valid acc {v_acc:.3f}")
         elif (v_acc, -v_loss) > (best[0], -best[1]):
@@ -268,6 +269,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--epochs", type=int, default=None, help="epochs after LS; default 100 per task, 60 joint")
     p.add_argument("--ls-max-epochs", type=int, default=None, help="longest LS phase; default 20 per task, 30 joint")
+    p.add_argument("--ls-patience", type=int, default=3,
+                   help="end LS after this many epochs without a lower validation loss (0 = run all "
+                        "--ls-max-epochs, as the authors' released code does)")
+    p.add_argument("--lr", type=float, default=0.01,
+                   help="SGD learning rate once the softmax is in (the authors' code: 0.005 after LS)")
+    p.add_argument("--ls-lr", type=float, default=0.005, help="SGD learning rate during linear start")
     p.add_argument("--max-minutes", type=float, default=None, help="stop training a model after this long")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--random-batches", action="store_true",
@@ -284,6 +291,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None, help="directory for results.json / results.md")
     a = p.parse_args(argv)
+    for name, ok, want in (("--ls-patience", a.ls_patience >= 0, ">= 0"), ("--lr", a.lr > 0, "> 0"),
+                           ("--ls-lr", a.ls_lr > 0, "> 0"), ("--runs/--seeds", a.runs >= 1, ">= 1")):
+        if not ok:
+            p.error(f"{name} expected a value {want}, got {getattr(a, name[2:].split('/')[0].replace('-', '_'))}")
     torch.set_num_threads(a.threads)
     tasks = list(range(1, 21)) if a.tasks == "all" else [int(t) for t in a.tasks.split(",")]
     cfg = TrainConfig(
@@ -291,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         epochs=a.epochs or (60 if a.joint else 100),
         anneal_every=a.anneal_every or (15 if a.joint else 25),
         ls_max_epochs=a.ls_max_epochs or (30 if a.joint else 20), max_minutes=a.max_minutes,
-        batch_size=a.batch_size, bucket=not a.random_batches, optimizer=a.optimizer, seed=a.seed)
+        batch_size=a.batch_size, bucket=not a.random_batches, optimizer=a.optimizer, seed=a.seed,
+        ls_patience=a.ls_patience, lr=a.lr, ls_lr=a.ls_lr)
     results = run(tasks, a.joint, cfg, a.runs, a.data_dir, ten_k=a.ten_k, fallback_1k=a.fallback_1k,
                   log=lambda s: print(s, flush=True))
     table = markdown_table(results)
