@@ -12,17 +12,27 @@ the allocation Jacobian with the sort permutation held constant, the retention p
 …), so that the reverse loop is a short chain of multiplies and small matmuls; the recurrent
 weight gradients are one matmul each after the loop.
 
+At the DNC's usual sizes every op is tiny, so the fixed costs matter: the ``[T, ...]``
+buffers and their per-step views are kept in a small pool of workspaces (per shape, dtype and
+device) and reused by the next call of the same shape instead of being allocated, faulted in
+and sliced again. A forward workspace goes back to the pool when its backward has run (a
+second backward through the same graph, with ``retain_graph=True``, recomputes the forward
+from the saved inputs) or when the graph is freed; :func:`clear_workspaces` empties the pool.
+
 The per-equation reference is ``DNC(impl="reference")``; tests hold both equal in float64
 (values, final state, gradients of every parameter, the input and the initial state) and
 run ``gradcheck`` on this Function. Not twice differentiable.
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from types import SimpleNamespace
+
 import torch
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-__all__ = ["DNCRecurrence", "interface_permutation", "interface_layout"]
+__all__ = ["DNCRecurrence", "interface_permutation", "interface_layout", "clear_workspaces"]
 
 _EPS = 1e-6  # inside every norm's square root, as in memnets.ops.addressing
 
@@ -53,6 +63,543 @@ def interface_permutation(R: int, W: int, device=None) -> torch.Tensor:
     return torch.cat([k_r, k_w, b_r, b_w, v, erase, free, g_a, g_w, modes])
 
 
+# ---------------------------------------------------------------------------------------------
+# workspace pool
+
+_POOL: OrderedDict = OrderedDict()  # key -> list of workspaces
+_POOL_LOCK = threading.Lock()
+_POOL_KEYS = 4  # shapes kept
+_POOL_PER_KEY = 2
+_POOL_MAX_BYTES = 256 * 2 ** 20  # larger workspaces are not kept
+
+
+def clear_workspaces() -> None:
+    """Drop every pooled workspace of :class:`DNCRecurrence`."""
+    with _POOL_LOCK:
+        _POOL.clear()
+
+
+def _take(key):
+    with _POOL_LOCK:
+        spaces = _POOL.get(key)
+        if spaces:
+            _POOL.move_to_end(key)
+            return spaces.pop()
+    return None
+
+
+def _give(key, space) -> None:
+    if space is None or space.nbytes > _POOL_MAX_BYTES:
+        return
+    with _POOL_LOCK:
+        spaces = _POOL.setdefault(key, [])
+        _POOL.move_to_end(key)
+        if len(spaces) < _POOL_PER_KEY:
+            spaces.append(space)
+        while len(_POOL) > _POOL_KEYS:
+            _POOL.popitem(last=False)
+
+
+class _Lease:
+    """Holds a forward workspace for the autograd node; gives it back when the node is freed."""
+
+    __slots__ = ("key", "space")
+
+    def __init__(self, key, space):
+        self.key, self.space = key, space
+
+    def release(self) -> None:
+        space, self.space = self.space, None
+        _give(self.key, space)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def _nbytes(ns: SimpleNamespace) -> int:
+    total = 0
+    for v in vars(ns).values():
+        for t in (v if isinstance(v, list) else [v]):
+            if isinstance(t, torch.Tensor) and t._base is None:
+                total += t.numel() * t.element_size()
+    return total
+
+
+def _unbind(x: torch.Tensor):
+    return x.unbind(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# forward
+
+
+def _forward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
+    """The forward buffers (everything the backward needs) and their per-step views."""
+    kw = {"dtype": dtype, "device": device}
+    RW, lay, G4 = R * W, interface_layout(R, W), 4 * C
+    inw = [RW] + [C] * (Lc - 1)
+    f = SimpleNamespace()
+    # controller: X[l][t] = input of layer l at step t ([r_{t-1}; h^0_{t-1}] or [h^{l-1}_t; h^l_{t-1}]);
+    # step t writes h^l_t into X[l][t+1][:, inw:]
+    f.X = [torch.empty(T + 1, B, inw[layer] + C, **kw) for layer in range(Lc)]
+    f.A = [torch.empty(T, B, G4, **kw) for _ in range(Lc)]  # (σ(i), σ(f), tanh(g), σ(o))
+    f.CB = [torch.empty(T + 1, B, C, **kw) for _ in range(Lc)]
+    f.TC = [torch.empty(T, B, C, **kw) for _ in range(Lc)]
+    f.GX = torch.empty(T, B, G4, **kw)  # gx with the g block scaled by 2
+    # access
+    f.XI = torch.empty(T, B, lay["size"], **kw)
+    f.SP = torch.empty(T, B, R + 1, **kw)  # softplus of the strengths
+    f.SG = torch.empty(T, B, W + R + 2, **kw)  # σ block: erase, free, g_a, g_w
+    f.PI = torch.empty(T, B, R, 3, **kw)
+    f.KH = torch.empty(T, B, R + 1, W, **kw)  # β-scaled unit keys
+    f.RHO = torch.empty(T, B, R + 1, **kw)
+    f.KEEPR = torch.empty(T, B, R, N, **kw)
+    f.PSI = torch.empty(T, B, N, **kw)
+    f.UB = torch.empty(T, B, N, **kw)
+    f.U = torch.empty(T + 1, B, N, **kw)
+    f.SU = torch.empty(T, B, N, **kw)
+    f.PHI = torch.empty(T, B, N, dtype=torch.long, device=device)
+    f.EX = torch.empty(T, B, N, **kw)
+    f.EX[:, :, 0] = 1
+    f.S0W = torch.empty(T, B, N, 1, **kw)
+    f.CW = torch.empty(T, B, N, **kw)
+    f.DI = torch.empty(T, B, 2, N, **kw)  # (allocation − content, inner) of the write weighting
+    f.WW = torch.empty(T + 1, B, N, **kw)
+    f.KEEPM = torch.empty(T, B, N, W, **kw)
+    f.MEM = torch.empty(T + 1, B, N, W, **kw)
+    f.DEC = torch.empty(T, B, N, N, **kw)
+    f.LL = torch.empty(T + 1, B, N, 2 * N, **kw)  # [L_t | L_tᵀ]
+    f.SW = torch.empty(T, B, 1, **kw)
+    f.PREC = torch.empty(T + 1, B, N, **kw)
+    f.BF = torch.empty(T, B, R, 2 * N, **kw)  # (backward | forward) weightings
+    f.CR = torch.empty(T, B, R, N, **kw)
+    f.NRM = torch.empty(T + 1, B, N, **kw)
+    f.S0R = torch.empty(T, B, R, N, **kw)
+    f.WR = torch.empty(T + 1, B, R, N, **kw)
+    f.RD = torch.empty(T, B, R, W, **kw)
+    f.alloc = torch.empty(B, N, **kw)
+    f.ones_rn, f.ones_nw = torch.ones(B, R, N, **kw), torch.ones(B, N, W, **kw)
+    f.offdiag = 1 - torch.eye(N, **kw)
+    f.eps, f.one, f.two = (torch.tensor(v, **kw) for v in (_EPS, 1.0, 2.0))
+    f.scale = torch.ones(G4, **kw)
+    f.scale[2 * C:3 * C] = 2  # tanh(g) = 2 σ(2 g) − 1: one sigmoid for all four gates
+    f.nbytes = _nbytes(f)
+
+    ub = _unbind
+    f.LNK = f.LL[..., :N]
+    f.GXv = ub(f.GX)
+    f.Xv = [ub(x) for x in f.X]
+    f.Hv = [ub(f.X[layer][:, :, inw[layer]:]) for layer in range(Lc)]
+    f.Xin = [None] + [ub(f.X[layer][:, :, :C]) for layer in range(1, Lc)]
+    f.Av = [ub(a) for a in f.A]
+    f.Ai, f.Af, f.Ag, f.Ao = ([ub(a[..., k * C:(k + 1) * C]) for a in f.A] for k in range(4))
+    f.CBv, f.TCv = [ub(c) for c in f.CB], [ub(c) for c in f.TC]
+    f.XIv = ub(f.XI)
+    f.xi_keys = ub(f.XI[..., :lay["str"]].unflatten(-1, (R + 1, W)))
+    f.xi_str = ub(f.XI[..., lay["str"]:lay["v"]])
+    f.v_row = ub(f.XI[..., lay["v"]:lay["sig"]].unsqueeze(-2))
+    f.xi_sig = ub(f.XI[..., lay["sig"]:lay["modes"]])
+    f.xi_modes = ub(f.XI[..., lay["modes"]:].unflatten(-1, (R, 3)))
+    f.SPv, f.SGv = ub(f.SP), ub(f.SG)
+    f.e_row = ub(f.SG[..., :W].unsqueeze(-2))
+    f.free_col = ub(f.SG[..., W:W + R].unsqueeze(-1))
+    f.g_a, f.g_w = ub(f.SG[..., W + R:W + R + 1]), ub(f.SG[..., W + R + 1:])
+    f.PIv, f.PI0, f.PI1, f.PI2 = ub(f.PI), ub(f.PI[..., 0:1]), ub(f.PI[..., 1:2]), ub(f.PI[..., 2:3])
+    f.KHv, f.RHOv = ub(f.KH), ub(f.RHO)
+    f.KHr, f.KHw = ub(f.KH[:, :, :R]), ub(f.KH[:, :, R].unsqueeze(-1))
+    f.KEEPRv, f.PSIv, f.UBv, f.Uv = ub(f.KEEPR), ub(f.PSI), ub(f.UB), ub(f.U)
+    f.SUv, f.PHIv, f.EXv = ub(f.SU), ub(f.PHI), ub(f.EX)
+    f.SUh, f.EXt = ub(f.SU[..., :-1]), ub(f.EX[..., 1:])
+    f.S0Wv, f.S0Ws, f.CWv = ub(f.S0W), ub(f.S0W.squeeze(-1)), ub(f.CW)
+    f.DIFF, f.INNER = ub(f.DI[:, :, 0]), ub(f.DI[:, :, 1])
+    f.WWv, f.WWcol, f.WWrow = ub(f.WW), ub(f.WW.unsqueeze(-1)), ub(f.WW.unsqueeze(-2))
+    f.KEEPMv, f.MEMv, f.MEMT = ub(f.KEEPM), ub(f.MEM), ub(f.MEM.transpose(-1, -2))
+    f.DECv, f.LNKv, f.LNKTs, f.LLv = ub(f.DEC), ub(f.LNK), ub(f.LL[..., N:]), ub(f.LL)
+    f.SWv, f.PRECv, f.PRECrow = ub(f.SW), ub(f.PREC), ub(f.PREC.unsqueeze(-2))
+    f.BFv, f.BWDv, f.FWDv, f.CRv = ub(f.BF), ub(f.BF[..., :N]), ub(f.BF[..., N:]), ub(f.CR)
+    f.NRMv, f.NRMrow = ub(f.NRM), ub(f.NRM.unsqueeze(-2))
+    f.S0Rv, f.WRv, f.RDv = ub(f.S0R), ub(f.WR), ub(f.RD)
+    f.RDin = ub(f.X[0][1:, :, :RW])
+    f.bv = None  # views for the backward, made at the first backward
+    return f
+
+
+def _run_forward(f, R, W, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, ws, bs):
+    """Fill the forward workspace ``f`` (every step of the recurrence)."""
+    T, B, G4 = gx.shape
+    C, Lc, RW = G4 // 4, len(ws), R * W
+    inw = [RW] + [C] * (Lc - 1)
+    top = Lc - 1
+    X, CB = f.X, f.CB
+    X[0][0, :, :RW] = reads0.reshape(B, RW)
+    for layer in range(Lc):
+        X[layer][0, :, inw[layer]:] = h0[:, layer]
+        CB[layer][0] = c0[:, layer]
+    f.U[0], f.WW[0], f.MEM[0], f.LNK[0], f.PREC[0], f.WR[0] = usage0, ww0, mem0, link0, prec0, wr0
+    torch.linalg.vecdot(mem0, mem0, out=f.NRM[0]).add_(f.eps).rsqrt_()
+    torch.mul(gx, f.scale, out=f.GX)
+    wT = [(w * f.scale.unsqueeze(-1)).t() for w in ws]
+    bs = [None] + [b * f.scale for b in bs[1:]]
+    w_xiT = w_xi.t()
+    eps, two, one, offdiag, alloc, ones_rn, ones_nw = f.eps, f.two, f.one, f.offdiag, f.alloc, f.ones_rn, f.ones_nw
+    GXv, Xv, Hv, Xin, Av, Ai, Af, Ag, Ao, CBv, TCv = (f.GXv, f.Xv, f.Hv, f.Xin, f.Av, f.Ai, f.Af, f.Ag, f.Ao,
+                                                       f.CBv, f.TCv)
+    XIv, xi_keys, xi_str, v_row, xi_sig, xi_modes = f.XIv, f.xi_keys, f.xi_str, f.v_row, f.xi_sig, f.xi_modes
+    SPv, SGv, e_row, free_col, g_a, g_w = f.SPv, f.SGv, f.e_row, f.free_col, f.g_a, f.g_w
+    PIv, PI0, PI1, PI2, KHv, RHOv, KHr, KHw = f.PIv, f.PI0, f.PI1, f.PI2, f.KHv, f.RHOv, f.KHr, f.KHw
+    KEEPRv, PSIv, UBv, Uv, SUv, PHIv, EXv, SUh, EXt = (f.KEEPRv, f.PSIv, f.UBv, f.Uv, f.SUv, f.PHIv, f.EXv,
+                                                        f.SUh, f.EXt)
+    S0Wv, S0Ws, CWv, DIFF, INNER, WWv, WWcol, WWrow = (f.S0Wv, f.S0Ws, f.CWv, f.DIFF, f.INNER, f.WWv, f.WWcol,
+                                                        f.WWrow)
+    KEEPMv, MEMv, MEMT, DECv, LNKv, LNKTs, LLv = f.KEEPMv, f.MEMv, f.MEMT, f.DECv, f.LNKv, f.LNKTs, f.LLv
+    SWv, PRECv, PRECrow, BFv, BWDv, FWDv, CRv = f.SWv, f.PRECv, f.PRECrow, f.BFv, f.BWDv, f.FWDv, f.CRv
+    NRMv, NRMrow, S0Rv, WRv, RDv, RDin = f.NRMv, f.NRMrow, f.S0Rv, f.WRv, f.RDv, f.RDin
+
+    for t in range(T):
+        # LSTM controller, bottom to top
+        for layer in range(Lc):
+            a = Av[layer][t]
+            torch.addmm(GXv[t] if layer == 0 else bs[layer], Xv[layer][t], wT[layer], out=a)
+            a.sigmoid_()
+            Ag[layer][t].mul_(two).sub_(one)
+            c = torch.mul(Af[layer][t], CBv[layer][t], out=CBv[layer][t + 1])
+            c.addcmul_(Ai[layer][t], Ag[layer][t])
+            torch.tanh(c, out=TCv[layer][t])
+            h = torch.mul(Ao[layer][t], TCv[layer][t], out=Hv[layer][t + 1])
+            if layer < top:
+                Xin[layer + 1][t].copy_(h)
+        # interface
+        torch.addmm(b_xi, h, w_xiT, out=XIv[t])
+        sp = torch._C._nn.softplus(xi_str[t], 1, 20, out=SPv[t])
+        torch.sigmoid(xi_sig[t], out=SGv[t])
+        torch._softmax(xi_modes[t], -1, False, out=PIv[t])
+        K = xi_keys[t]
+        rho = torch.linalg.vecdot(K, K, out=RHOv[t]).add_(eps).rsqrt_()
+        torch.mul(K, torch.addcmul(rho, sp, rho).unsqueeze(-1), out=KHv[t])  # β ρ k
+        # retention, usage, allocation
+        torch.addcmul(ones_rn, free_col[t], WRv[t], value=-1, out=KEEPRv[t])
+        psi = torch.prod(KEEPRv[t], 1, out=PSIv[t])
+        u_bar = torch.add(Uv[t], WWv[t], out=UBv[t]).addcmul_(Uv[t], WWv[t], value=-1)
+        u = torch.mul(u_bar, psi, out=Uv[t + 1])
+        torch.sort(u, dim=-1, stable=True, out=(SUv[t], PHIv[t]))
+        torch.cumprod(SUh[t], -1, out=EXt[t])
+        alloc.scatter_(-1, PHIv[t], torch.addcmul(EXv[t], SUv[t], EXv[t], value=-1))
+        # write content weighting on M_{t-1}, write weighting
+        torch.bmm(MEMv[t], KHw[t], out=S0Wv[t])
+        cw = torch._softmax(torch.mul(S0Ws[t], NRMv[t]), -1, False, out=CWv[t])
+        diff = torch.sub(alloc, cw, out=DIFF[t])
+        inner = torch.addcmul(cw, diff, g_a[t], out=INNER[t])
+        torch.mul(inner, g_w[t], out=WWv[t + 1])
+        wcol = WWcol[t + 1]
+        # erase/add write
+        keep = torch.addcmul(ones_nw, wcol, e_row[t], value=-1, out=KEEPMv[t])
+        torch.mul(MEMv[t], keep, out=MEMv[t + 1]).addcmul_(wcol, v_row[t])
+        # link, precedence
+        dec = torch.add(wcol, WWrow[t + 1], out=DECv[t])
+        torch.sub(offdiag, dec, out=dec)  # offdiag − w_i − w_j
+        lnk = torch.mul(LNKv[t], dec, out=LNKv[t + 1]).addcmul_(wcol, PRECrow[t]).mul_(offdiag)
+        sw = torch.sum(WWv[t + 1], -1, keepdim=True, out=SWv[t])
+        torch.addcmul(PRECv[t], PRECv[t], sw, value=-1, out=PRECv[t + 1]).add_(WWv[t + 1])
+        # directional weightings: [b | f] = w^r_{t-1} [L | Lᵀ]
+        LNKTs[t + 1].copy_(lnk.transpose(1, 2))
+        torch.bmm(WRv[t], LLv[t + 1], out=BFv[t])
+        # read content weighting on M_t, read weighting, read
+        mem = MEMv[t + 1]
+        torch.linalg.vecdot(mem, mem, out=NRMv[t + 1]).add_(eps).rsqrt_()
+        torch.bmm(KHr[t], MEMT[t + 1], out=S0Rv[t])
+        torch._softmax(torch.mul(S0Rv[t], NRMrow[t + 1]), -1, False, out=CRv[t])
+        wr = torch.mul(BWDv[t], PI0[t], out=WRv[t + 1]).addcmul_(CRv[t], PI1[t]).addcmul_(FWDv[t], PI2[t])
+        torch.bmm(wr, mem, out=RDv[t])
+        RDin[t].copy_(RDv[t].view(B, RW))
+
+
+# ---------------------------------------------------------------------------------------------
+# backward
+
+
+def _backward_views(f, R, W, Lc) -> SimpleNamespace:
+    """Per-step views of forward buffers used by the backward (made once per workspace)."""
+    ub = _unbind
+    T, B, N = f.SU.shape
+    C = f.TC[0].shape[-1]
+    lay = interface_layout(R, W)
+    v = SimpleNamespace()
+    v.sf = [ub(a[..., C:2 * C]) for a in f.A]
+    v.xi_keys = ub(f.XI[..., :lay["str"]].unflatten(-1, (R + 1, W)))
+    v.PIv, v.PI1 = ub(f.PI), ub(f.PI[..., 1:2])
+    v.CRv, v.MEMv, v.MEMT, v.WRT = ub(f.CR), ub(f.MEM), ub(f.MEM.transpose(-1, -2)), ub(f.WR.transpose(-1, -2))
+    v.S0Rv, v.NRMv, v.NRMrow = ub(f.S0R), ub(f.NRM), ub(f.NRM.unsqueeze(-2))
+    v.LLTv, v.LNKv, v.DECv = ub(f.LL.transpose(-1, -2)), ub(f.LNK), ub(f.DEC)
+    v.WWcol, v.WWrow, v.PRECv, v.KEEPMv = ub(f.WW.unsqueeze(-1)), ub(f.WW.unsqueeze(-2)), ub(f.PREC), ub(f.KEEPM)
+    v.DIv, v.CWv, v.S0Wv = ub(f.DI), ub(f.CW), ub(f.S0W.squeeze(-1))
+    v.KHr, v.KHw = ub(f.KH[:, :, :R]), ub(f.KH[:, :, R:R + 1])
+    v.UBv, v.WRv = ub(f.UB), ub(f.WR)
+    v.free_col = ub(f.SG[..., W:W + R].unsqueeze(-1))
+    return v
+
+
+def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
+    """Buffers of the backward: local derivatives of every step, gradient buffers, views."""
+    kw = {"dtype": dtype, "device": device}
+    RW, lay, G4 = R * W, interface_layout(R, W), 4 * C
+    g = SimpleNamespace()
+    g.GF = [torch.empty(T, B, G4, **kw) for _ in range(Lc)]  # gate derivative factors
+    g.ODT = [torch.empty(T, B, C, **kw) for _ in range(Lc)]  # σ(o) (1 − tanh² c)
+    g.SGD = torch.empty(T, B, W + R + 2, **kw)
+    g.RSP, g.BR, g.NBR3 = (torch.empty(T, B, R + 1, **kw) for _ in range(3))
+    g.CWC = torch.empty(T, B, 1, **kw)
+    g.JC = torch.empty(T, B, N, N, **kw)  # scratch of the allocation Jacobian
+    g.JS = torch.empty(T, B, N, N, **kw)
+    g.JT = torch.empty(T, B, N, N, **kw)
+    g.IDX = torch.empty(T, B, N * N, dtype=torch.long, device=device)
+    g.Q = torch.empty(T, B, N, N, **kw)
+    g.OMSW = torch.empty(T, B, 1, **kw)
+    g.FU, g.FW = torch.empty(T, B, N, **kw), torch.empty(T, B, N, **kw)
+    g.NOTH, g.RGT = torch.empty(T, B, R, N, **kw), torch.empty(T, B, R, N, **kw)
+    g.NEGN3 = torch.empty(T + 1, B, N, **kw)
+    g.BCF = torch.empty(T, B, R, 3, N, **kw)  # (backward, content, forward) weightings
+    g.PI02 = torch.empty(T, B, R, 2, 1, **kw)
+    g.Z = torch.empty(T, B, 3 * R, N, **kw)  # [π0 w^r_{t-1}; d w^r_t; π2 w^r_{t-1}]
+    g.VE = torch.empty(T, B, 1, 2 * W, **kw)  # [v | −e]
+    g.GXI = torch.empty(T, B, lay["size"], **kw)
+    g.GZ = [torch.empty(T, B, G4, **kw) for _ in range(Lc)]
+    g.EXT0 = torch.empty(T, B, RW + C, **kw)  # grads of (r_t, h^0_t)
+    g.GH = [g.EXT0[..., RW:]] + [torch.empty(T, B, C, **kw) for _ in range(1, Lc)]
+    g.GKH = torch.empty(B, R + 1, W, **kw)
+    g.GFB = torch.empty(B, R, 2 * N, **kw)  # (d backward | d forward)
+    g.GMM = torch.empty(B, N, 2 * W, **kw)  # [dM_t | dM_t ∘ M_{t-1}]
+    g.nbytes = _nbytes(g)
+
+    ub = _unbind
+    g.ctrl = [(ub(gf[..., :3 * C].unflatten(-1, (3, C))), ub(gf[..., 3 * C:]), ub(odt))
+              for gf, odt in zip(g.GF, g.ODT)]
+    g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv = ub(g.SGD), ub(g.RSP), ub(g.BR.unsqueeze(-1)), ub(g.NBR3), ub(g.CWC)
+    g.JTv, g.Qv, g.OMSWv, g.FUv, g.FWv, g.NOTHv = ub(g.JT), ub(g.Q), ub(g.OMSW), ub(g.FU), ub(g.FW), ub(g.NOTH)
+    g.NEGN3v, g.BCFv, g.PI02v = ub(g.NEGN3), ub(g.BCF), ub(g.PI02)
+    g.Zmid, g.ZXT, g.ZY = ub(g.Z[:, :, R:2 * R]), ub(g.Z[:, :, :2 * R].transpose(-1, -2)), ub(g.Z[:, :, R:])
+    g.VEv = ub(g.VE)
+    g.GRv = ub(g.EXT0[..., :RW].unflatten(-1, (R, W)))
+    g.EXT0v = ub(g.EXT0)
+    g.GHv = [ub(x) for x in g.GH]
+    g.GZv = [ub(x) for x in g.GZ]
+    g.GZ3 = [ub(x[..., :3 * C].unflatten(-1, (3, C))) for x in g.GZ]
+    g.GZo = [ub(x[..., 3 * C:]) for x in g.GZ]
+    g.GXIv = ub(g.GXI)
+    g.g_keys = ub(g.GXI[..., :lay["str"]].unflatten(-1, (R + 1, W)))
+    g.g_str = ub(g.GXI[..., lay["str"]:lay["v"]])
+    g.g_ve = ub(g.GXI[..., lay["v"]:lay["free"]])
+    g.g_free = ub(g.GXI[..., lay["free"]:lay["ga"]])
+    g.g_gates = ub(g.GXI[..., lay["ga"]:lay["modes"]])
+    g.g_sig = ub(g.GXI[..., lay["sig"]:lay["modes"]])
+    g.g_modes = ub(g.GXI[..., lay["modes"]:].unflatten(-1, (R, 3)))
+    g.GFB4 = g.GFB.view(B, R, 2, N)
+    g.GKHr, g.GKHw = g.GKH[:, :R], g.GKH[:, R]
+    g.GMMa, g.GMMb = g.GMM[..., :W], g.GMM[..., W:]
+    return g
+
+
+def _allocation_jacobian(g, su: torch.Tensor, ex: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
+    """``g.JT[..., m, n] = ∂a[n]/∂u[m]`` of the sort-based allocation (SPEC §8), the permutation
+    φ held constant. su: the usage sorted ascending, ex: ``Π_{i<j} su_i``, phi: the sort indices.
+
+    In sorted order, ``∂a_k/∂s_j = (1 − s_k) Π_{i<k, i≠j} s_i`` for j < k and ``−Π_{i<j} s_i``
+    for j = k (products, not quotients: usages are often exactly 0)."""
+    N = su.shape[-1]
+    eye = torch.eye(N, dtype=torch.bool, device=su.device)
+    c = torch.where(eye, torch.ones((), dtype=su.dtype, device=su.device), su.unsqueeze(-2), out=g.JC)
+    c.cumprod_(-1)  # [j, k] = Π_{i≤k, i≠j} s_i
+    js = g.JS
+    js[..., 0] = 0
+    torch.mul(c[..., :-1], (1 - su[..., 1:]).unsqueeze(-2), out=js[..., 1:])
+    js.triu_(1).diagonal(dim1=-2, dim2=-1).copy_(ex).neg_()  # [j, k] = ∂a_k/∂s_j
+    ip = torch.empty_like(phi).scatter_(-1, phi, torch.arange(N, device=phi.device).expand_as(phi))  # φ⁻¹
+    idx = torch.add((ip * N).unsqueeze(-1), ip.unsqueeze(-2), out=g.IDX.view(*phi.shape, N))
+    return torch.gather(js.flatten(-2), -1, idx.flatten(-2), out=g.JT.flatten(-2)).unflatten(-1, (N, N))
+
+
+def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, dww):
+    T, B, C = dH.shape
+    Lc, N, RW, G4, lay, top = len(ws), f.SU.shape[-1], R * W, 4 * C, interface_layout(R, W), len(ws) - 1
+    dt = f.XI.dtype
+    if f.bv is None:
+        f.bv = _backward_views(f, R, W, Lc)
+    v = f.bv
+    SG, XI, RHO, WR, PI = f.SG, f.XI, f.RHO, f.WR, f.PI
+
+    # ---- local derivatives of every step at once
+    for layer in range(Lc):
+        si, sf, tg, so = f.A[layer].chunk(4, -1)
+        gi, gfg, gg, go = g.GF[layer].chunk(4, -1)
+        tc, c_prev = f.TC[layer], f.CB[layer][:-1]
+        torch.addcmul(si, si, si, value=-1, out=gi).mul_(tg)  # tanh(g) σ'(i)
+        torch.addcmul(sf, sf, sf, value=-1, out=gfg).mul_(c_prev)  # c_{t-1} σ'(f)
+        torch.addcmul(si, si, tg * tg, value=-1, out=gg)  # σ(i) (1 − tanh² g)
+        torch.addcmul(so, so, so, value=-1, out=go).mul_(tc)  # tanh(c) σ'(o)
+        torch.addcmul(so, so, tc * tc, value=-1, out=g.ODT[layer])  # σ(o) (1 − tanh² c)
+    g_a, g_w = SG[..., W + R:W + R + 1], SG[..., W + R + 1:]
+    SGD = torch.addcmul(SG, SG, SG, value=-1, out=g.SGD)
+    SGD[..., W + R] *= SG[..., W + R + 1]  # ∂w^w/∂g_a carries the write gate
+    SGD[..., :W].neg_()  # ∂M_t/∂e = −w^w M_{t-1}: the sign is applied here
+    sp_d = torch.ops.aten.softplus_backward(torch.ones_like(f.SP), XI[..., lay["str"]:lay["v"]], 1.0, 20.0)
+    torch.mul(sp_d, RHO, out=g.RSP)  # ∂ξ_str = q ρ softplus'
+    torch.addcmul(RHO, f.SP, RHO, out=g.BR)  # β ρ
+    torch.mul(g.BR, RHO, out=g.NBR3).mul_(RHO).neg_()  # −β ρ³
+    torch.addcmul(g_w, g_w, g_a, value=-1, out=g.CWC)  # g_w (1 − g_a)
+    _allocation_jacobian(g, f.SU, f.EX, f.PHI).mul_((g_w * g_a).unsqueeze(-1))
+    torch.sub(f.PREC[:-1].unsqueeze(-2), f.LNK[:-1], out=g.Q)
+    torch.sub(f.one, f.SW, out=g.OMSW)
+    torch.addcmul(f.PSI, f.PSI, f.WW[:-1], value=-1, out=g.FU)  # ψ (1 − w^w_{t-1})
+    torch.addcmul(f.PSI, f.PSI, f.U[:-1], value=-1, out=g.FW)  # ψ (1 − u_{t-1})
+    keep, noth, rgt = f.KEEPR, g.NOTH, g.RGT  # −Π_{r'≠r} (1 − f_r' w_r')
+    noth[:, :, 0] = -1
+    torch.cumprod(keep[:, :, :-1], 2, out=noth[:, :, 1:]).neg_()
+    rgt[:, :, R - 1] = 1
+    for r in range(R - 2, -1, -1):
+        torch.mul(rgt[:, :, r + 1], keep[:, :, r + 1], out=rgt[:, :, r])
+    noth.mul_(rgt)
+    torch.mul(f.NRM, f.NRM, out=g.NEGN3).mul_(f.NRM).neg_()
+    torch.stack([f.BF[..., :N], f.CR, f.BF[..., N:]], 3, out=g.BCF)
+    g.PI02[..., 0, 0] = PI[..., 0]
+    g.PI02[..., 1, 0] = PI[..., 2]
+    torch.mul(WR[:-1], PI[..., 0:1], out=g.Z[:, :, :R])
+    torch.mul(WR[:-1], PI[..., 2:3], out=g.Z[:, :, 2 * R:])
+    g.VE[..., 0, :W] = XI[..., lay["v"]:lay["sig"]]
+    torch.neg(SG[..., :W], out=g.VE[..., 0, W:])
+
+    # ---- incoming gradients
+    g.EXT0[..., :RW] = dRD
+    if Lc == 1:
+        g.EXT0[..., RW:] = dH
+    else:
+        g.EXT0[..., RW:] = 0
+        for layer in range(1, Lc):
+            if layer == top:
+                g.GH[layer].copy_(dH)
+            else:
+                g.GH[layer].zero_()
+    for layer in range(Lc):
+        g.GH[layer][T - 1] += dhT[:, layer]
+    gc = [dcT[:, layer].clone() for layer in range(Lc)]
+    init_h = [None] * Lc  # grads of the initial h^l (l >= 1)
+    gM, gu, gL, gp, gwr, gww = dM.clone(), du.clone(), dL.clone(), dp.clone(), dwr.clone(), dww.clone()
+    gn = torch.zeros_like(f.NRM[0])
+    offdiag, GKH, GKHr, GKHw, GFB, GFB4 = f.offdiag, g.GKH, g.GKHr, g.GKHw, g.GFB, g.GFB4
+    GMM, GMMa, GMMb = g.GMM, g.GMMa, g.GMMb
+    ctrl, GHv, GZv, GZ3, GZo, EXT0v, GXIv = g.ctrl, g.GHv, g.GZv, g.GZ3, g.GZo, g.EXT0v, g.GXIv
+    g_keys, g_str, g_ve, g_free, g_gates, g_sig, g_modes = (g.g_keys, g.g_str, g.g_ve, g.g_free, g.g_gates, g.g_sig,
+                                                             g.g_modes)
+    SGDv, RSPv, BRcol, NBR3v, CWCv, JTv, Qv, OMSWv, FUv, FWv, NOTHv, NEGN3v = (
+        g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv, g.JTv, g.Qv, g.OMSWv, g.FUv, g.FWv, g.NOTHv, g.NEGN3v)
+    BCFv, PI02v, Zmid, ZXT, ZY, VEv, GRv = g.BCFv, g.PI02v, g.Zmid, g.ZXT, g.ZY, g.VEv, g.GRv
+    sfv, xi_keys, PIv, PI1, CRv, MEMv, MEMT, WRT = v.sf, v.xi_keys, v.PIv, v.PI1, v.CRv, v.MEMv, v.MEMT, v.WRT
+    S0Rv, NRMv, NRMrow, LLTv, LNKv, DECv, WWcol, WWrow = (v.S0Rv, v.NRMv, v.NRMrow, v.LLTv, v.LNKv, v.DECv, v.WWcol,
+                                                          v.WWrow)
+    PRECv, KEEPMv, DIv, CWv, S0Wv, KHr, KHw, UBv, WRv, free_col = (v.PRECv, v.KEEPMv, v.DIv, v.CWv, v.S0Wv, v.KHr,
+                                                                    v.KHw, v.UBv, v.WRv, v.free_col)
+
+    for t in range(T - 1, -1, -1):
+        mem = MEMv[t + 1]
+        # read r_t = w^r_t M_t
+        gr = GRv[t]
+        gwr.baddbmm_(gr, MEMT[t + 1])
+        gM.baddbmm_(WRT[t + 1], gr)
+        # read weighting w^r = π0 b + π1 c + π2 f
+        gpi = torch.linalg.vecdot(BCFv[t], gwr.unsqueeze(-2))  # [B, R, 3]
+        g_modes[t].copy_(torch._softmax_backward_data(gpi, PIv[t], -1, dt))  # (its out= ignores strides)
+        gcr = torch.mul(gwr, PI1[t])
+        torch.mul(gwr.unsqueeze(-2), PI02v[t], out=GFB4)  # (d b | d f)
+        Zmid[t].copy_(gwr)
+        # read content weighting on M_t
+        gs = torch._softmax_backward_data(gcr, CRv[t], -1, dt)
+        gn.add_(torch.linalg.vecdot(gs, S0Rv[t], dim=1))
+        gS0 = torch.mul(gs, NRMrow[t + 1])
+        GKHr.copy_(torch.bmm(gS0, mem))
+        gM.baddbmm_(gS0.transpose(1, 2), KHr[t])
+        # row norms of M_t
+        gM.addcmul_(mem, torch.mul(gn, NEGN3v[t + 1]).unsqueeze(-1))
+        # directional weightings [b | f] = w^r_{t-1} [L | Lᵀ]
+        gwr_prev = torch.bmm(GFB, LLTv[t + 1])
+        gL.baddbmm_(ZXT[t], ZY[t])  # + (π2 d w^r)ᵀ w^r_{t-1} + w^r_{t-1}ᵀ (π0 d w^r)
+        # link
+        G = torch.mul(gL, offdiag)
+        gL_prev = torch.mul(G, DECv[t])
+        gww.add_(torch.linalg.vecdot(G, Qv[t])).sub_(torch.linalg.vecdot(G, LNKv[t], dim=1))
+        gp_link = torch.linalg.vecdot(G, WWcol[t + 1], dim=1)
+        # precedence
+        gww.add_(gp).sub_(torch.linalg.vecdot(gp, PRECv[t]).unsqueeze(-1))
+        gp_prev = torch.mul(gp, OMSWv[t]).add_(gp_link)
+        # erase/add write
+        GMMa.copy_(gM)
+        torch.mul(gM, MEMv[t], out=GMMb)
+        gww.add_(torch.linalg.vecdot(GMM, VEv[t]))
+        g_ve[t].copy_(torch.bmm(WWrow[t + 1], GMM).squeeze(1))  # (d v | d e), the sign of d e in SGD
+        gM_prev = torch.mul(gM, KEEPMv[t])
+        # write weighting
+        torch.linalg.vecdot(gww.unsqueeze(1), DIv[t], out=g_gates[t])
+        gcw = torch.mul(gww, CWCv[t])
+        gu.unsqueeze(-1).baddbmm_(JTv[t], gww.unsqueeze(-1))
+        # write content weighting on M_{t-1}
+        gsw = torch._softmax_backward_data(gcw, CWv[t], -1, dt)
+        gn_prev = torch.mul(gsw, S0Wv[t])
+        gS0w = torch.mul(gsw, NRMv[t])
+        torch.linalg.vecdot(MEMv[t], gS0w.unsqueeze(-1), dim=1, out=GKHw)
+        gM_prev.addcmul_(gS0w.unsqueeze(-1), KHw[t])
+        # usage and retention
+        gpsi = torch.mul(gu, UBv[t])
+        gu_prev = torch.mul(gu, FUv[t])
+        gww_prev = torch.mul(gu, FWv[t])
+        gkeep = torch.mul(gpsi.unsqueeze(1), NOTHv[t])
+        torch.linalg.vecdot(gkeep, WRv[t], out=g_free[t])
+        gwr_prev.addcmul_(gkeep, free_col[t])
+        # keys: k̂ = β ρ k
+        K = xi_keys[t]
+        q = torch.linalg.vecdot(GKH, K)
+        torch.mul(q, RSPv[t], out=g_str[t])
+        torch.mul(GKH, BRcol[t], out=g_keys[t]).addcmul_(K, torch.mul(q, NBR3v[t]).unsqueeze(-1))
+        g_sig[t].mul_(SGDv[t])
+        # interface, then the controller top-down
+        gh = torch.addmm(GHv[top][t], GXIv[t], w_xi)
+        for layer in range(top, -1, -1):
+            gf3, gfo, odt = (x[t] for x in ctrl[layer])
+            if layer < top:
+                gh = GHv[layer][t]
+            gcl = gc[layer].addcmul_(gh, odt)
+            torch.mul(gcl.unsqueeze(1), gf3, out=GZ3[layer][t])
+            torch.mul(gh, gfo, out=GZo[layer][t])
+            gc[layer] = torch.mul(gcl, sfv[layer][t])
+            if layer == 0:
+                if t > 0:
+                    EXT0v[t - 1].addmm_(GZv[0][t], ws[0])
+                else:
+                    g_init0 = torch.mm(GZv[0][0], ws[0])
+            else:
+                tmp = torch.mm(GZv[layer][t], ws[layer])
+                GHv[layer - 1][t].add_(tmp[:, :C])
+                if t > 0:
+                    GHv[layer][t - 1].add_(tmp[:, C:])
+                else:
+                    init_h[layer] = tmp[:, C:]
+        gM, gn, gu, gL, gp, gwr, gww = gM_prev, gn_prev, gu_prev, gL_prev, gp_prev, gwr_prev, gww_prev
+
+    gM.addcmul_(f.MEM[0], torch.mul(gn, g.NEGN3[0]).unsqueeze(-1))
+    dh0 = torch.stack([g_init0[:, RW:]] + init_h[1:], 1)
+    dc0 = torch.stack(gc, 1)
+    dreads0 = g_init0[:, :RW].reshape(B, R, W)
+    TB = T * B
+    d_upper = []
+    dw0 = g.GZ[0].view(TB, G4).t() @ f.X[0][:T].reshape(TB, -1)
+    for layer in range(1, Lc):
+        d_upper.append(g.GZ[layer].view(TB, G4).t() @ f.X[layer][:T].reshape(TB, -1))
+        d_upper.append(g.GZ[layer].sum((0, 1)))
+    Htop = f.X[top][1:, :, f.X[top].shape[-1] - C:].reshape(TB, C)
+    dw_xi = g.GXI.view(TB, -1).t() @ Htop
+    db_xi = g.GXI.sum((0, 1))
+    return (g.GZ[0].clone(), dw_xi, db_xi, dh0, dc0, gM, gu, gL, gp, gwr, gww, dreads0, dw0, *d_upper)
+
+
 class DNCRecurrence(torch.autograd.Function):
     """``apply(dims, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0,
     w1, b1, …)``.
@@ -75,372 +622,43 @@ class DNCRecurrence(torch.autograd.Function):
         R, W = dims
         T, B, G4 = gx.shape
         C, N, Lc = G4 // 4, mem0.shape[1], 1 + len(upper) // 2
-        RW, lay = R * W, interface_layout(R, W)
         ws = [w0] + list(upper[0::2])
         bs = [None] + list(upper[1::2])
-        inw = [RW] + [C] * (Lc - 1)
-        new = gx.new_empty
+        key = ("fwd", T, B, C, N, W, R, Lc, gx.dtype, gx.device)
+        f = _take(key) or _forward_space(T, B, C, N, W, R, Lc, gx.dtype, gx.device)
         with torch.no_grad():
-            # ---- controller buffers: X[l][t] = input of layer l at step t ([r_{t-1}; h_{t-1}] or
-            # [h^{l-1}_t; h^l_{t-1}]); step t writes h^l_t into X[l][t+1][:, inw:]
-            X = [new(T + 1, B, inw[l] + C) for l in range(Lc)]
-            Z = [new(T, B, G4) for _ in range(Lc)]
-            A = [new(T, B, G4) for _ in range(Lc)]  # (σ(i), σ(f), tanh(g), σ(o))
-            CB = [new(T + 1, B, C) for _ in range(Lc)]
-            TC = [new(T, B, C) for _ in range(Lc)]
-            X[0][0, :, :RW] = reads0.reshape(B, RW)
-            for layer in range(Lc):
-                X[layer][0, :, inw[layer]:] = h0[:, layer]
-                CB[layer][0] = c0[:, layer]
-            # ---- access buffers
-            XI = new(T, B, lay["size"])
-            SG = new(T, B, W + R + 2)  # σ block: erase, free, g_a, g_w
-            PI = new(T, B, R, 3)
-            KH = new(T, B, R + 1, W)  # β-scaled unit keys
-            RHO = new(T, B, R + 1)
-            KEEPR = new(T, B, R, N)
-            PSI = new(T, B, N)
-            UB = new(T, B, N)
-            U = new(T + 1, B, N)
-            SU = new(T, B, N)
-            PHI = torch.empty(T, B, N, dtype=torch.long, device=gx.device)
-            EX = new(T, B, N)
-            EX[:, :, 0] = 1
-            S0W = new(T, B, N, 1)
-            CW = new(T, B, N)
-            DI = new(T, B, 2, N)  # (allocation − content, inner) of the write weighting
-            WW = new(T + 1, B, N)
-            KEEPM = new(T, B, N, W)
-            MEM = new(T + 1, B, N, W)
-            DEC = new(T, B, N, N)
-            LNK = new(T + 1, B, N, N)
-            SW = new(T, B, 1)
-            PREC = new(T + 1, B, N)
-            FWD, CR, BWD = new(T, B, R, N), new(T, B, R, N), new(T, B, R, N)
-            NRM = new(T + 1, B, N)
-            S0R = new(T, B, R, N)
-            WR = new(T + 1, B, R, N)
-            RD = new(T, B, R, W)
-            U[0], WW[0], MEM[0], LNK[0], PREC[0], WR[0] = usage0, ww0, mem0, link0, prec0, wr0
-            torch.linalg.vecdot(mem0, mem0, out=NRM[0]).add_(_EPS).rsqrt_()
-            offdiag = 1 - torch.eye(N, dtype=gx.dtype, device=gx.device)
-            one = gx.new_ones(1, 1, 1)
-            alloc = new(B, N)
-            SP = []
-
-            # ---- per-step views, made once
-            ub = torch.Tensor.unbind
-            gx_ = ub(gx)
-            Xv = [ub(x) for x in X]
-            Hv = [ub(X[layer][:, :, inw[layer]:]) for layer in range(Lc)]
-            Xin = [None] + [ub(X[layer][:, :, :C]) for layer in range(1, Lc)]
-            Zv, Zg = [ub(z) for z in Z], [ub(z[..., 2 * C:3 * C]) for z in Z]
-            Av = [ub(a) for a in A]
-            Ai, Af, Ag, Ao = ([ub(a[..., k * C:(k + 1) * C]) for a in A] for k in range(4))
-            CBv, TCv = [ub(c) for c in CB], [ub(c) for c in TC]
-            XIv = ub(XI)
-            xi_keys = ub(XI[..., :lay["str"]].unflatten(-1, (R + 1, W)))
-            xi_str = ub(XI[..., lay["str"]:lay["v"]])
-            v_row = ub(XI[..., lay["v"]:lay["sig"]].unsqueeze(-2))
-            xi_sig = ub(XI[..., lay["sig"]:lay["modes"]])
-            xi_modes = ub(XI[..., lay["modes"]:].unflatten(-1, (R, 3)))
-            SGv = ub(SG)
-            e_row = ub(SG[..., :W].unsqueeze(-2))
-            free_col = ub(SG[..., W:W + R].unsqueeze(-1))
-            g_a = ub(SG[..., W + R:W + R + 1])
-            g_w = ub(SG[..., W + R + 1:])
-            PIv, PI0, PI1, PI2 = ub(PI), ub(PI[..., 0:1]), ub(PI[..., 1:2]), ub(PI[..., 2:3])
-            KHv, RHOv = ub(KH), ub(RHO)
-            KHr, KHw = ub(KH[:, :, :R]), ub(KH[:, :, R].unsqueeze(-1))
-            KEEPRv, PSIv, UBv, Uv = ub(KEEPR), ub(PSI), ub(UB), ub(U)
-            SUv, PHIv, EXv = ub(SU), ub(PHI), ub(EX)
-            SUh, EXt = ub(SU[..., :-1]), ub(EX[..., 1:])
-            S0Wv, S0Ws, CWv = ub(S0W), ub(S0W.squeeze(-1)), ub(CW)
-            DIFF, INNER = ub(DI[:, :, 0]), ub(DI[:, :, 1])
-            WWv, WWcol, WWrow = ub(WW), ub(WW.unsqueeze(-1)), ub(WW.unsqueeze(-2))
-            KEEPMv, MEMv, MEMT = ub(KEEPM), ub(MEM), ub(MEM.transpose(-1, -2))
-            DECv, LNKv, LNKT = ub(DEC), ub(LNK), ub(LNK.transpose(-1, -2))
-            SWv, PRECv, PRECrow = ub(SW), ub(PREC), ub(PREC.unsqueeze(-2))
-            BWDv, CRv, FWDv = ub(BWD), ub(CR), ub(FWD)
-            NRMv, NRMrow = ub(NRM), ub(NRM.unsqueeze(-2))
-            S0Rv, WRv, RDv = ub(S0R), ub(WR), ub(RD)
-            RDin = ub(X[0][1:, :, :RW])
-            wT = [w.t() for w in ws]
-            w_xiT = w_xi.t()
-            top = Lc - 1
-
-            for t in range(T):
-                # LSTM controller, bottom to top
-                for layer in range(Lc):
-                    torch.addmm(gx_[t] if layer == 0 else bs[layer], Xv[layer][t], wT[layer], out=Zv[layer][t])
-                    torch.sigmoid(Zv[layer][t], out=Av[layer][t])
-                    torch.tanh(Zg[layer][t], out=Ag[layer][t])
-                    c = torch.mul(Af[layer][t], CBv[layer][t], out=CBv[layer][t + 1])
-                    c.addcmul_(Ai[layer][t], Ag[layer][t])
-                    torch.tanh(c, out=TCv[layer][t])
-                    h = torch.mul(Ao[layer][t], TCv[layer][t], out=Hv[layer][t + 1])
-                    if layer < top:
-                        Xin[layer + 1][t].copy_(h)
-                # interface
-                torch.addmm(b_xi, h, w_xiT, out=XIv[t])
-                sp = F.softplus(xi_str[t])
-                SP.append(sp)
-                torch.sigmoid(xi_sig[t], out=SGv[t])
-                torch._softmax(xi_modes[t], -1, False, out=PIv[t])
-                K = xi_keys[t]
-                rho = torch.linalg.vecdot(K, K, out=RHOv[t]).add_(_EPS).rsqrt_()
-                torch.mul(K, torch.addcmul(rho, sp, rho).unsqueeze(-1), out=KHv[t])  # β ρ k
-                # retention, usage, allocation
-                torch.addcmul(one, free_col[t], WRv[t], value=-1, out=KEEPRv[t])
-                psi = torch.prod(KEEPRv[t], 1, out=PSIv[t])
-                u_bar = torch.add(Uv[t], WWv[t], out=UBv[t]).addcmul_(Uv[t], WWv[t], value=-1)
-                u = torch.mul(u_bar, psi, out=Uv[t + 1])
-                torch.sort(u, dim=-1, stable=True, out=(SUv[t], PHIv[t]))
-                torch.cumprod(SUh[t], -1, out=EXt[t])
-                alloc.scatter_(-1, PHIv[t], torch.addcmul(EXv[t], SUv[t], EXv[t], value=-1))
-                # write content weighting on M_{t-1}, write weighting
-                torch.bmm(MEMv[t], KHw[t], out=S0Wv[t])
-                cw = torch._softmax(torch.mul(S0Ws[t], NRMv[t]), -1, False, out=CWv[t])
-                diff = torch.sub(alloc, cw, out=DIFF[t])
-                inner = torch.addcmul(cw, diff, g_a[t], out=INNER[t])
-                torch.mul(inner, g_w[t], out=WWv[t + 1])
-                wcol = WWcol[t + 1]
-                # erase/add write
-                keep = torch.addcmul(one, wcol, e_row[t], value=-1, out=KEEPMv[t])
-                torch.mul(MEMv[t], keep, out=MEMv[t + 1]).addcmul_(wcol, v_row[t])
-                # link, precedence
-                dec = torch.add(wcol, WWrow[t + 1], out=DECv[t])
-                torch.sub(offdiag, dec, out=dec)  # offdiag − w_i − w_j
-                lnk = torch.mul(LNKv[t], dec, out=LNKv[t + 1]).addcmul_(wcol, PRECrow[t]).mul_(offdiag)
-                sw = torch.sum(WWv[t + 1], -1, keepdim=True, out=SWv[t])
-                torch.addcmul(PRECv[t], PRECv[t], sw, value=-1, out=PRECv[t + 1]).add_(WWv[t + 1])
-                # directional weightings
-                fwd = torch.bmm(WRv[t], LNKT[t + 1], out=FWDv[t])
-                bwd = torch.bmm(WRv[t], lnk, out=BWDv[t])
-                # read content weighting on M_t
-                mem = MEMv[t + 1]
-                torch.linalg.vecdot(mem, mem, out=NRMv[t + 1]).add_(_EPS).rsqrt_()
-                torch.bmm(KHr[t], MEMT[t + 1], out=S0Rv[t])
-                torch._softmax(torch.mul(S0Rv[t], NRMrow[t + 1]), -1, False, out=CRv[t])
-                wr = torch.mul(bwd, PI0[t], out=WRv[t + 1]).addcmul_(CRv[t], PI1[t]).addcmul_(fwd, PI2[t])
-                torch.bmm(wr, mem, out=RDv[t])
-                RDin[t].copy_(RDv[t].view(B, RW))
-
-            H = X[top][1:, :, inw[top]:].contiguous()
-            reads = RD.view(T, B, RW).clone()
-            hT = torch.stack([X[layer][T, :, inw[layer]:] for layer in range(Lc)], 1)
-            cT = torch.stack([CB[layer][T] for layer in range(Lc)], 1)
-            out = (H, reads, hT, cT, MEM[T].clone(), U[T].clone(), LNK[T].clone(), PREC[T].clone(),
-                   WR[T].clone(), WW[T].clone())
-        ctx.dims = (R, W, Lc)
-        ctx.save_for_backward(w_xi, w0, *upper)
-        ctx.buf = (X, A, CB, TC, XI, torch.stack(SP), SG, PI, KH, RHO, KEEPR, PSI, UB, U, SU, PHI, EX, S0W, CW, DI,
-                   WW, KEEPM, MEM, DEC, LNK, SW, PREC, torch.stack([BWD, CR, FWD], 3), NRM, S0R, WR)
+            _run_forward(f, R, W, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, ws, bs)
+            X, top, inw = f.X, Lc - 1, R * W if Lc == 1 else C
+            H = X[top][1:, :, inw:].clone(memory_format=torch.contiguous_format)
+            reads = f.RD.view(T, B, R * W).clone()
+            hT = torch.stack([X[layer][T, :, (R * W if layer == 0 else C):] for layer in range(Lc)], 1)
+            cT = torch.stack([f.CB[layer][T] for layer in range(Lc)], 1)
+            out = (H, reads, hT, cT, f.MEM[T].clone(), f.U[T].clone(),
+                   f.LNK[T].clone(memory_format=torch.contiguous_format), f.PREC[T].clone(), f.WR[T].clone(),
+                   f.WW[T].clone())
+        ctx.dims = (R, W, Lc, key)
+        ctx.lease = _Lease(key, f)
+        ctx.save_for_backward(gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0, *upper)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, dww):
-        R, W, Lc = ctx.dims
-        w_xi, w0, *upper = ctx.saved_tensors
+        R, W, Lc, key = ctx.dims
+        gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0, *upper = ctx.saved_tensors
         ws = [w0] + list(upper[0::2])
-        (X, A, CB, TC, XI, SP, SG, PI, KH, RHO, KEEPR, PSI, UB, U, SU, PHI, EX, S0W, CW, DI, WW, KEEPM, MEM, DEC,
-         LNK, SW, PREC, BCF, NRM, S0R, WR) = ctx.buf
-        T, B, C = dH.shape
-        N, RW, G4, lay, top = MEM.shape[2], R * W, 4 * C, interface_layout(R, W), Lc - 1
-        inw = [RW] + [C] * (Lc - 1)
-        dt = XI.dtype
-        ub = torch.Tensor.unbind
-        offdiag = 1 - torch.eye(N, dtype=dt, device=XI.device)
-
-        # ---- local derivatives of every step at once
-        ctrl = []
-        for layer in range(Lc):
-            a, c, tc = A[layer], CB[layer], TC[layer]
-            si, sf, tg, so = a.chunk(4, -1)
-            gf = torch.cat([tg * si * (1 - si), c[:-1] * sf * (1 - sf), si * (1 - tg * tg), tc * so * (1 - so)], -1)
-            odt = so * (1 - tc * tc)
-            ctrl.append((ub(gf[..., :3 * C].unflatten(-1, (3, C))), ub(gf[..., 3 * C:]), ub(odt), ub(sf)))
-        SGD = SG * (1 - SG)
-        SGD[..., W + R] *= SG[..., W + R + 1]  # ∂w^w/∂g_a carries the write gate
-        g_a, g_w = SG[..., W + R:W + R + 1], SG[..., W + R + 1:]
-        sp_d = torch.ops.aten.softplus_backward(torch.ones_like(SP), XI[..., lay["str"]:lay["v"]], 1.0, 20.0)
-        RSP = sp_d * RHO  # ∂ξ_str: q ρ softplus'
-        BR = (1 + SP) * RHO
-        NBR3 = -BR * RHO * RHO
-        CWC = g_w * (1 - g_a)
-        # allocation Jacobian ∂a[n]/∂u[m] (sort permutation held constant), times g_w g_a
-        s, ex = SU, EX
-        strict = torch.ones(N, N, dtype=torch.bool, device=XI.device).triu(1)  # [j, i]: i > j
-        prods = torch.where(strict, s.unsqueeze(-2), torch.ones((), dtype=dt, device=XI.device)).cumprod(-1)
-        between = F.pad(prods[..., :-1], (1, 0), value=1.0)  # [j, k] = Π_{j<i<k} s_i
-        js = (between * ex.unsqueeze(-1) * (1 - s).unsqueeze(-2)) * strict  # [j, k] = ∂a_k/∂s_j, j < k
-        js = js - torch.diag_embed(ex)  # ∂a_j/∂s_j = −Π_{i<j} s_i
-        P = F.one_hot(PHI, N).to(dt)  # [k, n] = 1 iff φ_k = n
-        JO = P.transpose(-1, -2) @ js.transpose(-1, -2) @ P  # [n, m] = ∂a[n]/∂u[m]
-        JO.mul_((g_w * g_a).unsqueeze(-1))
-        mprev = MEM[:-1]
-        wcol = WW[1:].unsqueeze(-1)
-        e, v = SG[..., :W], XI[..., lay["v"]:lay["sig"]]
-        ZWE = torch.stack([wcol.expand(T, B, N, W), -(wcol * mprev)], 3)  # [T, B, N, 2, W]
-        VME = v.unsqueeze(-2) - mprev * e.unsqueeze(-2)
-        Q = PREC[:-1].unsqueeze(-2) - LNK[:-1]
-        OMSW = 1 - SW
-        FU = PSI * (1 - WW[:-1])
-        FW = PSI * (1 - U[:-1])
-        lft = torch.cumprod(F.pad(KEEPR[:, :, :-1], (0, 0, 1, 0), value=1.0), 2)
-        rgt = torch.cumprod(F.pad(KEEPR[:, :, 1:], (0, 0, 0, 1), value=1.0).flip(2), 2).flip(2)
-        NOTH = -(lft * rgt)  # −Π_{r'≠r} (1 − f_r' w_r')
-        NEGN3 = -NRM * NRM * NRM
-        LLT = torch.cat([LNK[1:], LNK[1:].transpose(-1, -2)], -2)  # [T, B, 2N, N]
-        CAT1, CAT2 = DI.new_empty(T, B, 2 * R, N), DI.new_empty(T, B, 2 * R, N)
-        CAT1[:, :, R:] = WR[:-1]
-        CAT2[:, :, :R] = WR[:-1]
-
-        # ---- gradient buffers
-        GXI = XI.new_zeros(T, B, lay["size"])
-        GZ = [XI.new_empty(T, B, G4) for _ in range(Lc)]
-        EXT0 = torch.cat([dRD, dH if Lc == 1 else torch.zeros_like(dH)], -1)  # grads of (r_t, h^0_t)
-        EXT0[T - 1, :, RW:] += dhT[:, 0]
-        GH = [EXT0[..., RW:]] + [torch.zeros_like(dH) for _ in range(1, Lc)]
-        if Lc > 1:
-            GH[top] += dH
-            for layer in range(1, Lc):
-                GH[layer][T - 1] += dhT[:, layer]
-        gc = [dcT[:, layer].clone() for layer in range(Lc)]
-        init_h = [None] * Lc  # grads of the initial h^l (l >= 1)
-        gM, gu, gL, gp, gwr, gww = dM.clone(), du.clone(), dL.clone(), dp.clone(), dwr.clone(), dww.clone()
-        gn = torch.zeros_like(NRM[0])
-        GKH = XI.new_empty(B, R + 1, W)
-        GFB = XI.new_empty(B, R, 2 * N)
-
-        # ---- per-step views
-        GRv = ub(EXT0[..., :RW].unflatten(-1, (R, W)))
-        EXT0v = ub(EXT0)
-        GHv = [ub(g) for g in GH]
-        GZv = [ub(g) for g in GZ]
-        GZ3 = [ub(g[..., :3 * C].unflatten(-1, (3, C))) for g in GZ]
-        GZo = [ub(g[..., 3 * C:]) for g in GZ]
-        GXIv = ub(GXI)
-        g_keys = ub(GXI[..., :lay["str"]].unflatten(-1, (R + 1, W)))
-        g_str = ub(GXI[..., lay["str"]:lay["v"]])
-        g_ve = ub(GXI[..., lay["v"]:lay["free"]].unflatten(-1, (2, W)))
-        g_free = ub(GXI[..., lay["free"]:lay["ga"]])
-        g_gates = ub(GXI[..., lay["ga"]:lay["modes"]])
-        g_sig = ub(GXI[..., lay["sig"]:lay["modes"]])
-        g_modes = ub(GXI[..., lay["modes"]:].unflatten(-1, (R, 3)))
-        xi_keys = ub(XI[..., :lay["str"]].unflatten(-1, (R + 1, W)))
-        PIv, PI0, PI1, PI2 = ub(PI), ub(PI[..., 0:1]), ub(PI[..., 1:2]), ub(PI[..., 2:3])
-        BCFv, CRv = ub(BCF), ub(BCF[..., 1, :])
-        MEMv, MEMT, WRT = ub(MEM), ub(MEM.transpose(-1, -2)), ub(WR.transpose(-1, -2))
-        S0Rv, NRMv, NRMrow, NEGN3v = ub(S0R), ub(NRM), ub(NRM.unsqueeze(-2)), ub(NEGN3)
-        LLTv, CAT1v, CAT2v = ub(LLT), ub(CAT1), ub(CAT2)
-        CAT1T, CAT1f, CAT2b = ub(CAT1.transpose(-1, -2)), ub(CAT1[:, :, :R]), ub(CAT2[:, :, R:])
-        GFf, GFb = GFB[..., :N], GFB[..., N:]
-        Qv, LNKv, DECv, WWcol = ub(Q), ub(LNK), ub(DEC), ub(WW.unsqueeze(-1))
-        PRECv, OMSWv, VMEv, ZWEv, KEEPMv = ub(PREC), ub(OMSW), ub(VME), ub(ZWE), ub(KEEPM)
-        DIv, CWCv, JOv, CWv, S0Wv = ub(DI), ub(CWC), ub(JO), ub(CW), ub(S0W.squeeze(-1))
-        KHr, KHw = ub(KH[:, :, :R]), ub(KH[:, :, R:R + 1])
-        UBv, FUv, FWv, NOTHv, WRv = ub(UB), ub(FU), ub(FW), ub(NOTH), ub(WR)
-        free_col = ub(SG[..., W:W + R].unsqueeze(-1))
-        RSPv, BRcol, NBR3v, SGDv = ub(RSP), ub(BR.unsqueeze(-1)), ub(NBR3), ub(SGD)
-        GKHr, GKHw = GKH[:, :R], GKH[:, R]
-
-        for t in range(T - 1, -1, -1):
-            mem = MEMv[t + 1]
-            # read r_t = w^r_t M_t
-            gr = GRv[t]
-            gwr.baddbmm_(gr, MEMT[t + 1])
-            gM.baddbmm_(WRT[t + 1], gr)
-            # read weighting w^r = π0 b + π1 c + π2 f
-            gpi = torch.linalg.vecdot(BCFv[t], gwr.unsqueeze(-2))  # [B, R, 3]
-            g_modes[t].copy_(torch._softmax_backward_data(gpi, PIv[t], -1, dt))  # (its out= ignores strides)
-            gcr = torch.mul(gwr, PI1[t])
-            torch.mul(gwr, PI2[t], out=CAT1f[t])
-            torch.mul(gwr, PI0[t], out=CAT2b[t])
-            torch.mul(gwr, PI2[t], out=GFf)
-            torch.mul(gwr, PI0[t], out=GFb)
-            # read content weighting on M_t
-            gs = torch._softmax_backward_data(gcr, CRv[t], -1, dt)
-            gn.add_(torch.linalg.vecdot(gs, S0Rv[t], dim=1))
-            gS0 = torch.mul(gs, NRMrow[t + 1])
-            GKHr.copy_(torch.bmm(gS0, mem))
-            gM.baddbmm_(gS0.transpose(1, 2), KHr[t])
-            # row norms of M_t
-            gM.addcmul_(mem, torch.mul(gn, NEGN3v[t + 1]).unsqueeze(-1))
-            # directional weightings f = L w^r_{t-1}, b = Lᵀ w^r_{t-1}
-            gwr_prev = torch.bmm(GFB, LLTv[t])
-            gL.baddbmm_(CAT1T[t], CAT2v[t])
-            # link
-            G = torch.mul(gL, offdiag)
-            gL_prev = torch.mul(G, DECv[t])
-            gww.add_(torch.linalg.vecdot(G, Qv[t])).sub_(torch.linalg.vecdot(G, LNKv[t], dim=1))
-            gp_link = torch.linalg.vecdot(G, WWcol[t + 1], dim=1)
-            # precedence
-            gww.add_(gp).sub_(torch.linalg.vecdot(gp, PRECv[t]).unsqueeze(-1))
-            gp_prev = torch.mul(gp, OMSWv[t]).add_(gp_link)
-            # erase/add write
-            gww.add_(torch.linalg.vecdot(gM, VMEv[t]))
-            torch.linalg.vecdot(gM.unsqueeze(2), ZWEv[t], dim=1, out=g_ve[t])
-            gM_prev = torch.mul(gM, KEEPMv[t])
-            # write weighting
-            torch.linalg.vecdot(gww.unsqueeze(1), DIv[t], out=g_gates[t])
-            gcw = torch.mul(gww, CWCv[t])
-            gu.unsqueeze(1).baddbmm_(gww.unsqueeze(1), JOv[t])
-            # write content weighting on M_{t-1}
-            gsw = torch._softmax_backward_data(gcw, CWv[t], -1, dt)
-            gn_prev = torch.mul(gsw, S0Wv[t])
-            gS0w = torch.mul(gsw, NRMv[t])
-            torch.linalg.vecdot(MEMv[t], gS0w.unsqueeze(-1), dim=1, out=GKHw)
-            gM_prev.addcmul_(gS0w.unsqueeze(-1), KHw[t])
-            # usage and retention
-            gpsi = torch.mul(gu, UBv[t])
-            gu_prev = torch.mul(gu, FUv[t])
-            gww_prev = torch.mul(gu, FWv[t])
-            gkeep = torch.mul(gpsi.unsqueeze(1), NOTHv[t])
-            torch.linalg.vecdot(gkeep, WRv[t], out=g_free[t])
-            gwr_prev.addcmul_(gkeep, free_col[t])
-            # keys: k̂ = β ρ k
-            K = xi_keys[t]
-            q = torch.linalg.vecdot(GKH, K)
-            torch.mul(q, RSPv[t], out=g_str[t])
-            torch.mul(GKH, BRcol[t], out=g_keys[t]).addcmul_(K, torch.mul(q, NBR3v[t]).unsqueeze(-1))
-            g_sig[t].mul_(SGDv[t])
-            # interface, then the controller top-down
-            gh = torch.addmm(GHv[top][t], GXIv[t], w_xi)
-            for layer in range(top, -1, -1):
-                gf3, gfo, odt, sf = (x[t] for x in ctrl[layer])
-                if layer < top:
-                    gh = GHv[layer][t]
-                gcl = gc[layer].addcmul_(gh, odt)
-                torch.mul(gcl.unsqueeze(1), gf3, out=GZ3[layer][t])
-                torch.mul(gh, gfo, out=GZo[layer][t])
-                gc[layer] = torch.mul(gcl, sf)
-                if layer == 0:
-                    if t > 0:
-                        EXT0v[t - 1].addmm_(GZv[0][t], ws[0])
-                    else:
-                        g_init0 = torch.mm(GZv[0][0], ws[0])
-                else:
-                    tmp = torch.mm(GZv[layer][t], ws[layer])
-                    GHv[layer - 1][t].add_(tmp[:, :C])
-                    if t > 0:
-                        GHv[layer][t - 1].add_(tmp[:, C:])
-                    else:
-                        init_h[layer] = tmp[:, C:]
-            gM, gn, gu, gL, gp, gwr, gww = gM_prev, gn_prev, gu_prev, gL_prev, gp_prev, gwr_prev, gww_prev
-
-        gM.addcmul_(MEM[0], torch.mul(gn, NEGN3[0]).unsqueeze(-1))
-        dh0 = torch.stack([g_init0[:, RW:]] + init_h[1:], 1)
-        dc0 = torch.stack(gc, 1)
-        dreads0 = g_init0[:, :RW].reshape(B, R, W)
-        TB = T * B
-        d_upper = []
-        dw0 = GZ[0].view(TB, G4).t() @ X[0][:T].reshape(TB, -1)
-        for layer in range(1, Lc):
-            d_upper.append(GZ[layer].view(TB, G4).t() @ X[layer][:T].reshape(TB, -1))
-            d_upper.append(GZ[layer].sum((0, 1)))
-        Htop = X[top][1:, :, inw[top]:].reshape(TB, C)
-        dw_xi = GXI.view(TB, -1).t() @ Htop
-        db_xi = GXI.sum((0, 1))
-        return (None, GZ[0], dw_xi, db_xi, dh0, dc0, gM, gu, gL, gp, gwr, gww, dreads0, dw0, *d_upper)
+        T, B, G4 = gx.shape
+        C, N = G4 // 4, mem0.shape[1]
+        f = ctx.lease.space
+        if f is None:  # a second backward through the same graph: recompute the forward
+            f = _take(key) or _forward_space(T, B, C, N, W, R, Lc, gx.dtype, gx.device)
+            ctx.lease.space = f
+            with torch.no_grad():
+                _run_forward(f, R, W, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, ws,
+                             [None] + list(upper[1::2]))
+        bkey = ("bwd",) + key[1:]
+        g = _take(bkey) or _backward_space(T, B, C, N, W, R, Lc, gx.dtype, gx.device)
+        grads = _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, dww)
+        _give(bkey, g)
+        ctx.lease.release()
+        return (None, *grads)
