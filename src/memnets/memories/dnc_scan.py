@@ -145,7 +145,7 @@ def _forward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     # controller: X[l][t] = input of layer l at step t ([r_{t-1}; h^0_{t-1}] or [h^{l-1}_t; h^l_{t-1}]);
     # step t writes h^l_t into X[l][t+1][:, inw:]
     f.X = [torch.empty(T + 1, B, inw[layer] + C, **kw) for layer in range(Lc)]
-    f.A = [torch.empty(T, B, G4, **kw) for _ in range(Lc)]  # (σ(i), σ(f), tanh(g), σ(o))
+    f.A = [torch.empty(T, B, G4, **kw) for _ in range(Lc)]  # (σ(i), σ(f), σ(2g), σ(o))
     f.CB = [torch.empty(T + 1, B, C, **kw) for _ in range(Lc)]
     f.TC = [torch.empty(T, B, C, **kw) for _ in range(Lc)]
     f.GX = torch.empty(T, B, G4, **kw)  # gx with the g block scaled by 2
@@ -244,7 +244,7 @@ def _run_forward(f, R, W, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr
     wT = [(w * f.scale.unsqueeze(-1)).t() for w in ws]
     bs = [None] + [b * f.scale for b in bs[1:]]
     w_xiT = w_xi.t()
-    eps, two, one, offdiag, alloc, ones_rn, ones_nw = f.eps, f.two, f.one, f.offdiag, f.alloc, f.ones_rn, f.ones_nw
+    eps, offdiag, alloc, ones_rn, ones_nw = f.eps, f.offdiag, f.alloc, f.ones_rn, f.ones_nw
     GXv, Xv, Hv, Xin, Av, Ai, Af, Ag, Ao, CBv, TCv = (f.GXv, f.Xv, f.Hv, f.Xin, f.Av, f.Ai, f.Af, f.Ag, f.Ao,
                                                        f.CBv, f.TCv)
     XIv, xi_keys, xi_str, v_row, xi_sig, xi_modes = f.XIv, f.xi_keys, f.xi_str, f.v_row, f.xi_sig, f.xi_modes
@@ -264,9 +264,8 @@ def _run_forward(f, R, W, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr
             a = Av[layer][t]
             torch.addmm(GXv[t] if layer == 0 else bs[layer], Xv[layer][t], wT[layer], out=a)
             a.sigmoid_()
-            Ag[layer][t].mul_(two).sub_(one)
             c = torch.mul(Af[layer][t], CBv[layer][t], out=CBv[layer][t + 1])
-            c.addcmul_(Ai[layer][t], Ag[layer][t])
+            c.sub_(Ai[layer][t]).addcmul_(Ai[layer][t], Ag[layer][t], value=2)  # + σ(i) tanh(g), tanh(g) = 2σ(2g) − 1
             torch.tanh(c, out=TCv[layer][t])
             h = torch.mul(Ao[layer][t], TCv[layer][t], out=Hv[layer][t + 1])
             if layer < top:
@@ -360,6 +359,8 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     g.FU, g.FW = torch.empty(T, B, N, **kw), torch.empty(T, B, N, **kw)
     g.NOTH, g.RGT = torch.empty(T, B, R, N, **kw), torch.empty(T, B, R, N, **kw)
     g.NEGN3 = torch.empty(T + 1, B, N, **kw)
+    g.S0RN = torch.empty(T, B, R, N, **kw)  # (k̂ · M_t[i]) (−n_t[i]³): d n_t folded with ∂n/∂M
+    g.S0WN = torch.empty(T, B, N, **kw)  # (k̂_w · M_{t-1}[i]) (−n_{t-1}[i]³)
     g.BCF = torch.empty(T, B, R, 3, N, **kw)  # (backward, content, forward) weightings
     g.PI02 = torch.empty(T, B, R, 2, 1, **kw)
     g.Z = torch.empty(T, B, 3 * R, N, **kw)  # [π0 w^r_{t-1}; d w^r_t; π2 w^r_{t-1}]
@@ -378,7 +379,7 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
               for gf, odt in zip(g.GF, g.ODT)]
     g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv = ub(g.SGD), ub(g.RSP), ub(g.BR.unsqueeze(-1)), ub(g.NBR3), ub(g.CWC)
     g.JTv, g.Qv, g.OMSWv, g.FUv, g.FWv, g.NOTHv = ub(g.JT), ub(g.Q), ub(g.OMSW), ub(g.FU), ub(g.FW), ub(g.NOTH)
-    g.NEGN3v, g.BCFv, g.PI02v = ub(g.NEGN3), ub(g.BCF), ub(g.PI02)
+    g.BCFv, g.PI02v, g.S0RNv, g.S0WNv = ub(g.BCF), ub(g.PI02), ub(g.S0RN), ub(g.S0WN)
     g.Zmid, g.ZXT, g.ZY = ub(g.Z[:, :, R:2 * R]), ub(g.Z[:, :, :2 * R].transpose(-1, -2)), ub(g.Z[:, :, R:])
     g.VEv = ub(g.VE)
     g.GRv = ub(g.EXT0[..., :RW].unflatten(-1, (R, W)))
@@ -431,9 +432,10 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
 
     # ---- local derivatives of every step at once
     for layer in range(Lc):
-        si, sf, tg, so = f.A[layer].chunk(4, -1)
+        si, sf, sg, so = f.A[layer].chunk(4, -1)
         gi, gfg, gg, go = g.GF[layer].chunk(4, -1)
         tc, c_prev = f.TC[layer], f.CB[layer][:-1]
+        tg = torch.addcmul(f.one.neg(), sg, f.two)  # tanh(g) = 2σ(2g) − 1
         torch.addcmul(si, si, si, value=-1, out=gi).mul_(tg)  # tanh(g) σ'(i)
         torch.addcmul(sf, sf, sf, value=-1, out=gfg).mul_(c_prev)  # c_{t-1} σ'(f)
         torch.addcmul(si, si, tg * tg, value=-1, out=gg)  # σ(i) (1 − tanh² g)
@@ -461,6 +463,8 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
         torch.mul(rgt[:, :, r + 1], keep[:, :, r + 1], out=rgt[:, :, r])
     noth.mul_(rgt)
     torch.mul(f.NRM, f.NRM, out=g.NEGN3).mul_(f.NRM).neg_()
+    torch.mul(f.S0R, g.NEGN3[1:].unsqueeze(-2), out=g.S0RN)
+    torch.mul(f.S0W.squeeze(-1), g.NEGN3[:-1], out=g.S0WN)
     torch.stack([f.BF[..., :N], f.CR, f.BF[..., N:]], 3, out=g.BCF)
     g.PI02[..., 0, 0] = PI[..., 0]
     g.PI02[..., 1, 0] = PI[..., 2]
@@ -485,14 +489,14 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
     gc = [dcT[:, layer].clone() for layer in range(Lc)]
     init_h = [None] * Lc  # grads of the initial h^l (l >= 1)
     gM, gu, gL, gp, gwr, gww = dM.clone(), du.clone(), dL.clone(), dp.clone(), dwr.clone(), dww.clone()
-    gn = torch.zeros_like(f.NRM[0])
+    gn = torch.zeros_like(f.NRM[0])  # d n_t ∂n_t/∂|M_t[i]|², i.e. times −n³
     offdiag, GKH, GKHr, GKHw, GFB, GFB4 = f.offdiag, g.GKH, g.GKHr, g.GKHw, g.GFB, g.GFB4
     GMM, GMMa, GMMb = g.GMM, g.GMMa, g.GMMb
     ctrl, GHv, GZv, GZ3, GZo, EXT0v, GXIv = g.ctrl, g.GHv, g.GZv, g.GZ3, g.GZo, g.EXT0v, g.GXIv
     g_keys, g_str, g_ve, g_free, g_gates, g_sig, g_modes = (g.g_keys, g.g_str, g.g_ve, g.g_free, g.g_gates, g.g_sig,
                                                              g.g_modes)
-    SGDv, RSPv, BRcol, NBR3v, CWCv, JTv, Qv, OMSWv, FUv, FWv, NOTHv, NEGN3v = (
-        g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv, g.JTv, g.Qv, g.OMSWv, g.FUv, g.FWv, g.NOTHv, g.NEGN3v)
+    SGDv, RSPv, BRcol, NBR3v, CWCv, JTv, Qv, OMSWv, FUv, FWv, NOTHv, S0RNv, S0WNv = (
+        g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv, g.JTv, g.Qv, g.OMSWv, g.FUv, g.FWv, g.NOTHv, g.S0RNv, g.S0WNv)
     BCFv, PI02v, Zmid, ZXT, ZY, VEv, GRv = g.BCFv, g.PI02v, g.Zmid, g.ZXT, g.ZY, g.VEv, g.GRv
     sfv, xi_keys, PIv, PI1, CRv, MEMv, MEMT, WRT = v.sf, v.xi_keys, v.PIv, v.PI1, v.CRv, v.MEMv, v.MEMT, v.WRT
     S0Rv, NRMv, NRMrow, LLTv, LNKv, DECv, WWcol, WWrow = (v.S0Rv, v.NRMv, v.NRMrow, v.LLTv, v.LNKv, v.DECv, v.WWcol,
@@ -514,12 +518,12 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
         Zmid[t].copy_(gwr)
         # read content weighting on M_t
         gs = torch._softmax_backward_data(gcr, CRv[t], -1, dt)
-        gn.add_(torch.linalg.vecdot(gs, S0Rv[t], dim=1))
+        gn.add_(torch.linalg.vecdot(gs, S0RNv[t], dim=1))
         gS0 = torch.mul(gs, NRMrow[t + 1])
         GKHr.copy_(torch.bmm(gS0, mem))
         gM.baddbmm_(gS0.transpose(1, 2), KHr[t])
         # row norms of M_t
-        gM.addcmul_(mem, torch.mul(gn, NEGN3v[t + 1]).unsqueeze(-1))
+        gM.addcmul_(mem, gn.unsqueeze(-1))
         # directional weightings [b | f] = w^r_{t-1} [L | Lᵀ]
         gwr_prev = torch.bmm(GFB, LLTv[t + 1])
         gL.baddbmm_(ZXT[t], ZY[t])  # + (π2 d w^r)ᵀ w^r_{t-1} + w^r_{t-1}ᵀ (π0 d w^r)
@@ -543,7 +547,7 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
         gu.unsqueeze(-1).baddbmm_(JTv[t], gww.unsqueeze(-1))
         # write content weighting on M_{t-1}
         gsw = torch._softmax_backward_data(gcw, CWv[t], -1, dt)
-        gn_prev = torch.mul(gsw, S0Wv[t])
+        gn_prev = torch.mul(gsw, S0WNv[t])
         gS0w = torch.mul(gsw, NRMv[t])
         torch.linalg.vecdot(MEMv[t], gS0w.unsqueeze(-1), dim=1, out=GKHw)
         gM_prev.addcmul_(gS0w.unsqueeze(-1), KHw[t])
@@ -563,7 +567,7 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
         # interface, then the controller top-down
         gh = torch.addmm(GHv[top][t], GXIv[t], w_xi)
         for layer in range(top, -1, -1):
-            gf3, gfo, odt = (x[t] for x in ctrl[layer])
+            gf3, gfo, odt = ctrl[layer][0][t], ctrl[layer][1][t], ctrl[layer][2][t]
             if layer < top:
                 gh = GHv[layer][t]
             gcl = gc[layer].addcmul_(gh, odt)
@@ -584,7 +588,7 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
                     init_h[layer] = tmp[:, C:]
         gM, gn, gu, gL, gp, gwr, gww = gM_prev, gn_prev, gu_prev, gL_prev, gp_prev, gwr_prev, gww_prev
 
-    gM.addcmul_(f.MEM[0], torch.mul(gn, g.NEGN3[0]).unsqueeze(-1))
+    gM.addcmul_(f.MEM[0], gn.unsqueeze(-1))
     dh0 = torch.stack([g_init0[:, RW:]] + init_h[1:], 1)
     dc0 = torch.stack(gc, 1)
     dreads0 = g_init0[:, :RW].reshape(B, R, W)
