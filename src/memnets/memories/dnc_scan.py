@@ -170,7 +170,7 @@ def _forward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     f.WW = torch.empty(T + 1, B, N, **kw)
     f.KEEPM = torch.empty(T, B, N, W, **kw)
     f.MEM = torch.empty(T + 1, B, N, W, **kw)
-    f.DEC = torch.empty(T, B, N, N, **kw)
+    f.DEC = torch.empty(T, B, N, N, **kw)  # w_i + w_j
     f.LL = torch.empty(T + 1, B, N, 2 * N, **kw)  # [L_t | L_tᵀ]
     f.SW = torch.empty(T, B, 1, **kw)
     f.PREC = torch.empty(T + 1, B, N, **kw)
@@ -297,9 +297,8 @@ def _run_forward(f, R, W, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr
         keep = torch.addcmul(ones_nw, wcol, e_row[t], value=-1, out=KEEPMv[t])
         torch.mul(MEMv[t], keep, out=MEMv[t + 1]).addcmul_(wcol, v_row[t])
         # link, precedence
-        dec = torch.add(wcol, WWrow[t + 1], out=DECv[t])
-        torch.sub(offdiag, dec, out=dec)  # offdiag − w_i − w_j
-        lnk = torch.mul(LNKv[t], dec, out=LNKv[t + 1]).addcmul_(wcol, PRECrow[t]).mul_(offdiag)
+        dec = torch.add(wcol, WWrow[t + 1], out=DECv[t])  # w_i + w_j
+        lnk = torch.addcmul(LNKv[t], LNKv[t], dec, value=-1, out=LNKv[t + 1]).addcmul_(wcol, PRECrow[t]).mul_(offdiag)
         sw = torch.sum(WWv[t + 1], -1, keepdim=True, out=SWv[t])
         torch.addcmul(PRECv[t], PRECv[t], sw, value=-1, out=PRECv[t + 1]).add_(WWv[t + 1])
         # directional weightings: [b | f] = w^r_{t-1} [L | Lᵀ]
@@ -354,7 +353,8 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     g.JS = torch.empty(T, B, N, N, **kw)
     g.JT = torch.empty(T, B, N, N, **kw)
     g.IDX = torch.empty(T, B, N * N, dtype=torch.long, device=device)
-    g.Q = torch.empty(T, B, N, N, **kw)
+    g.Q = torch.empty(T, B, N, N, **kw)  # p_{t-1}[j] − L_{t-1}[i, j]
+    g.LW = torch.empty(T, B, 2, N, N, **kw)  # (L_{t-1}[i, j], w^w_t[i])
     g.OMSW = torch.empty(T, B, 1, **kw)
     g.FU, g.FW = torch.empty(T, B, N, **kw), torch.empty(T, B, N, **kw)
     g.NOTH, g.RGT = torch.empty(T, B, R, N, **kw), torch.empty(T, B, R, N, **kw)
@@ -379,6 +379,7 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
               for gf, odt in zip(g.GF, g.ODT)]
     g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv = ub(g.SGD), ub(g.RSP), ub(g.BR.unsqueeze(-1)), ub(g.NBR3), ub(g.CWC)
     g.JTv, g.Qv, g.OMSWv, g.FUv, g.FWv, g.NOTHv = ub(g.JT), ub(g.Q), ub(g.OMSW), ub(g.FU), ub(g.FW), ub(g.NOTH)
+    g.LWv = ub(g.LW)
     g.BCFv, g.PI02v, g.S0RNv, g.S0WNv = ub(g.BCF), ub(g.PI02), ub(g.S0RN), ub(g.S0WN)
     g.Zmid, g.ZXT, g.ZY = ub(g.Z[:, :, R:2 * R]), ub(g.Z[:, :, :2 * R].transpose(-1, -2)), ub(g.Z[:, :, R:])
     g.VEv = ub(g.VE)
@@ -425,8 +426,6 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
     T, B, C = dH.shape
     Lc, N, RW, G4, lay, top = len(ws), f.SU.shape[-1], R * W, 4 * C, interface_layout(R, W), len(ws) - 1
     dt = f.XI.dtype
-    if f.bv is None:
-        f.bv = _backward_views(f, R, W, Lc)
     v = f.bv
     SG, XI, RHO, WR, PI = f.SG, f.XI, f.RHO, f.WR, f.PI
 
@@ -452,6 +451,8 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
     torch.addcmul(g_w, g_w, g_a, value=-1, out=g.CWC)  # g_w (1 − g_a)
     _allocation_jacobian(g, f.SU, f.EX, f.PHI).mul_((g_w * g_a).unsqueeze(-1))
     torch.sub(f.PREC[:-1].unsqueeze(-2), f.LNK[:-1], out=g.Q)
+    g.LW[:, :, 0] = f.LNK[:-1]
+    g.LW[:, :, 1] = f.WW[1:].unsqueeze(-1)
     torch.sub(f.one, f.SW, out=g.OMSW)
     torch.addcmul(f.PSI, f.PSI, f.WW[:-1], value=-1, out=g.FU)  # ψ (1 − w^w_{t-1})
     torch.addcmul(f.PSI, f.PSI, f.U[:-1], value=-1, out=g.FW)  # ψ (1 − u_{t-1})
@@ -461,7 +462,7 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
     rgt[:, :, R - 1] = 1
     for r in range(R - 2, -1, -1):
         torch.mul(rgt[:, :, r + 1], keep[:, :, r + 1], out=rgt[:, :, r])
-    noth.mul_(rgt)
+    noth.mul_(rgt).mul_(f.UB.unsqueeze(2))  # times ū: d u_t = ū ψ → d ψ = d u_t ū
     torch.mul(f.NRM, f.NRM, out=g.NEGN3).mul_(f.NRM).neg_()
     torch.mul(f.S0R, g.NEGN3[1:].unsqueeze(-2), out=g.S0RN)
     torch.mul(f.S0W.squeeze(-1), g.NEGN3[:-1], out=g.S0WN)
@@ -498,6 +499,7 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
     SGDv, RSPv, BRcol, NBR3v, CWCv, JTv, Qv, OMSWv, FUv, FWv, NOTHv, S0RNv, S0WNv = (
         g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv, g.JTv, g.Qv, g.OMSWv, g.FUv, g.FWv, g.NOTHv, g.S0RNv, g.S0WNv)
     BCFv, PI02v, Zmid, ZXT, ZY, VEv, GRv = g.BCFv, g.PI02v, g.Zmid, g.ZXT, g.ZY, g.VEv, g.GRv
+    LWv = g.LWv
     sfv, xi_keys, PIv, PI1, CRv, MEMv, MEMT, WRT = v.sf, v.xi_keys, v.PIv, v.PI1, v.CRv, v.MEMv, v.MEMT, v.WRT
     S0Rv, NRMv, NRMrow, LLTv, LNKv, DECv, WWcol, WWrow = (v.S0Rv, v.NRMv, v.NRMrow, v.LLTv, v.LNKv, v.DECv, v.WWcol,
                                                           v.WWrow)
@@ -529,9 +531,9 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
         gL.baddbmm_(ZXT[t], ZY[t])  # + (π2 d w^r)ᵀ w^r_{t-1} + w^r_{t-1}ᵀ (π0 d w^r)
         # link
         G = torch.mul(gL, offdiag)
-        gL_prev = torch.mul(G, DECv[t])
-        gww.add_(torch.linalg.vecdot(G, Qv[t])).sub_(torch.linalg.vecdot(G, LNKv[t], dim=1))
-        gp_link = torch.linalg.vecdot(G, WWcol[t + 1], dim=1)
+        gL_prev = torch.addcmul(G, G, DECv[t], value=-1)
+        gl, gp_link = torch.linalg.vecdot(G.unsqueeze(1), LWv[t], dim=2).unbind(1)  # Σ_i G_ij (L_ij, w_i)
+        gww.add_(torch.linalg.vecdot(G, Qv[t])).sub_(gl)
         # precedence
         gww.add_(gp).sub_(torch.linalg.vecdot(gp, PRECv[t]).unsqueeze(-1))
         gp_prev = torch.mul(gp, OMSWv[t]).add_(gp_link)
@@ -552,10 +554,9 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
         torch.linalg.vecdot(MEMv[t], gS0w.unsqueeze(-1), dim=1, out=GKHw)
         gM_prev.addcmul_(gS0w.unsqueeze(-1), KHw[t])
         # usage and retention
-        gpsi = torch.mul(gu, UBv[t])
         gu_prev = torch.mul(gu, FUv[t])
         gww_prev = torch.mul(gu, FWv[t])
-        gkeep = torch.mul(gpsi.unsqueeze(1), NOTHv[t])
+        gkeep = torch.mul(gu.unsqueeze(1), NOTHv[t])
         torch.linalg.vecdot(gkeep, WRv[t], out=g_free[t])
         gwr_prev.addcmul_(gkeep, free_col[t])
         # keys: k̂ = β ρ k
@@ -601,7 +602,7 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
     Htop = f.X[top][1:, :, f.X[top].shape[-1] - C:].reshape(TB, C)
     dw_xi = g.GXI.view(TB, -1).t() @ Htop
     db_xi = g.GXI.sum((0, 1))
-    return (g.GZ[0].clone(), dw_xi, db_xi, dh0, dc0, gM, gu, gL, gp, gwr, gww, dreads0, dw0, *d_upper)
+    return (g.GZ[0], dw_xi, db_xi, dh0, dc0, gM, gu, gL, gp, gwr, gww, dreads0, dw0, *d_upper)
 
 
 class DNCRecurrence(torch.autograd.Function):
@@ -630,8 +631,9 @@ class DNCRecurrence(torch.autograd.Function):
         bs = [None] + list(upper[1::2])
         key = ("fwd", T, B, C, N, W, R, Lc, gx.dtype, gx.device)
         f = _take(key) or _forward_space(T, B, C, N, W, R, Lc, gx.dtype, gx.device)
-        with torch.no_grad():
+        with torch.inference_mode():  # cheaper dispatch than no_grad; the buffers are ordinary tensors
             _run_forward(f, R, W, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, ws, bs)
+        with torch.no_grad():
             X, top, inw = f.X, Lc - 1, R * W if Lc == 1 else C
             H = X[top][1:, :, inw:].clone(memory_format=torch.contiguous_format)
             reads = f.RD.view(T, B, R * W).clone()
@@ -657,12 +659,16 @@ class DNCRecurrence(torch.autograd.Function):
         if f is None:  # a second backward through the same graph: recompute the forward
             f = _take(key) or _forward_space(T, B, C, N, W, R, Lc, gx.dtype, gx.device)
             ctx.lease.space = f
-            with torch.no_grad():
+            with torch.inference_mode():
                 _run_forward(f, R, W, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, ws,
                              [None] + list(upper[1::2]))
         bkey = ("bwd",) + key[1:]
         g = _take(bkey) or _backward_space(T, B, C, N, W, R, Lc, gx.dtype, gx.device)
-        grads = _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, dww)
+        if f.bv is None:
+            f.bv = _backward_views(f, R, W, Lc)
+        with torch.inference_mode():
+            grads = _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, dww)
+        grads = [x.clone() for x in grads]  # ordinary tensors for autograd (and none aliasing the workspace)
         _give(bkey, g)
         ctx.lease.release()
         return (None, *grads)
