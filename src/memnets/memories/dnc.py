@@ -310,12 +310,13 @@ class DNC(nn.Module):
         b_xi = self.interface.bias.index_select(0, perm)
         upper = [p for lin in self.ctrl_rec[1:] for p in (lin.weight, lin.bias)]
         ctrl, a = state.controller, state.access
-        H, reads, h, c, mem, usage, link, prec, wr, ww = DNCRecurrence.apply(
+        HR, h, c, mem, usage, link, prec, wr, ww = DNCRecurrence.apply(
             (R, W), gx.contiguous(), w_xi, b_xi, ctrl.h, ctrl.c, a.memory, a.usage, a.link, a.precedence,
-            a.read_weights, a.write_weights, state.reads, self.ctrl_rec[0].weight, *upper)
-        y = self._readout(H, reads.unflatten(-1, (R, W))).transpose(0, 1)  # [B, T, output_size]
+            a.read_weights, a.write_weights, state.reads, self.ctrl_rec[0].weight, *upper)  # HR: [r_t | h_t]
+        w_out = torch.cat([self.out_r.weight, self.out_h.weight], 1)  # the readout as one matmul
+        y = F.linear(HR, w_out, self.out_h.bias).transpose(0, 1)  # [B, T, output_size]
         state = DNCState(DNCControllerState(h, c), DNCAccessState(mem, usage, link, prec, wr, ww),
-                         reads[-1].view(B, R, W))
+                         HR[-1, :, :R * W].unflatten(-1, (R, W)))
         return y, state
 
     def step(self, x_t: torch.Tensor, state: DNCState | None = None):

@@ -334,7 +334,7 @@ def _backward_views(f, R, W, Lc) -> SimpleNamespace:
     v.WWcol, v.WWrow, v.PRECv, v.KEEPMv = ub(f.WW.unsqueeze(-1)), ub(f.WW.unsqueeze(-2)), ub(f.PREC), ub(f.KEEPM)
     v.DIv, v.CWv, v.S0Wv = ub(f.DI), ub(f.CW), ub(f.S0W.squeeze(-1))
     v.KHr, v.KHw = ub(f.KH[:, :, :R]), ub(f.KH[:, :, R:R + 1])
-    v.UBv, v.WRv = ub(f.UB), ub(f.WR)
+    v.UBv, v.WRv, v.PHIv = ub(f.UB), ub(f.WR), ub(f.PHI)
     v.free_col = ub(f.SG[..., W:W + R].unsqueeze(-1))
     return v
 
@@ -351,8 +351,7 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     g.CWC = torch.empty(T, B, 1, **kw)
     g.JC = torch.empty(T, B, N, N, **kw)  # scratch of the allocation Jacobian
     g.JS = torch.empty(T, B, N, N, **kw)
-    g.JT = torch.empty(T, B, N, N, **kw)
-    g.IDX = torch.empty(T, B, N * N, dtype=torch.long, device=device)
+    g.upper = torch.ones(N, N, **kw).triu_(1)
     g.Q = torch.empty(T, B, N, N, **kw)  # p_{t-1}[j] − L_{t-1}[i, j]
     g.LW = torch.empty(T, B, 2, N, N, **kw)  # (L_{t-1}[i, j], w^w_t[i])
     g.OMSW = torch.empty(T, B, 1, **kw)
@@ -378,7 +377,7 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     g.ctrl = [(ub(gf[..., :3 * C].unflatten(-1, (3, C))), ub(gf[..., 3 * C:]), ub(odt))
               for gf, odt in zip(g.GF, g.ODT)]
     g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv = ub(g.SGD), ub(g.RSP), ub(g.BR.unsqueeze(-1)), ub(g.NBR3), ub(g.CWC)
-    g.JTv, g.Qv, g.OMSWv, g.FUv, g.FWv, g.NOTHv = ub(g.JT), ub(g.Q), ub(g.OMSW), ub(g.FU), ub(g.FW), ub(g.NOTH)
+    g.JSv, g.Qv, g.OMSWv, g.FUv, g.FWv, g.NOTHv = ub(g.JS), ub(g.Q), ub(g.OMSW), ub(g.FU), ub(g.FW), ub(g.NOTH)
     g.LWv = ub(g.LW)
     g.BCFv, g.PI02v, g.S0RNv, g.S0WNv = ub(g.BCF), ub(g.PI02), ub(g.S0RN), ub(g.S0WN)
     g.Zmid, g.ZXT, g.ZY = ub(g.Z[:, :, R:2 * R]), ub(g.Z[:, :, :2 * R].transpose(-1, -2)), ub(g.Z[:, :, R:])
@@ -403,27 +402,25 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     return g
 
 
-def _allocation_jacobian(g, su: torch.Tensor, ex: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
-    """``g.JT[..., m, n] = ∂a[n]/∂u[m]`` of the sort-based allocation (SPEC §8), the permutation
-    φ held constant. su: the usage sorted ascending, ex: ``Π_{i<j} su_i``, phi: the sort indices.
-
-    In sorted order, ``∂a_k/∂s_j = (1 − s_k) Π_{i<k, i≠j} s_i`` for j < k and ``−Π_{i<j} s_i``
-    for j = k (products, not quotients: usages are often exactly 0)."""
+def _allocation_jacobian(g, su: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:
+    """``g.JS[..., j, k] = ∂a_k/∂s_j`` of the sort-based allocation (SPEC §8) in sorted order
+    (s = the usage sorted ascending, ex = ``Π_{i<j} s_i``; the permutation is held constant):
+    ``(1 − s_k) Π_{i<k, i≠j} s_i`` for j < k, ``−Π_{i<j} s_i`` for j = k, 0 for j > k
+    (products, not quotients: usages are often exactly 0)."""
     N = su.shape[-1]
-    eye = torch.eye(N, dtype=torch.bool, device=su.device)
-    c = torch.where(eye, torch.ones((), dtype=su.dtype, device=su.device), su.unsqueeze(-2), out=g.JC)
+    c = g.JC
+    c.copy_(su.unsqueeze(-2).expand_as(c)).diagonal(dim1=-2, dim2=-1).fill_(1)
     c.cumprod_(-1)  # [j, k] = Π_{i≤k, i≠j} s_i
     js = g.JS
     js[..., 0] = 0
-    torch.mul(c[..., :-1], (1 - su[..., 1:]).unsqueeze(-2), out=js[..., 1:])
-    js.triu_(1).diagonal(dim1=-2, dim2=-1).copy_(ex).neg_()  # [j, k] = ∂a_k/∂s_j
-    ip = torch.empty_like(phi).scatter_(-1, phi, torch.arange(N, device=phi.device).expand_as(phi))  # φ⁻¹
-    idx = torch.add((ip * N).unsqueeze(-1), ip.unsqueeze(-2), out=g.IDX.view(*phi.shape, N))
-    return torch.gather(js.flatten(-2), -1, idx.flatten(-2), out=g.JT.flatten(-2)).unflatten(-1, (N, N))
+    torch.mul(c[..., :-1], (1 - su[..., 1:]).unsqueeze(-2), out=js[..., 1:]).mul_(g.upper[:, 1:])
+    js.diagonal(dim1=-2, dim2=-1).copy_(ex).neg_()
+    return js
 
 
-def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, dww):
-    T, B, C = dH.shape
+def _run_backward(f, g, R, W, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww):
+    T, B = dHR.shape[:2]
+    C = f.TC[0].shape[-1]
     Lc, N, RW, G4, lay, top = len(ws), f.SU.shape[-1], R * W, 4 * C, interface_layout(R, W), len(ws) - 1
     dt = f.XI.dtype
     v = f.bv
@@ -449,7 +446,7 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
     torch.addcmul(RHO, f.SP, RHO, out=g.BR)  # β ρ
     torch.mul(g.BR, RHO, out=g.NBR3).mul_(RHO).neg_()  # −β ρ³
     torch.addcmul(g_w, g_w, g_a, value=-1, out=g.CWC)  # g_w (1 − g_a)
-    _allocation_jacobian(g, f.SU, f.EX, f.PHI).mul_((g_w * g_a).unsqueeze(-1))
+    _allocation_jacobian(g, f.SU, f.EX).mul_((g_w * g_a).unsqueeze(-1))  # ∂w^w/∂a = g_w g_a
     torch.sub(f.PREC[:-1].unsqueeze(-2), f.LNK[:-1], out=g.Q)
     g.LW[:, :, 0] = f.LNK[:-1]
     g.LW[:, :, 1] = f.WW[1:].unsqueeze(-1)
@@ -475,14 +472,14 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
     torch.neg(SG[..., :W], out=g.VE[..., 0, W:])
 
     # ---- incoming gradients
-    g.EXT0[..., :RW] = dRD
     if Lc == 1:
-        g.EXT0[..., RW:] = dH
+        g.EXT0.copy_(dHR)
     else:
+        g.EXT0[..., :RW] = dHR[..., :RW]
         g.EXT0[..., RW:] = 0
         for layer in range(1, Lc):
             if layer == top:
-                g.GH[layer].copy_(dH)
+                g.GH[layer].copy_(dHR[..., RW:])
             else:
                 g.GH[layer].zero_()
     for layer in range(Lc):
@@ -496,15 +493,15 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
     ctrl, GHv, GZv, GZ3, GZo, EXT0v, GXIv = g.ctrl, g.GHv, g.GZv, g.GZ3, g.GZo, g.EXT0v, g.GXIv
     g_keys, g_str, g_ve, g_free, g_gates, g_sig, g_modes = (g.g_keys, g.g_str, g.g_ve, g.g_free, g.g_gates, g.g_sig,
                                                              g.g_modes)
-    SGDv, RSPv, BRcol, NBR3v, CWCv, JTv, Qv, OMSWv, FUv, FWv, NOTHv, S0RNv, S0WNv = (
-        g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv, g.JTv, g.Qv, g.OMSWv, g.FUv, g.FWv, g.NOTHv, g.S0RNv, g.S0WNv)
+    SGDv, RSPv, BRcol, NBR3v, CWCv, JSv, Qv, OMSWv, FUv, FWv, NOTHv, S0RNv, S0WNv = (
+        g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv, g.JSv, g.Qv, g.OMSWv, g.FUv, g.FWv, g.NOTHv, g.S0RNv, g.S0WNv)
     BCFv, PI02v, Zmid, ZXT, ZY, VEv, GRv = g.BCFv, g.PI02v, g.Zmid, g.ZXT, g.ZY, g.VEv, g.GRv
     LWv = g.LWv
     sfv, xi_keys, PIv, PI1, CRv, MEMv, MEMT, WRT = v.sf, v.xi_keys, v.PIv, v.PI1, v.CRv, v.MEMv, v.MEMT, v.WRT
     S0Rv, NRMv, NRMrow, LLTv, LNKv, DECv, WWcol, WWrow = (v.S0Rv, v.NRMv, v.NRMrow, v.LLTv, v.LNKv, v.DECv, v.WWcol,
                                                           v.WWrow)
-    PRECv, KEEPMv, DIv, CWv, S0Wv, KHr, KHw, UBv, WRv, free_col = (v.PRECv, v.KEEPMv, v.DIv, v.CWv, v.S0Wv, v.KHr,
-                                                                    v.KHw, v.UBv, v.WRv, v.free_col)
+    PRECv, KEEPMv, DIv, CWv, S0Wv, KHr, KHw, UBv, WRv, free_col, PHIv = (
+        v.PRECv, v.KEEPMv, v.DIv, v.CWv, v.S0Wv, v.KHr, v.KHw, v.UBv, v.WRv, v.free_col, v.PHIv)
 
     for t in range(T - 1, -1, -1):
         mem = MEMv[t + 1]
@@ -546,7 +543,8 @@ def _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, 
         # write weighting
         torch.linalg.vecdot(gww.unsqueeze(1), DIv[t], out=g_gates[t])
         gcw = torch.mul(gww, CWCv[t])
-        gu.unsqueeze(-1).baddbmm_(JTv[t], gww.unsqueeze(-1))
+        phi = PHIv[t]  # allocation, in sorted order: d s = J_s d a[φ]; d u[φ] += d s
+        gu.scatter_add_(-1, phi, torch.bmm(JSv[t], torch.gather(gww, -1, phi).unsqueeze(-1)).squeeze(-1))
         # write content weighting on M_{t-1}
         gsw = torch._softmax_backward_data(gcw, CWv[t], -1, dt)
         gn_prev = torch.mul(gsw, S0WNv[t])
@@ -617,9 +615,9 @@ class DNCRecurrence(torch.autograd.Function):
     ``[r_{t-1}; h_{t-1}]``); w_l ``[4C, 2C]``, b_l ``[4C]`` for the layers above (acting on
     ``[h^{l-1}_t; h^l_{t-1}]``).
 
-    Returns ``(H [T, B, C], reads [T, B, R·W], h [B, layers, C], c [B, layers, C], memory,
-    usage, link, precedence, read_weights, write_weights)``: the top controller layer's output
-    and the read vectors of every step, then the final state.
+    Returns ``(HR [T, B, R·W + C], h [B, layers, C], c [B, layers, C], memory, usage, link,
+    precedence, read_weights, write_weights)``: ``[r_t | h_t]`` of every step (the read vectors
+    and the top controller layer's output, what the readout sees), then the final state.
     """
 
     @staticmethod
@@ -634,12 +632,14 @@ class DNCRecurrence(torch.autograd.Function):
         with torch.inference_mode():  # cheaper dispatch than no_grad; the buffers are ordinary tensors
             _run_forward(f, R, W, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, ws, bs)
         with torch.no_grad():
-            X, top, inw = f.X, Lc - 1, R * W if Lc == 1 else C
-            H = X[top][1:, :, inw:].clone(memory_format=torch.contiguous_format)
-            reads = f.RD.view(T, B, R * W).clone()
+            X = f.X
+            if Lc == 1:
+                HR = X[0][1:].clone()  # [r_t | h_t]
+            else:
+                HR = torch.cat([f.RD.view(T, B, R * W), X[Lc - 1][1:, :, C:]], -1)
             hT = torch.stack([X[layer][T, :, (R * W if layer == 0 else C):] for layer in range(Lc)], 1)
             cT = torch.stack([f.CB[layer][T] for layer in range(Lc)], 1)
-            out = (H, reads, hT, cT, f.MEM[T].clone(), f.U[T].clone(),
+            out = (HR, hT, cT, f.MEM[T].clone(), f.U[T].clone(),
                    f.LNK[T].clone(memory_format=torch.contiguous_format), f.PREC[T].clone(), f.WR[T].clone(),
                    f.WW[T].clone())
         ctx.dims = (R, W, Lc, key)
@@ -649,7 +649,7 @@ class DNCRecurrence(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, dww):
+    def backward(ctx, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww):
         R, W, Lc, key = ctx.dims
         gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0, *upper = ctx.saved_tensors
         ws = [w0] + list(upper[0::2])
@@ -667,7 +667,7 @@ class DNCRecurrence(torch.autograd.Function):
         if f.bv is None:
             f.bv = _backward_views(f, R, W, Lc)
         with torch.inference_mode():
-            grads = _run_backward(f, g, R, W, w_xi, ws, dH, dRD, dhT, dcT, dM, du, dL, dp, dwr, dww)
+            grads = _run_backward(f, g, R, W, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww)
         grads = [x.clone() for x in grads]  # ordinary tensors for autograd (and none aliasing the workspace)
         _give(bkey, g)
         ctx.lease.release()
