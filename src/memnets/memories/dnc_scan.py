@@ -332,6 +332,7 @@ def _backward_views(f, R, W, Lc) -> SimpleNamespace:
     v.S0Rv, v.NRMv, v.NRMrow = ub(f.S0R), ub(f.NRM), ub(f.NRM.unsqueeze(-2))
     v.LLTv, v.LNKv, v.DECv = ub(f.LL.transpose(-1, -2)), ub(f.LNK), ub(f.DEC)
     v.WWcol, v.WWrow, v.PRECv, v.KEEPMv = ub(f.WW.unsqueeze(-1)), ub(f.WW.unsqueeze(-2)), ub(f.PREC), ub(f.KEEPM)
+    v.PRECcol = ub(f.PREC.unsqueeze(-1))
     v.DIv, v.CWv, v.S0Wv = ub(f.DI), ub(f.CW), ub(f.S0W.squeeze(-1))
     v.KHr, v.KHw = ub(f.KH[:, :, :R]), ub(f.KH[:, :, R:R + 1])
     v.UBv, v.WRv, v.PHIv = ub(f.UB), ub(f.WR), ub(f.PHI)
@@ -352,8 +353,6 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     g.JC = torch.empty(T, B, N, N, **kw)  # scratch of the allocation Jacobian
     g.JS = torch.empty(T, B, N, N, **kw)
     g.upper = torch.ones(N, N, **kw).triu_(1)
-    g.Q = torch.empty(T, B, N, N, **kw)  # p_{t-1}[j] − L_{t-1}[i, j]
-    g.LW = torch.empty(T, B, 2, N, N, **kw)  # (L_{t-1}[i, j], w^w_t[i])
     g.OMSW = torch.empty(T, B, 1, **kw)
     g.FU, g.FW = torch.empty(T, B, N, **kw), torch.empty(T, B, N, **kw)
     g.NOTH, g.RGT = torch.empty(T, B, R, N, **kw), torch.empty(T, B, R, N, **kw)
@@ -377,8 +376,7 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     g.ctrl = [(ub(gf[..., :3 * C].unflatten(-1, (3, C))), ub(gf[..., 3 * C:]), ub(odt))
               for gf, odt in zip(g.GF, g.ODT)]
     g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv = ub(g.SGD), ub(g.RSP), ub(g.BR.unsqueeze(-1)), ub(g.NBR3), ub(g.CWC)
-    g.JSv, g.Qv, g.OMSWv, g.FUv, g.FWv, g.NOTHv = ub(g.JS), ub(g.Q), ub(g.OMSW), ub(g.FU), ub(g.FW), ub(g.NOTH)
-    g.LWv = ub(g.LW)
+    g.JSv, g.OMSWv, g.FUv, g.FWv, g.NOTHv = ub(g.JS), ub(g.OMSW), ub(g.FU), ub(g.FW), ub(g.NOTH)
     g.BCFv, g.PI02v, g.S0RNv, g.S0WNv = ub(g.BCF), ub(g.PI02), ub(g.S0RN), ub(g.S0WN)
     g.Zmid, g.ZXT, g.ZY = ub(g.Z[:, :, R:2 * R]), ub(g.Z[:, :, :2 * R].transpose(-1, -2)), ub(g.Z[:, :, R:])
     g.VEv = ub(g.VE)
@@ -447,9 +445,6 @@ def _run_backward(f, g, R, W, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww)
     torch.mul(g.BR, RHO, out=g.NBR3).mul_(RHO).neg_()  # −β ρ³
     torch.addcmul(g_w, g_w, g_a, value=-1, out=g.CWC)  # g_w (1 − g_a)
     _allocation_jacobian(g, f.SU, f.EX).mul_((g_w * g_a).unsqueeze(-1))  # ∂w^w/∂a = g_w g_a
-    torch.sub(f.PREC[:-1].unsqueeze(-2), f.LNK[:-1], out=g.Q)
-    g.LW[:, :, 0] = f.LNK[:-1]
-    g.LW[:, :, 1] = f.WW[1:].unsqueeze(-1)
     torch.sub(f.one, f.SW, out=g.OMSW)
     torch.addcmul(f.PSI, f.PSI, f.WW[:-1], value=-1, out=g.FU)  # ψ (1 − w^w_{t-1})
     torch.addcmul(f.PSI, f.PSI, f.U[:-1], value=-1, out=g.FW)  # ψ (1 − u_{t-1})
@@ -493,13 +488,13 @@ def _run_backward(f, g, R, W, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww)
     ctrl, GHv, GZv, GZ3, GZo, EXT0v, GXIv = g.ctrl, g.GHv, g.GZv, g.GZ3, g.GZo, g.EXT0v, g.GXIv
     g_keys, g_str, g_ve, g_free, g_gates, g_sig, g_modes = (g.g_keys, g.g_str, g.g_ve, g.g_free, g.g_gates, g.g_sig,
                                                              g.g_modes)
-    SGDv, RSPv, BRcol, NBR3v, CWCv, JSv, Qv, OMSWv, FUv, FWv, NOTHv, S0RNv, S0WNv = (
-        g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv, g.JSv, g.Qv, g.OMSWv, g.FUv, g.FWv, g.NOTHv, g.S0RNv, g.S0WNv)
+    SGDv, RSPv, BRcol, NBR3v, CWCv, JSv, OMSWv, FUv, FWv, NOTHv, S0RNv, S0WNv = (
+        g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv, g.JSv, g.OMSWv, g.FUv, g.FWv, g.NOTHv, g.S0RNv, g.S0WNv)
     BCFv, PI02v, Zmid, ZXT, ZY, VEv, GRv = g.BCFv, g.PI02v, g.Zmid, g.ZXT, g.ZY, g.VEv, g.GRv
-    LWv = g.LWv
     sfv, xi_keys, PIv, PI1, CRv, MEMv, MEMT, WRT = v.sf, v.xi_keys, v.PIv, v.PI1, v.CRv, v.MEMv, v.MEMT, v.WRT
     S0Rv, NRMv, NRMrow, LLTv, LNKv, DECv, WWcol, WWrow = (v.S0Rv, v.NRMv, v.NRMrow, v.LLTv, v.LNKv, v.DECv, v.WWcol,
                                                           v.WWrow)
+    PRECcol = v.PRECcol
     PRECv, KEEPMv, DIv, CWv, S0Wv, KHr, KHw, UBv, WRv, free_col, PHIv = (
         v.PRECv, v.KEEPMv, v.DIv, v.CWv, v.S0Wv, v.KHr, v.KHw, v.UBv, v.WRv, v.free_col, v.PHIv)
 
@@ -529,8 +524,10 @@ def _run_backward(f, g, R, W, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww)
         # link
         G = torch.mul(gL, offdiag)
         gL_prev = torch.addcmul(G, G, DECv[t], value=-1)
-        gl, gp_link = torch.linalg.vecdot(G.unsqueeze(1), LWv[t], dim=2).unbind(1)  # Σ_i G_ij (L_ij, w_i)
-        gww.add_(torch.linalg.vecdot(G, Qv[t])).sub_(gl)
+        GL = torch.mul(G, LNKv[t])
+        gww.sub_(torch.add(GL, GL.transpose(1, 2)).sum(-1))  # − Σ_j G_ij L_ij − Σ_j G_ji L_ji
+        gww.unsqueeze(-1).baddbmm_(G, PRECcol[t])  # + Σ_j G_ij p_j
+        gp_link = torch.bmm(WWrow[t + 1], G).squeeze(1)  # Σ_i w_i G_ij
         # precedence
         gww.add_(gp).sub_(torch.linalg.vecdot(gp, PRECv[t]).unsqueeze(-1))
         gp_prev = torch.mul(gp, OMSWv[t]).add_(gp_link)
