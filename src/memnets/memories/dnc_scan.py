@@ -377,7 +377,7 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
               for gf, odt in zip(g.GF, g.ODT)]
     g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv = ub(g.SGD), ub(g.RSP), ub(g.BR.unsqueeze(-1)), ub(g.NBR3), ub(g.CWC)
     g.JSv, g.OMSWv, g.FUv, g.FWv, g.NOTHv = ub(g.JS), ub(g.OMSW), ub(g.FU), ub(g.FW), ub(g.NOTH)
-    g.BCFv, g.PI02v, g.S0RNv, g.S0WNv = ub(g.BCF), ub(g.PI02), ub(g.S0RN), ub(g.S0WN)
+    g.BCFv, g.PI02v, g.S0RNv, g.S0WNv = ub(g.BCF.view(T, B * R, 3, N)), ub(g.PI02), ub(g.S0RN), ub(g.S0WN)
     g.Zmid, g.ZXT, g.ZY = ub(g.Z[:, :, R:2 * R]), ub(g.Z[:, :, :2 * R].transpose(-1, -2)), ub(g.Z[:, :, R:])
     g.VEv = ub(g.VE)
     g.GRv = ub(g.EXT0[..., :RW].unflatten(-1, (R, W)))
@@ -420,7 +420,7 @@ def _run_backward(f, g, R, W, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww)
     T, B = dHR.shape[:2]
     C = f.TC[0].shape[-1]
     Lc, N, RW, G4, lay, top = len(ws), f.SU.shape[-1], R * W, 4 * C, interface_layout(R, W), len(ws) - 1
-    dt = f.XI.dtype
+    dt, BR = f.XI.dtype, B * R
     v = f.bv
     SG, XI, RHO, WR, PI = f.SG, f.XI, f.RHO, f.WR, f.PI
 
@@ -505,7 +505,7 @@ def _run_backward(f, g, R, W, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww)
         gwr.baddbmm_(gr, MEMT[t + 1])
         gM.baddbmm_(WRT[t + 1], gr)
         # read weighting w^r = π0 b + π1 c + π2 f
-        gpi = torch.linalg.vecdot(BCFv[t], gwr.unsqueeze(-2))  # [B, R, 3]
+        gpi = torch.bmm(BCFv[t], gwr.view(BR, N, 1)).view(B, R, 3)
         g_modes[t].copy_(torch._softmax_backward_data(gpi, PIv[t], -1, dt))  # (its out= ignores strides)
         gcr = torch.mul(gwr, PI1[t])
         torch.mul(gwr.unsqueeze(-2), PI02v[t], out=GFB4)  # (d b | d f)
