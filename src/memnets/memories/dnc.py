@@ -142,11 +142,12 @@ class DNC(nn.Module):
         input_size, output_size: features of ``x_t`` and ``y_t`` (logits).
         memory_slots: N. word_size: W. read_heads: R.
         controller: ``"lstm"`` (the only kind). controller_size: C. controller_layers: stacked cells.
-        impl: ``"fast"`` (default: the same equations regrouped into fewer tensor ops, without
-            per-op argument checks, with the write / link / precedence / directional updates in
-            one autograd node whose backward is derived by hand) or ``"reference"`` (one
-            :mod:`memnets.ops.dnc` call per equation). Both give the same values and gradients
-            (tested in float64).
+        impl: ``"fast"`` (default: ``forward`` runs the whole recurrence as one autograd
+            Function with a hand-derived backward, :class:`~memnets.memories.dnc_scan.DNCRecurrence`;
+            ``step`` and ``forward(..., return_aux=True)`` use the same equations regrouped per
+            step, with the write / link / precedence / directional updates in one autograd node)
+            or ``"reference"`` (one :mod:`memnets.ops.dnc` call per equation). Both give the same
+            values and gradients (tested in float64).
 
     ``forward(x [B, T, input_size], state=None, return_aux=False)`` returns
     ``(y [B, T, output_size], state)`` and with ``return_aux`` also a :class:`DNCAux`.
