@@ -51,10 +51,10 @@ def run(quick: bool = False) -> dict:
         ts = _scan_inputs(B, T, H, d)
         ref = fwd_bwd(lambda: nam_scan(*ts, impl="reference"), ts)
         big = T >= 8192
-        t_ref[T] = time_fn(ref, warmup=0 if big else 1, repeat=1 if big else 3)
+        t_ref[T] = time_fn(ref, warmup=0 if big else 1, repeat=1 if big else 3, stat="min")
         for c in chunks:
             chk = fwd_bwd(lambda: nam_scan(*ts, impl="chunked", chunk_size=c), ts)
-            t_chk[c][T] = time_fn(chk, warmup=1, repeat=5)
+            t_chk[c][T] = time_fn(chk, warmup=1, repeat=5, stat="min")
     g_ref = _growth(t_ref, lengths)
     for c in chunks:
         g_chk = _growth(t_chk[c], lengths)
@@ -73,8 +73,8 @@ def run(quick: bool = False) -> dict:
         q, k, v = (torch.randn(B, H, S, d, generator=g).requires_grad_(True) for _ in range(3))
         sdpa = fwd_bwd(lambda: F.scaled_dot_product_attention(q, k, v), [q, k, v])
         nam = fwd_bwd(lambda: nam_attention(q, k, v), [q, k, v])
-        t_sdpa[S] = time_fn(sdpa, warmup=1, repeat=3)
-        t_nam[S] = time_fn(nam, warmup=1, repeat=5)
+        t_sdpa[S] = time_fn(sdpa, warmup=1, repeat=3, stat="min")
+        t_nam[S] = time_fn(nam, warmup=1, repeat=7, stat="min")
     g_sdpa, g_nam = _growth(t_sdpa, sizes), _growth(t_nam, sizes)
     for S in sizes:
         rows.append({"op": "attention fwd+bwd", "size": f"B={B} H={H} d={d} S={S}",
@@ -87,6 +87,7 @@ def run(quick: bool = False) -> dict:
         "columns": ["op", "size", "baseline", "baseline_ms", "ours", "ours_ms", "speedup",
                     "growth_x2_base", "growth_x2_ours"],
         "rows": rows,
-        "notes": ["speedup = baseline time / ours, measured in this one process",
+        "notes": ["speedup = baseline time / ours, measured in this one process; each time is "
+                  "the fastest of its repeats (robust to other jobs on the machine)",
                   "growth_x2 = time factor per doubling of the length (2.0 = linear, 4.0 = quadratic)"],
     }

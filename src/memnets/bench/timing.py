@@ -10,8 +10,15 @@ import torch
 __all__ = ["time_fn", "fwd_bwd"]
 
 
-def time_fn(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 3, min_time: float = 0.0) -> float:
-    """Median wall time of ``fn()`` in seconds over ``repeat`` runs after ``warmup`` runs."""
+def time_fn(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 3, min_time: float = 0.0,
+            stat: str = "median") -> float:
+    """Wall time of ``fn()`` in seconds over ``repeat`` runs after ``warmup`` runs.
+
+    ``stat="median"`` (default) or ``"min"`` (the least disturbed run: more robust when other
+    jobs share the machine and only slow runs down).
+    """
+    if stat not in ("median", "min"):
+        raise ValueError(f"`stat` expected 'median' or 'min', got {stat!r}")
     for _ in range(warmup):
         fn()
     times = []
@@ -24,7 +31,7 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 3, min_t
         times.append(time.perf_counter() - t0)
         if len(times) >= 50:
             break
-    return statistics.median(times)
+    return min(times) if stat == "min" else statistics.median(times)
 
 
 def fwd_bwd(fn: Callable[[], object], params: list[torch.Tensor]) -> Callable[[], None]:
