@@ -300,6 +300,13 @@ class DNC(nn.Module):
     def _check_dtype(self, name: str, x: torch.Tensor) -> None:
         check_input_dtype(name, x, next(self.parameters()).dtype)
 
+    def _scan_applies(self, x: torch.Tensor, state: DNCState) -> bool:
+        """The whole-sequence Function runs in one dtype: the parameters', no autocast (else the
+        per-step path, which mixes dtypes as autocast and type promotion do)."""
+        dtype = self.interface.weight.dtype
+        return (not torch.is_autocast_enabled(x.device.type) and x.dtype == dtype
+                and all(t.dtype == dtype for t in (*state.controller, *state.access, state.reads)))
+
     def _forward_scan(self, x: torch.Tensor, state: DNCState):
         """The whole sequence through :class:`~memnets.memories.dnc_scan.DNCRecurrence` (fast path)."""
         cfg = self.config
@@ -340,7 +347,7 @@ class DNC(nn.Module):
             raise ValueError(f"`x` expected a sequence of length T >= 1, got {list(x.shape)}")
         state = self.init_state(B, x.device, x.dtype) if state is None else state
         self._check_state(state, B)
-        if self.impl == "fast" and not return_aux:
+        if self.impl == "fast" and not return_aux and self._scan_applies(x, state):
             return self._forward_scan(x, state)
         gx = self.ctrl_x(x).unbind(1)  # T x [B, 4C]
         offdiag = self._offdiag(x)
