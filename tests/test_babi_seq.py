@@ -54,6 +54,17 @@ def test_lsam_learns_task1_above_chance(real_data_dir):
     assert "| 1 | single-supporting-fact |" in babi_seq.markdown_table(res)
 
 
+@pytest.mark.parametrize("kind, task", [("dnc", 1), ("nam_transformer", 2)])
+def test_every_model_runs_on_real_data(real_data_dir, kind, task):
+    """One short epoch (capped at 3 s) per model; the Transformer's positions cover the test
+    set, whose longest sequence can exceed the training set's (task 2: 318 against 312)."""
+    cfg = babi_seq.SeqConfig(embedding_dim=8, hidden_size=8, num_heads=2, memory_slots=4, word_size=4,
+                             epochs=1, max_minutes=0.05)
+    saved = []
+    res = babi_seq.run([kind], [task], False, cfg, real_data_dir, log=lambda s: None, on_model=saved.append)
+    assert 0.0 <= res["models"][kind]["tasks"][task]["test_error"] <= 100.0 and saved == [res]
+
+
 def test_bad_arguments(real_data_dir):
     cfg = babi_seq.SeqConfig()
     with pytest.raises(ValueError, match="models"):

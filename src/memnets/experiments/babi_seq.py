@@ -184,11 +184,12 @@ def evaluate(model: nn.Module, data: SeqTensors, batch_size: int = 128) -> tuple
 
 
 def train_model(kind: str, train: SeqTensors, valid: SeqTensors, vocab_size: int, num_answers: int,
-                cfg: SeqConfig, log=print) -> tuple[SeqQA, dict]:
+                cfg: SeqConfig, log=print, max_len: int | None = None) -> tuple[SeqQA, dict]:
     """Train one model with Adam until ``cfg.epochs`` or ``cfg.max_minutes``; returns the state
-    with the lowest validation error and a history dict."""
+    with the lowest validation error and a history dict. ``max_len`` (the Transformer's
+    position table; default: the longest train / valid sequence) must cover the test set too."""
     torch.manual_seed(cfg.seed)
-    max_len = int(max(train.lengths.max(), valid.lengths.max()))
+    max_len = max_len or int(max(train.lengths.max(), valid.lengths.max()))
     model = SeqQA(kind, vocab_size, num_answers, cfg, max_len)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -242,7 +243,8 @@ def _run_seq(kind: str, groups: list[list[int]], cfg: SeqConfig, data_dir, log) 
         vocab, answers, tr, va, te = prepare(group, data_dir, cfg.max_sentences, seed=cfg.seed)
         log(f"{kind}, tasks {group}: {len(tr.answers)} train, {len(te.answers)} test, vocab {len(vocab)}, "
             f"{len(answers)} answers, longest sequence {int(tr.lengths.max())}")
-        model, info = train_model(kind, tr, va, len(vocab), len(answers), cfg, log)
+        max_len = int(max(tr.lengths.max(), va.lengths.max(), te.lengths.max()))
+        model, info = train_model(kind, tr, va, len(vocab), len(answers), cfg, log, max_len)
         _, ok = evaluate(model, te)
         out["runs"].append({"tasks": group, **{k: v for k, v in info.items() if k != "history"},
                             "history": info["history"]})
@@ -257,9 +259,11 @@ def _run_seq(kind: str, groups: list[list[int]], cfg: SeqConfig, data_dir, log) 
     return out
 
 
-def run(models: Sequence[str], tasks: Sequence[int], joint: bool, cfg: SeqConfig, data_dir=None, log=print) -> dict:
+def run(models: Sequence[str], tasks: Sequence[int], joint: bool, cfg: SeqConfig, data_dir=None, log=print,
+        on_model=None) -> dict:
     """Train every model of ``models`` (per task, or one model on all ``tasks`` with ``joint``);
-    returns ``{"models": {name: {"tasks": {t: {"test_error", ...}}, "mean_error", ...}}}``."""
+    returns ``{"models": {name: {"tasks": {t: {"test_error", ...}}, "mean_error", ...}}}``.
+    ``on_model(results)`` is called after each model (the CLI saves the results so far)."""
     bad = [m for m in models if m not in MODELS]
     if bad or not models:
         raise ValueError(f"`models` expected names from {MODELS}, got {list(models)!r}")
@@ -285,6 +289,8 @@ def run(models: Sequence[str], tasks: Sequence[int], joint: bool, cfg: SeqConfig
         res["failed_tasks"] = sum(e > 5.0 for e in errs)
         res["wall_seconds"] = round(time.time() - t0, 1)
         results["models"][m] = res
+        if on_model is not None:
+            on_model(results)
     return results
 
 
@@ -326,15 +332,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
     except ValueError:
         p.error(f"--tasks expected 'all' or comma-separated integers, got {a.tasks!r}")
     cfg = SeqConfig(**{k: getattr(a, k) for k in SeqConfig.__dataclass_fields__})
+    def save(results: dict) -> None:
+        if a.out:
+            out = Path(a.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "results.json").write_text(json.dumps(results, indent=2))
+            (out / "results.md").write_text(markdown_table(results))
+
     results = run([m.strip() for m in a.models.split(",") if m.strip()], tasks, a.joint, cfg, a.data_dir,
-                  log=lambda s: print(s, flush=True))
-    table = markdown_table(results)
-    print(table)
-    if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(results, indent=2))
-        (out / "results.md").write_text(table)
+                  log=lambda s: print(s, flush=True), on_model=save)
+    print(markdown_table(results))
     return results
 
 
