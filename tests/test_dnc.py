@@ -180,6 +180,8 @@ def test_scan_function_gradcheck(layers):
         return (torch.rand(*shape, generator=g, dtype=D) * 0.4).requires_grad_()
 
     upper = [t for _ in range(layers - 1) for t in (r(4 * C, 2 * C), r(4 * C))]
-    args = ((R, W), r(T, B, 4 * C, scale=2.0), r(I, C, scale=2.0), r(I, scale=2.0), r(B, layers, C), r(B, layers, C),
+    F = 2
+    args = ((R, W), r(B, T, F, scale=2.0), r(4 * C, F, scale=2.0), r(4 * C), r(I, C, scale=2.0), r(I, scale=2.0),
+            r(B, layers, C), r(B, layers, C),
             r(B, N, W), p(B, N), p(B, N, N), p(B, N), p(B, R, N), p(B, N), r(B, R, W), r(4 * C, R * W + C), *upper)
     assert torch.autograd.gradcheck(DNCRecurrence.apply, args)

@@ -312,14 +312,13 @@ class DNC(nn.Module):
         cfg = self.config
         B, T = x.shape[:2]
         R, W = cfg.read_heads, cfg.word_size
-        gx = self.ctrl_x(x.transpose(0, 1))  # [T, B, 4C]
         perm = interface_permutation(R, W, x.device)
         w_xi = self.interface.weight.index_select(0, perm)
         b_xi = self.interface.bias.index_select(0, perm)
         upper = [p for lin in self.ctrl_rec[1:] for p in (lin.weight, lin.bias)]
         ctrl, a = state.controller, state.access
         HR, h, c, mem, usage, link, prec, wr, ww = DNCRecurrence.apply(
-            (R, W), gx.contiguous(), w_xi, b_xi, ctrl.h, ctrl.c, a.memory, a.usage, a.link, a.precedence,
+            (R, W), x, self.ctrl_x.weight, self.ctrl_x.bias, w_xi, b_xi, ctrl.h, ctrl.c, a.memory, a.usage, a.link, a.precedence,
             a.read_weights, a.write_weights, state.reads, self.ctrl_rec[0].weight, *upper)  # HR: [r_t | h_t]
         w_out = torch.cat([self.out_r.weight, self.out_h.weight], 1)  # the readout as one matmul
         y = F.linear(HR, w_out, self.out_h.bias).transpose(0, 1)  # [B, T, output_size]

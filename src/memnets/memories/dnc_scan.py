@@ -4,9 +4,10 @@
 memory access — retention, usage, sort-based allocation, content weightings, write weighting,
 erase/add write, temporal link, precedence, directional and read weightings, read — without
 autograd, into preallocated ``[T, ...]`` buffers, and walks the steps in reverse in a
-hand-derived backward. What does not depend on the recurrence stays outside as plain batched
-autograd ops: the input half of the first controller layer (``gx``), the readout, the row
-permutation of the interface layer. Inside, the backward first computes every local
+hand-derived backward. What does not depend on the recurrence is batched over the sequence:
+the input half of the first controller layer (one matmul before the loop, its gradients
+after), and outside the Function the readout and the row permutation of the interface
+layer. Inside, the backward first computes every local
 derivative that depends on forward values only, for all steps at once (gate derivatives,
 the allocation Jacobian with the sort permutation held constant, the retention products,
 …), so that the reverse loop is a short chain of multiplies and small matmuls; the recurrent
@@ -148,7 +149,7 @@ def _forward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     f.A = [torch.empty(T, B, G4, **kw) for _ in range(Lc)]  # (σ(i), σ(f), σ(2g), σ(o))
     f.CB = [torch.empty(T + 1, B, C, **kw) for _ in range(Lc)]
     f.TC = [torch.empty(T, B, C, **kw) for _ in range(Lc)]
-    f.GX = torch.empty(T, B, G4, **kw)  # gx with the g block scaled by 2
+    f.GX = torch.empty(T, B, G4, **kw)  # x W_xᵀ + b_x, the g block scaled by 2
     # access
     f.XI = torch.empty(T, B, lay["size"], **kw)
     f.SP = torch.empty(T, B, R + 1, **kw)  # softplus of the strengths
@@ -227,9 +228,10 @@ def _forward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     return f
 
 
-def _run_forward(f, R, W, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, ws, bs):
+def _run_forward(f, R, W, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, ws, bs):
     """Fill the forward workspace ``f`` (every step of the recurrence)."""
-    T, B, G4 = gx.shape
+    B, T = x.shape[:2]
+    G4 = w_x.shape[0]
     C, Lc, RW = G4 // 4, len(ws), R * W
     inw = [RW] + [C] * (Lc - 1)
     top = Lc - 1
@@ -240,7 +242,8 @@ def _run_forward(f, R, W, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr
         CB[layer][0] = c0[:, layer]
     f.U[0], f.WW[0], f.MEM[0], f.LNK[0], f.PREC[0], f.WR[0] = usage0, ww0, mem0, link0, prec0, wr0
     torch.linalg.vecdot(mem0, mem0, out=f.NRM[0]).add_(f.eps).rsqrt_()
-    torch.mul(gx, f.scale, out=f.GX)
+    x_tb = x.transpose(0, 1).reshape(T * B, -1)
+    torch.addmm(b_x * f.scale, x_tb, (w_x * f.scale.unsqueeze(-1)).t(), out=f.GX.view(T * B, G4))
     wT = [(w * f.scale.unsqueeze(-1)).t() for w in ws]
     bs = [None] + [b * f.scale for b in bs[1:]]
     w_xiT = w_xi.t()
@@ -362,7 +365,7 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     g.BCF = torch.empty(T, B, R, 3, N, **kw)  # (backward, content, forward) weightings
     g.PI02 = torch.empty(T, B, R, 2, 1, **kw)
     g.Z = torch.empty(T, B, 3 * R, N, **kw)  # [π0 w^r_{t-1}; d w^r_t; π2 w^r_{t-1}]
-    g.VE = torch.empty(T, B, 1, 2 * W, **kw)  # [v | −e]
+    g.VE = torch.empty(T, B, 2 * W, 1, **kw)  # [v | −e]
     g.GXI = torch.empty(T, B, lay["size"], **kw)
     g.GZ = [torch.empty(T, B, G4, **kw) for _ in range(Lc)]
     g.EXT0 = torch.empty(T, B, RW + C, **kw)  # grads of (r_t, h^0_t)
@@ -416,7 +419,7 @@ def _allocation_jacobian(g, su: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:
     return js
 
 
-def _run_backward(f, g, R, W, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww):
+def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww):
     T, B = dHR.shape[:2]
     C = f.TC[0].shape[-1]
     Lc, N, RW, G4, lay, top = len(ws), f.SU.shape[-1], R * W, 4 * C, interface_layout(R, W), len(ws) - 1
@@ -463,8 +466,8 @@ def _run_backward(f, g, R, W, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww)
     g.PI02[..., 1, 0] = PI[..., 2]
     torch.mul(WR[:-1], PI[..., 0:1], out=g.Z[:, :, :R])
     torch.mul(WR[:-1], PI[..., 2:3], out=g.Z[:, :, 2 * R:])
-    g.VE[..., 0, :W] = XI[..., lay["v"]:lay["sig"]]
-    torch.neg(SG[..., :W], out=g.VE[..., 0, W:])
+    g.VE[..., :W, 0] = XI[..., lay["v"]:lay["sig"]]
+    torch.neg(SG[..., :W], out=g.VE[..., W:, 0])
 
     # ---- incoming gradients
     if Lc == 1:
@@ -534,11 +537,11 @@ def _run_backward(f, g, R, W, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww)
         # erase/add write
         GMMa.copy_(gM)
         torch.mul(gM, MEMv[t], out=GMMb)
-        gww.add_(torch.linalg.vecdot(GMM, VEv[t]))
+        gww.unsqueeze(-1).baddbmm_(GMM, VEv[t])  # Σ_w dM (v − M_{t-1} e)  (bmm: cheaper than a broadcast vecdot)
         g_ve[t].copy_(torch.bmm(WWrow[t + 1], GMM).squeeze(1))  # (d v | d e), the sign of d e in SGD
         gM_prev = torch.mul(gM, KEEPMv[t])
         # write weighting
-        torch.linalg.vecdot(gww.unsqueeze(1), DIv[t], out=g_gates[t])
+        g_gates[t].copy_(torch.bmm(DIv[t], gww.unsqueeze(-1)).squeeze(-1))  # (d g_a, d g_w), g_w's factor in SGD
         gcw = torch.mul(gww, CWCv[t])
         phi = PHIv[t]  # allocation, in sorted order: d s = J_s d a[φ]; d u[φ] += d s
         gu.scatter_add_(-1, phi, torch.bmm(JSv[t], torch.gather(gww, -1, phi).unsqueeze(-1)).squeeze(-1))
@@ -546,7 +549,7 @@ def _run_backward(f, g, R, W, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww)
         gsw = torch._softmax_backward_data(gcw, CWv[t], -1, dt)
         gn_prev = torch.mul(gsw, S0WNv[t])
         gS0w = torch.mul(gsw, NRMv[t])
-        torch.linalg.vecdot(MEMv[t], gS0w.unsqueeze(-1), dim=1, out=GKHw)
+        GKHw.copy_(torch.bmm(gS0w.unsqueeze(1), MEMv[t]).squeeze(1))
         gM_prev.addcmul_(gS0w.unsqueeze(-1), KHw[t])
         # usage and retention
         gu_prev = torch.mul(gu, FUv[t])
@@ -597,14 +600,20 @@ def _run_backward(f, g, R, W, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww)
     Htop = f.X[top][1:, :, f.X[top].shape[-1] - C:].reshape(TB, C)
     dw_xi = g.GXI.view(TB, -1).t() @ Htop
     db_xi = g.GXI.sum((0, 1))
-    return (g.GZ[0], dw_xi, db_xi, dh0, dc0, gM, gu, gL, gp, gwr, gww, dreads0, dw0, *d_upper)
+    gz0 = g.GZ[0].view(TB, G4)
+    x_tb = x.transpose(0, 1).reshape(TB, -1)
+    dx = (gz0 @ w_x).view(T, B, -1).transpose(0, 1)
+    dw_x = (x_tb.t() @ gz0).t()  # (xᵀ dz)ᵀ: much faster than dzᵀ x for few input features
+    db_x = gz0.sum(0)
+    return (dx, dw_x, db_x, dw_xi, db_xi, dh0, dc0, gM, gu, gL, gp, gwr, gww, dreads0, dw0, *d_upper)
 
 
 class DNCRecurrence(torch.autograd.Function):
-    """``apply(dims, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0,
-    w1, b1, …)``.
+    """``apply(dims, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0,
+    reads0, w0, w1, b1, …)``.
 
-    dims = (R, W). gx ``[T, B, 4C]``: the input half of the first LSTM layer, bias included.
+    dims = (R, W). x ``[B, T, F]``: the input sequence; w_x ``[4C, F]``, b_x ``[4C]``: the input
+    half of the first LSTM layer.
     w_xi ``[I, C]``, b_xi ``[I]``: the interface layer, rows permuted by
     :func:`interface_permutation`. Initial state: h0, c0 ``[B, layers, C]``, mem0 ``[B, N, W]``,
     usage0 ``[B, N]``, link0 ``[B, N, N]``, prec0 ``[B, N]``, wr0 ``[B, R, N]``, ww0 ``[B, N]``,
@@ -618,16 +627,19 @@ class DNCRecurrence(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, dims, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0, *upper):
+    def forward(ctx, dims, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0,
+                *upper):
         R, W = dims
-        T, B, G4 = gx.shape
+        B, T = x.shape[:2]
+        G4 = w_x.shape[0]
         C, N, Lc = G4 // 4, mem0.shape[1], 1 + len(upper) // 2
         ws = [w0] + list(upper[0::2])
         bs = [None] + list(upper[1::2])
-        key = ("fwd", T, B, C, N, W, R, Lc, gx.dtype, gx.device)
-        f = _take(key) or _forward_space(T, B, C, N, W, R, Lc, gx.dtype, gx.device)
+        key = ("fwd", T, B, C, N, W, R, Lc, x.dtype, x.device)
+        f = _take(key) or _forward_space(T, B, C, N, W, R, Lc, x.dtype, x.device)
         with torch.inference_mode():  # cheaper dispatch than no_grad; the buffers are ordinary tensors
-            _run_forward(f, R, W, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, ws, bs)
+            _run_forward(f, R, W, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0,
+                         ws, bs)
         with torch.no_grad():
             X = f.X
             if Lc == 1:
@@ -641,30 +653,31 @@ class DNCRecurrence(torch.autograd.Function):
                    f.WW[T].clone())
         ctx.dims = (R, W, Lc, key)
         ctx.lease = _Lease(key, f)
-        ctx.save_for_backward(gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0, *upper)
+        ctx.save_for_backward(x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0,
+                              *upper)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww):
         R, W, Lc, key = ctx.dims
-        gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0, *upper = ctx.saved_tensors
+        x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0, *upper = ctx.saved_tensors
         ws = [w0] + list(upper[0::2])
-        T, B, G4 = gx.shape
-        C, N = G4 // 4, mem0.shape[1]
+        B, T = x.shape[:2]
+        C, N = w_x.shape[0] // 4, mem0.shape[1]
         f = ctx.lease.space
         if f is None:  # a second backward through the same graph: recompute the forward
-            f = _take(key) or _forward_space(T, B, C, N, W, R, Lc, gx.dtype, gx.device)
+            f = _take(key) or _forward_space(T, B, C, N, W, R, Lc, x.dtype, x.device)
             ctx.lease.space = f
             with torch.inference_mode():
-                _run_forward(f, R, W, gx, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, ws,
-                             [None] + list(upper[1::2]))
+                _run_forward(f, R, W, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0,
+                             reads0, ws, [None] + list(upper[1::2]))
         bkey = ("bwd",) + key[1:]
-        g = _take(bkey) or _backward_space(T, B, C, N, W, R, Lc, gx.dtype, gx.device)
+        g = _take(bkey) or _backward_space(T, B, C, N, W, R, Lc, x.dtype, x.device)
         if f.bv is None:
             f.bv = _backward_views(f, R, W, Lc)
         with torch.inference_mode():
-            grads = _run_backward(f, g, R, W, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww)
+            grads = _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww)
         grads = [x.clone() for x in grads]  # ordinary tensors for autograd (and none aliasing the workspace)
         _give(bkey, g)
         ctx.lease.release()
