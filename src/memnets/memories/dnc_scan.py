@@ -356,6 +356,7 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     g.JC = torch.empty(T, B, N, N, **kw)  # scratch of the allocation Jacobian
     g.JS = torch.empty(T, B, N, N, **kw)
     g.upper = torch.ones(N, N, **kw).triu_(1)
+    g.Q = torch.empty(T, B, N, N, **kw)  # p_{t-1}[j] − L_{t-1}[i, j]
     g.OMSW = torch.empty(T, B, 1, **kw)
     g.FU, g.FW = torch.empty(T, B, N, **kw), torch.empty(T, B, N, **kw)
     g.NOTH, g.RGT = torch.empty(T, B, R, N, **kw), torch.empty(T, B, R, N, **kw)
@@ -365,7 +366,7 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     g.BCF = torch.empty(T, B, R, 3, N, **kw)  # (backward, content, forward) weightings
     g.PI02 = torch.empty(T, B, R, 2, 1, **kw)
     g.Z = torch.empty(T, B, 3 * R, N, **kw)  # [π0 w^r_{t-1}; d w^r_t; π2 w^r_{t-1}]
-    g.VE = torch.empty(T, B, 2 * W, 1, **kw)  # [v | −e]
+    g.VE = torch.empty(T, B, 1, 2 * W, **kw)  # [v | −e]
     g.GXI = torch.empty(T, B, lay["size"], **kw)
     g.GZ = [torch.empty(T, B, G4, **kw) for _ in range(Lc)]
     g.EXT0 = torch.empty(T, B, RW + C, **kw)  # grads of (r_t, h^0_t)
@@ -379,7 +380,7 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     g.ctrl = [(ub(gf[..., :3 * C].unflatten(-1, (3, C))), ub(gf[..., 3 * C:]), ub(odt))
               for gf, odt in zip(g.GF, g.ODT)]
     g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv = ub(g.SGD), ub(g.RSP), ub(g.BR.unsqueeze(-1)), ub(g.NBR3), ub(g.CWC)
-    g.JSv, g.OMSWv, g.FUv, g.FWv, g.NOTHv = ub(g.JS), ub(g.OMSW), ub(g.FU), ub(g.FW), ub(g.NOTH)
+    g.Qv, g.JSv, g.OMSWv, g.FUv, g.FWv, g.NOTHv = ub(g.Q), ub(g.JS), ub(g.OMSW), ub(g.FU), ub(g.FW), ub(g.NOTH)
     g.BCFv, g.PI02v, g.S0RNv, g.S0WNv = ub(g.BCF.view(T, B * R, 3, N)), ub(g.PI02), ub(g.S0RN), ub(g.S0WN)
     g.Zmid, g.ZXT, g.ZY = ub(g.Z[:, :, R:2 * R]), ub(g.Z[:, :, :2 * R].transpose(-1, -2)), ub(g.Z[:, :, R:])
     g.VEv = ub(g.VE)
@@ -448,6 +449,7 @@ def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, d
     torch.mul(g.BR, RHO, out=g.NBR3).mul_(RHO).neg_()  # −β ρ³
     torch.addcmul(g_w, g_w, g_a, value=-1, out=g.CWC)  # g_w (1 − g_a)
     _allocation_jacobian(g, f.SU, f.EX).mul_((g_w * g_a).unsqueeze(-1))  # ∂w^w/∂a = g_w g_a
+    torch.sub(f.PREC[:-1].unsqueeze(-2), f.LNK[:-1], out=g.Q)
     torch.sub(f.one, f.SW, out=g.OMSW)
     torch.addcmul(f.PSI, f.PSI, f.WW[:-1], value=-1, out=g.FU)  # ψ (1 − w^w_{t-1})
     torch.addcmul(f.PSI, f.PSI, f.U[:-1], value=-1, out=g.FW)  # ψ (1 − u_{t-1})
@@ -466,8 +468,8 @@ def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, d
     g.PI02[..., 1, 0] = PI[..., 2]
     torch.mul(WR[:-1], PI[..., 0:1], out=g.Z[:, :, :R])
     torch.mul(WR[:-1], PI[..., 2:3], out=g.Z[:, :, 2 * R:])
-    g.VE[..., :W, 0] = XI[..., lay["v"]:lay["sig"]]
-    torch.neg(SG[..., :W], out=g.VE[..., W:, 0])
+    g.VE[..., 0, :W] = XI[..., lay["v"]:lay["sig"]]
+    torch.neg(SG[..., :W], out=g.VE[..., 0, W:])
 
     # ---- incoming gradients
     if Lc == 1:
@@ -493,6 +495,7 @@ def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, d
                                                              g.g_modes)
     SGDv, RSPv, BRcol, NBR3v, CWCv, JSv, OMSWv, FUv, FWv, NOTHv, S0RNv, S0WNv = (
         g.SGDv, g.RSPv, g.BRcol, g.NBR3v, g.CWCv, g.JSv, g.OMSWv, g.FUv, g.FWv, g.NOTHv, g.S0RNv, g.S0WNv)
+    Qv = g.Qv
     BCFv, PI02v, Zmid, ZXT, ZY, VEv, GRv = g.BCFv, g.PI02v, g.Zmid, g.ZXT, g.ZY, g.VEv, g.GRv
     sfv, xi_keys, PIv, PI1, CRv, MEMv, MEMT, WRT = v.sf, v.xi_keys, v.PIv, v.PI1, v.CRv, v.MEMv, v.MEMT, v.WRT
     S0Rv, NRMv, NRMrow, LLTv, LNKv, DECv, WWcol, WWrow = (v.S0Rv, v.NRMv, v.NRMrow, v.LLTv, v.LNKv, v.DECv, v.WWcol,
@@ -527,9 +530,7 @@ def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, d
         # link
         G = torch.mul(gL, offdiag)
         gL_prev = torch.addcmul(G, G, DECv[t], value=-1)
-        GL = torch.mul(G, LNKv[t])
-        gww.sub_(torch.add(GL, GL.transpose(1, 2)).sum(-1))  # − Σ_j G_ij L_ij − Σ_j G_ji L_ji
-        gww.unsqueeze(-1).baddbmm_(G, PRECcol[t])  # + Σ_j G_ij p_j
+        gww.add_(torch.linalg.vecdot(G, Qv[t])).sub_(torch.linalg.vecdot(G, LNKv[t], dim=1))
         gp_link = torch.bmm(WWrow[t + 1], G).squeeze(1)  # Σ_i w_i G_ij
         # precedence
         gww.add_(gp).sub_(torch.linalg.vecdot(gp, PRECv[t]).unsqueeze(-1))
@@ -537,7 +538,7 @@ def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, d
         # erase/add write
         GMMa.copy_(gM)
         torch.mul(gM, MEMv[t], out=GMMb)
-        gww.unsqueeze(-1).baddbmm_(GMM, VEv[t])  # Σ_w dM (v − M_{t-1} e)  (bmm: cheaper than a broadcast vecdot)
+        gww.add_(torch.linalg.vecdot(GMM, VEv[t]))  # Σ_w dM (v − M_{t-1} e)
         g_ve[t].copy_(torch.bmm(WWrow[t + 1], GMM).squeeze(1))  # (d v | d e), the sign of d e in SGD
         gM_prev = torch.mul(gM, KEEPMv[t])
         # write weighting
@@ -549,7 +550,7 @@ def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, d
         gsw = torch._softmax_backward_data(gcw, CWv[t], -1, dt)
         gn_prev = torch.mul(gsw, S0WNv[t])
         gS0w = torch.mul(gsw, NRMv[t])
-        GKHw.copy_(torch.bmm(gS0w.unsqueeze(1), MEMv[t]).squeeze(1))
+        torch.linalg.vecdot(MEMv[t], gS0w.unsqueeze(-1), dim=1, out=GKHw)
         gM_prev.addcmul_(gS0w.unsqueeze(-1), KHw[t])
         # usage and retention
         gu_prev = torch.mul(gu, FUv[t])
@@ -602,8 +603,8 @@ def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, d
     db_xi = g.GXI.sum((0, 1))
     gz0 = g.GZ[0].view(TB, G4)
     x_tb = x.transpose(0, 1).reshape(TB, -1)
-    dx = (gz0 @ w_x).view(T, B, -1).transpose(0, 1)
-    dw_x = (x_tb.t() @ gz0).t()  # (xᵀ dz)ᵀ: much faster than dzᵀ x for few input features
+    dx = (w_x.t() @ gz0.t()).t().view(T, B, -1).transpose(0, 1)  # (W_xᵀ dzᵀ)ᵀ, x_tbᵀ dz: the small
+    dw_x = (x_tb.t() @ gz0).t()  # dimension first is several times faster (few input features)
     db_x = gz0.sum(0)
     return (dx, dw_x, db_x, dw_xi, db_xi, dh0, dc0, gM, gu, gL, gp, gwr, gww, dreads0, dw0, *d_upper)
 
