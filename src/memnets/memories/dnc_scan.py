@@ -41,7 +41,9 @@ _EPS = 1e-6  # inside every norm's square root, as in memnets.ops.addressing
 def interface_layout(R: int, W: int) -> dict[str, int]:
     """Offsets of the permuted interface vector: keys ``(R+1)·W`` (R read keys, then the write
     key), strengths ``R+1`` (read, then write), write vector ``W``, then the σ block
-    (erase ``W``, free gates ``R``, allocation gate, write gate) and the read modes ``3R``."""
+    (erase ``W``, free gates ``R``, allocation gate, write gate) and the read modes ``3R``,
+    mode-major (π₀ of every head, then π₁, then π₂: a softmax over a dim of 3 that is not the
+    last is cheaper on CPU)."""
     o = {"keys": 0, "str": (R + 1) * W}
     o["v"] = o["str"] + R + 1
     o["sig"] = o["v"] + W  # erase
@@ -61,6 +63,7 @@ def interface_permutation(R: int, W: int, device=None) -> torch.Tensor:
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     k_r, b_r, k_w, b_w, erase, v, free, g_a, g_w, modes = (
         torch.arange(s, s + n, device=device) for s, n in zip(starts, sizes))
+    modes = modes.view(R, 3).t().reshape(-1)  # head-major -> mode-major
     return torch.cat([k_r, k_w, b_r, b_w, v, erase, free, g_a, g_w, modes])
 
 
@@ -154,7 +157,7 @@ def _forward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     f.XI = torch.empty(T, B, lay["size"], **kw)
     f.SP = torch.empty(T, B, R + 1, **kw)  # softplus of the strengths
     f.SG = torch.empty(T, B, W + R + 2, **kw)  # σ block: erase, free, g_a, g_w
-    f.PI = torch.empty(T, B, R, 3, **kw)
+    f.PI = torch.empty(T, B, 3, R, **kw)  # read modes, mode-major
     f.KH = torch.empty(T, B, R + 1, W, **kw)  # β-scaled unit keys
     f.RHO = torch.empty(T, B, R + 1, **kw)
     f.KEEPR = torch.empty(T, B, R, N, **kw)
@@ -203,12 +206,12 @@ def _forward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     f.xi_str = ub(f.XI[..., lay["str"]:lay["v"]])
     f.v_row = ub(f.XI[..., lay["v"]:lay["sig"]].unsqueeze(-2))
     f.xi_sig = ub(f.XI[..., lay["sig"]:lay["modes"]])
-    f.xi_modes = ub(f.XI[..., lay["modes"]:].unflatten(-1, (R, 3)))
+    f.xi_modes = ub(f.XI[..., lay["modes"]:].unflatten(-1, (3, R)))
     f.SPv, f.SGv = ub(f.SP), ub(f.SG)
     f.e_row = ub(f.SG[..., :W].unsqueeze(-2))
     f.free_col = ub(f.SG[..., W:W + R].unsqueeze(-1))
     f.g_a, f.g_w = ub(f.SG[..., W + R:W + R + 1]), ub(f.SG[..., W + R + 1:])
-    f.PIv, f.PI0, f.PI1, f.PI2 = ub(f.PI), ub(f.PI[..., 0:1]), ub(f.PI[..., 1:2]), ub(f.PI[..., 2:3])
+    f.PIv, f.PI0, f.PI1, f.PI2 = ub(f.PI), *(ub(f.PI[:, :, k].unsqueeze(-1)) for k in range(3))
     f.KHv, f.RHOv = ub(f.KH), ub(f.RHO)
     f.KHr, f.KHw = ub(f.KH[:, :, :R]), ub(f.KH[:, :, R].unsqueeze(-1))
     f.KEEPRv, f.PSIv, f.UBv, f.Uv = ub(f.KEEPR), ub(f.PSI), ub(f.UB), ub(f.U)
@@ -277,7 +280,7 @@ def _run_forward(f, R, W, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, 
         torch.addmm(b_xi, h, w_xiT, out=XIv[t])
         sp = torch._C._nn.softplus(xi_str[t], 1, 20, out=SPv[t])
         torch.sigmoid(xi_sig[t], out=SGv[t])
-        torch._softmax(xi_modes[t], -1, False, out=PIv[t])
+        torch._softmax(xi_modes[t], -2, False, out=PIv[t])
         K = xi_keys[t]
         rho = torch.linalg.vecdot(K, K, out=RHOv[t]).add_(eps).rsqrt_()
         torch.mul(K, torch.addcmul(rho, sp, rho).unsqueeze(-1), out=KHv[t])  # β ρ k
@@ -330,7 +333,7 @@ def _backward_views(f, R, W, Lc) -> SimpleNamespace:
     v = SimpleNamespace()
     v.sf = [ub(a[..., C:2 * C]) for a in f.A]
     v.xi_keys = ub(f.XI[..., :lay["str"]].unflatten(-1, (R + 1, W)))
-    v.PIv, v.PI1 = ub(f.PI), ub(f.PI[..., 1:2])
+    v.PIv, v.PI1 = ub(f.PI), ub(f.PI[:, :, 1].unsqueeze(-1))
     v.CRv, v.MEMv, v.MEMT, v.WRT = ub(f.CR), ub(f.MEM), ub(f.MEM.transpose(-1, -2)), ub(f.WR.transpose(-1, -2))
     v.S0Rv, v.NRMv, v.NRMrow = ub(f.S0R), ub(f.NRM), ub(f.NRM.unsqueeze(-2))
     v.LLTv, v.LNKv, v.DECv = ub(f.LL.transpose(-1, -2)), ub(f.LNK), ub(f.DEC)
@@ -397,7 +400,7 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
     g.g_free = ub(g.GXI[..., lay["free"]:lay["ga"]])
     g.g_gates = ub(g.GXI[..., lay["ga"]:lay["modes"]])
     g.g_sig = ub(g.GXI[..., lay["sig"]:lay["modes"]])
-    g.g_modes = ub(g.GXI[..., lay["modes"]:].unflatten(-1, (R, 3)))
+    g.g_modes = ub(g.GXI[..., lay["modes"]:].unflatten(-1, (3, R)))
     g.GFB4 = g.GFB.view(B, R, 2, N)
     g.GKHr, g.GKHw = g.GKH[:, :R], g.GKH[:, R]
     g.GMMa, g.GMMb = g.GMM[..., :W], g.GMM[..., W:]
@@ -464,10 +467,10 @@ def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, d
     torch.mul(f.S0R, g.NEGN3[1:].unsqueeze(-2), out=g.S0RN)
     torch.mul(f.S0W.squeeze(-1), g.NEGN3[:-1], out=g.S0WN)
     torch.stack([f.BF[..., :N], f.CR, f.BF[..., N:]], 3, out=g.BCF)
-    g.PI02[..., 0, 0] = PI[..., 0]
-    g.PI02[..., 1, 0] = PI[..., 2]
-    torch.mul(WR[:-1], PI[..., 0:1], out=g.Z[:, :, :R])
-    torch.mul(WR[:-1], PI[..., 2:3], out=g.Z[:, :, 2 * R:])
+    g.PI02[..., 0, 0] = PI[:, :, 0]
+    g.PI02[..., 1, 0] = PI[:, :, 2]
+    torch.mul(WR[:-1], PI[:, :, 0].unsqueeze(-1), out=g.Z[:, :, :R])
+    torch.mul(WR[:-1], PI[:, :, 2].unsqueeze(-1), out=g.Z[:, :, 2 * R:])
     g.VE[..., 0, :W] = XI[..., lay["v"]:lay["sig"]]
     torch.neg(SG[..., :W], out=g.VE[..., 0, W:])
 
@@ -511,8 +514,8 @@ def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, d
         gwr.baddbmm_(gr, MEMT[t + 1])
         gM.baddbmm_(WRT[t + 1], gr)
         # read weighting w^r = π0 b + π1 c + π2 f
-        gpi = torch.bmm(BCFv[t], gwr.view(BR, N, 1)).view(B, R, 3)
-        g_modes[t].copy_(torch._softmax_backward_data(gpi, PIv[t], -1, dt))  # (its out= ignores strides)
+        gpi = torch.bmm(BCFv[t], gwr.view(BR, N, 1)).view(B, R, 3).transpose(1, 2)  # [B, 3, R]
+        g_modes[t].copy_(torch._softmax_backward_data(gpi, PIv[t], -2, dt))  # (its out= ignores strides)
         gcr = torch.mul(gwr, PI1[t])
         torch.mul(gwr.unsqueeze(-2), PI02v[t], out=GFB4)  # (d b | d f)
         Zmid[t].copy_(gwr)
