@@ -185,3 +185,25 @@ def test_scan_function_gradcheck(layers):
             r(B, layers, C), r(B, layers, C),
             r(B, N, W), p(B, N), p(B, N, N), p(B, N), p(B, R, N), p(B, N), r(B, R, W), r(4 * C, R * W + C), *upper)
     assert torch.autograd.gradcheck(DNCRecurrence.apply, args)
+
+
+def test_scan_two_graphs_alive_and_no_grad():
+    """Workspaces are pooled per shape: two forwards before their backwards, and inference
+    under no_grad, must not share buffers."""
+    from memnets.memories.dnc_scan import clear_workspaces
+
+    m = _tiny().double()
+    x1, x2 = torch.randn(2, 5, 4, dtype=D), torch.randn(2, 5, 4, dtype=D)
+    grads = {}
+    for impl in ("fast", "reference"):
+        m.impl = impl
+        m.zero_grad()
+        y1, _ = m(x1)
+        y2, _ = m(x2)
+        with torch.no_grad():
+            m(x1)
+        (y1.sum() + 2 * y2.sum()).backward()
+        grads[impl] = [p.grad.clone() for p in m.parameters()]
+    for a, b in zip(grads["fast"], grads["reference"]):
+        torch.testing.assert_close(a, b)
+    clear_workspaces()
