@@ -335,13 +335,12 @@ def _backward_views(f, R, W, Lc) -> SimpleNamespace:
     v.xi_keys = ub(f.XI[..., :lay["str"]].unflatten(-1, (R + 1, W)))
     v.PIv, v.PI1 = ub(f.PI), ub(f.PI[:, :, 1].unsqueeze(-1))
     v.CRv, v.MEMv, v.MEMT, v.WRT = ub(f.CR), ub(f.MEM), ub(f.MEM.transpose(-1, -2)), ub(f.WR.transpose(-1, -2))
-    v.S0Rv, v.NRMv, v.NRMrow = ub(f.S0R), ub(f.NRM), ub(f.NRM.unsqueeze(-2))
+    v.NRMv, v.NRMrow = ub(f.NRM), ub(f.NRM.unsqueeze(-2))
     v.LLTv, v.LNKv, v.DECv = ub(f.LL.transpose(-1, -2)), ub(f.LNK), ub(f.DEC)
-    v.WWcol, v.WWrow, v.PRECv, v.KEEPMv = ub(f.WW.unsqueeze(-1)), ub(f.WW.unsqueeze(-2)), ub(f.PREC), ub(f.KEEPM)
-    v.PRECcol = ub(f.PREC.unsqueeze(-1))
-    v.DIv, v.CWv, v.S0Wv = ub(f.DI), ub(f.CW), ub(f.S0W.squeeze(-1))
+    v.WWrow, v.PRECv, v.KEEPMv = ub(f.WW.unsqueeze(-2)), ub(f.PREC), ub(f.KEEPM)
+    v.DIv, v.CWv = ub(f.DI), ub(f.CW)
     v.KHr, v.KHw = ub(f.KH[:, :, :R]), ub(f.KH[:, :, R:R + 1])
-    v.UBv, v.WRv, v.PHIv = ub(f.UB), ub(f.WR), ub(f.PHI)
+    v.WRv, v.PHIv = ub(f.WR), ub(f.PHI)
     v.free_col = ub(f.SG[..., W:W + R].unsqueeze(-1))
     return v
 
@@ -412,7 +411,6 @@ def _allocation_jacobian(g, su: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:
     (s = the usage sorted ascending, ex = ``Π_{i<j} s_i``; the permutation is held constant):
     ``(1 − s_k) Π_{i<k, i≠j} s_i`` for j < k, ``−Π_{i<j} s_i`` for j = k, 0 for j > k
     (products, not quotients: usages are often exactly 0)."""
-    N = su.shape[-1]
     c = g.JC
     c.copy_(su.unsqueeze(-2).expand_as(c)).diagonal(dim1=-2, dim2=-1).fill_(1)
     c.cumprod_(-1)  # [j, k] = Π_{i≤k, i≠j} s_i
@@ -501,11 +499,9 @@ def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, d
     Qv = g.Qv
     BCFv, PI02v, Zmid, ZXT, ZY, VEv, GRv = g.BCFv, g.PI02v, g.Zmid, g.ZXT, g.ZY, g.VEv, g.GRv
     sfv, xi_keys, PIv, PI1, CRv, MEMv, MEMT, WRT = v.sf, v.xi_keys, v.PIv, v.PI1, v.CRv, v.MEMv, v.MEMT, v.WRT
-    S0Rv, NRMv, NRMrow, LLTv, LNKv, DECv, WWcol, WWrow = (v.S0Rv, v.NRMv, v.NRMrow, v.LLTv, v.LNKv, v.DECv, v.WWcol,
-                                                          v.WWrow)
-    PRECcol = v.PRECcol
-    PRECv, KEEPMv, DIv, CWv, S0Wv, KHr, KHw, UBv, WRv, free_col, PHIv = (
-        v.PRECv, v.KEEPMv, v.DIv, v.CWv, v.S0Wv, v.KHr, v.KHw, v.UBv, v.WRv, v.free_col, v.PHIv)
+    NRMv, NRMrow, LLTv, LNKv, DECv, WWrow = v.NRMv, v.NRMrow, v.LLTv, v.LNKv, v.DECv, v.WWrow
+    PRECv, KEEPMv, DIv, CWv, KHr, KHw, WRv, free_col, PHIv = (
+        v.PRECv, v.KEEPMv, v.DIv, v.CWv, v.KHr, v.KHw, v.WRv, v.free_col, v.PHIv)
 
     for t in range(T - 1, -1, -1):
         mem = MEMv[t + 1]
