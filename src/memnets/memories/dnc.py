@@ -310,16 +310,15 @@ class DNC(nn.Module):
     def _forward_scan(self, x: torch.Tensor, state: DNCState):
         """The whole sequence through :class:`~memnets.memories.dnc_scan.DNCRecurrence` (fast path)."""
         cfg = self.config
-        B, T = x.shape[:2]
         R, W = cfg.read_heads, cfg.word_size
         perm = interface_permutation(R, W, x.device)
         w_xi = self.interface.weight.index_select(0, perm)
         b_xi = self.interface.bias.index_select(0, perm)
         upper = [p for lin in self.ctrl_rec[1:] for p in (lin.weight, lin.bias)]
         ctrl, a = state.controller, state.access
-        HR, h, c, mem, usage, link, prec, wr, ww = DNCRecurrence.apply(
-            (R, W), x, self.ctrl_x.weight, self.ctrl_x.bias, w_xi, b_xi, ctrl.h, ctrl.c, a.memory, a.usage, a.link, a.precedence,
-            a.read_weights, a.write_weights, state.reads, self.ctrl_rec[0].weight, *upper)  # HR: [r_t | h_t]
+        HR, h, c, mem, usage, link, prec, wr, ww = DNCRecurrence.apply(  # HR: [r_t | h_t] of every step
+            (R, W), x, self.ctrl_x.weight, self.ctrl_x.bias, w_xi, b_xi, ctrl.h, ctrl.c, a.memory, a.usage,
+            a.link, a.precedence, a.read_weights, a.write_weights, state.reads, self.ctrl_rec[0].weight, *upper)
         w_out = torch.cat([self.out_r.weight, self.out_h.weight], 1)  # the readout as one matmul
         y = F.linear(HR, w_out, self.out_h.bias).transpose(0, 1)  # [B, T, output_size]
         state = DNCState(DNCControllerState(h, c), DNCAccessState(mem, usage, link, prec, wr, ww),

@@ -271,7 +271,7 @@ def _run_forward(f, R, W, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, 
             torch.addmm(GXv[t] if layer == 0 else bs[layer], Xv[layer][t], wT[layer], out=a)
             a.sigmoid_()
             c = torch.mul(Af[layer][t], CBv[layer][t], out=CBv[layer][t + 1])
-            c.sub_(Ai[layer][t]).addcmul_(Ai[layer][t], Ag[layer][t], value=2)  # + σ(i) tanh(g), tanh(g) = 2σ(2g) − 1
+            c.sub_(Ai[layer][t]).addcmul_(Ai[layer][t], Ag[layer][t], value=2)  # + σ(i) (2σ(2g) − 1)
             torch.tanh(c, out=TCv[layer][t])
             h = torch.mul(Ao[layer][t], TCv[layer][t], out=Hv[layer][t + 1])
             if layer < top:
@@ -421,7 +421,7 @@ def _allocation_jacobian(g, su: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:
     return js
 
 
-def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww):
+def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww, need_dx=True):
     T, B = dHR.shape[:2]
     C = f.TC[0].shape[-1]
     Lc, N, RW, G4, lay, top = len(ws), f.SU.shape[-1], R * W, 4 * C, interface_layout(R, W), len(ws) - 1
@@ -602,8 +602,9 @@ def _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, d
     db_xi = g.GXI.sum((0, 1))
     gz0 = g.GZ[0].view(TB, G4)
     x_tb = x.transpose(0, 1).reshape(TB, -1)
-    dx = (w_x.t() @ gz0.t()).t().view(T, B, -1).transpose(0, 1)  # (W_xᵀ dzᵀ)ᵀ, x_tbᵀ dz: the small
-    dw_x = (x_tb.t() @ gz0).t()  # dimension first is several times faster (few input features)
+    # (W_xᵀ dzᵀ)ᵀ and (x_tbᵀ dz)ᵀ: the small dimension first is several times faster (few input features)
+    dx = (w_x.t() @ gz0.t()).t().view(T, B, -1).transpose(0, 1) if need_dx else None
+    dw_x = (x_tb.t() @ gz0).t()
     db_x = gz0.sum(0)
     return (dx, dw_x, db_x, dw_xi, db_xi, dh0, dc0, gM, gu, gL, gp, gwr, gww, dreads0, dw0, *d_upper)
 
@@ -677,8 +678,9 @@ class DNCRecurrence(torch.autograd.Function):
         if f.bv is None:
             f.bv = _backward_views(f, R, W, Lc)
         with torch.inference_mode():
-            grads = _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww)
-        grads = [x.clone() for x in grads]  # ordinary tensors for autograd (and none aliasing the workspace)
+            grads = _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww,
+                                  need_dx=ctx.needs_input_grad[1])
+        grads = [None if d is None else d.clone() for d in grads]  # ordinary tensors (none aliasing the workspace)
         _give(bkey, g)
         ctx.lease.release()
         return (None, *grads)
