@@ -310,6 +310,28 @@ def test_experiment_smoke(tmp_path):
     table = (tmp_path / "results.md").read_text()
     assert "| 1 | single-supporting-fact |" in table and "| mean |" in table and "| 1 | 1 |" in table
 
+    # a third seed in its own process (--first-run 2), then the merge keeps the best of all three
+    common = ["--tasks", "1", "--epochs", "2", "--ls-max-epochs", "2", "--ls-patience", "0", "--lr", "0.005",
+              "--data-dir", str(_data_dir())]
+    try:
+        babi_memn2n.main(common + ["--first-run", "2", "--out", str(tmp_path / "b")])
+    finally:
+        torch.set_num_threads(threads)
+    other = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert [r["seed"] for r in other["run_summary"]["1"]] == [2]
+    merged = babi_memn2n.main(["--merge", str(tmp_path), str(tmp_path / "b"), "--out", str(tmp_path / "m")])
+    rows = merged["run_summary"]["1"]
+    assert sorted(r["seed"] for r in rows) == [0, 1, 2] and merged["runs"] == 3
+    best = min(rows, key=lambda r: r["valid_error"])
+    assert merged["tasks"]["1"]["test_error"] == best["test_error"]["1"] == merged["mean_error"]
+    assert merged["tasks"]["1"]["seed"] == best["seed"]
+    with pytest.raises(ValueError, match="same seed"):
+        babi_memn2n.merge([saved, saved])
+    with pytest.raises(ValueError, match="different configuration"):
+        babi_memn2n.merge([saved, {**other, "config": {**other["config"], "lr": 0.01}}])
+    with pytest.raises(SystemExit):
+        babi_memn2n.main(["--merge", str(tmp_path / "nowhere")])
+
 
 def test_experiment_runs_must_be_positive():
     from memnets.experiments import babi_memn2n

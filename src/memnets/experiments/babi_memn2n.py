@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from memnets.memories.memn2n import MemN2N
 from memnets.tasks import babi
 
-__all__ = ["TrainConfig", "train_memn2n", "evaluate", "run", "main", "PUBLISHED_MEAN_ERROR"]
+__all__ = ["TrainConfig", "train_memn2n", "evaluate", "run", "merge", "main", "PUBLISHED_MEAN_ERROR"]
 
 # Mean test error (%) of MemN2N PE LS RN, 3 hops, joint training on bAbI 1k (Sukhbaatar et
 # al. 2015, Table 1). The per-task values of that table are not reproduced in the seed texts,
@@ -188,9 +188,13 @@ def _prepare(tasks: Sequence[int], data_dir, memory_size: int, valid_fraction: f
 
 
 def run(tasks: Sequence[int], joint: bool, cfg: TrainConfig, runs: int = 1, data_dir=None,
-        valid_fraction: float = 0.1, ten_k: bool = False, fallback_1k: bool = False, log=print) -> dict:
+        valid_fraction: float = 0.1, ten_k: bool = False, fallback_1k: bool = False, log=print,
+        first_run: int = 0) -> dict:
     """Train per task (or jointly) and return ``{"tasks": {t: {...}}, "mean_error": ...}``.
 
+    Run ``r`` (``first_run <= r < first_run + runs``) is seeded with ``cfg.seed + r``; the
+    validation split always comes from ``cfg.seed``, so runs started in separate processes
+    with different ``first_run`` share one split and can be merged with :func:`merge`.
     With ``ten_k`` the en-10k training files are used (task 3 is skipped, or read from the 1k
     file with ``fallback_1k``, since its 10k file is missing from the data)."""
     if ten_k and 3 in tasks and not fallback_1k:
@@ -200,9 +204,11 @@ def run(tasks: Sequence[int], joint: bool, cfg: TrainConfig, runs: int = 1, data
         raise ValueError("`tasks` expected at least one bAbI task to train on, got none")
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
         raise ValueError(f"`runs` expected an integer >= 1 (runs per task / joint model), got {runs!r}")
+    if isinstance(first_run, bool) or not isinstance(first_run, int) or first_run < 0:
+        raise ValueError(f"`first_run` expected an integer >= 0, got {first_run!r}")
     groups = [list(tasks)] if joint else [[t] for t in tasks]
-    results: dict = {"config": asdict(cfg), "joint": joint, "runs": runs, "ten_k": ten_k, "tasks": {},
-                     "run_summary": {}}
+    results: dict = {"config": asdict(cfg), "joint": joint, "runs": runs, "first_run": first_run,
+                     "ten_k": ten_k, "tasks": {}, "run_summary": {}}
     t0 = time.time()
     for group in groups:
         vocab, tr, va, te, M, W = _prepare(group, data_dir, cfg.memory_size, valid_fraction, cfg.seed,
@@ -211,8 +217,8 @@ def run(tasks: Sequence[int], joint: bool, cfg: TrainConfig, runs: int = 1, data
         best = None
         key = "joint" if joint else str(group[0])
         results["run_summary"][key] = []
-        for r in range(runs):
-            log(f"tasks {group if joint else group[0]}: run {r + 1}/{runs}, {tr.answers.shape[0]} train, "
+        for r in range(first_run, first_run + runs):
+            log(f"tasks {group if joint else group[0]}: run {r + 1}/{first_run + runs}, {tr.answers.shape[0]} train, "
                 f"vocab {len(vocab)}, memory {M}, sentence {W}")
             model, info = train_memn2n(tr, va, len(vocab), W, TrainConfig(**{**asdict(c), "seed": c.seed + r}), log)
             # the validation error (joint: over all tasks' held-out examples) decides the run
@@ -225,7 +231,7 @@ def run(tasks: Sequence[int], joint: bool, cfg: TrainConfig, runs: int = 1, data
                        "test_error": {t: round(100.0 * (1.0 - float(t_ok[te.tasks == t].float().mean())), 2)
                                       for t in group}}
             results["run_summary"][key].append(summary)
-            log(f"run {r + 1}/{runs}: " + json.dumps(summary))
+            log(f"run {r + 1}/{first_run + runs}: " + json.dumps(summary))
             if best is None or v_err < best[0]:
                 best = (v_err, model, v_ok, len(info["history"]))
         _, ok = evaluate(best[1], te)
@@ -244,6 +250,47 @@ def run(tasks: Sequence[int], joint: bool, cfg: TrainConfig, runs: int = 1, data
                                        if joint and len(errs) == 20 and not ten_k else None)
     results["wall_seconds"] = round(time.time() - t0, 1)
     return results
+
+
+def merge(parts: Sequence[dict]) -> dict:
+    """Combine the ``results.json`` of several invocations (e.g. seeds run in parallel with
+    ``--first-run``) into one result that keeps, per model, the run with the lowest
+    validation error, exactly as one invocation with all the runs would have.
+
+    The parts must share the configuration apart from ``first_run``/``runs`` (same
+    validation split seed, same tasks, same recipe); a mismatch raises ``ValueError``."""
+    if not parts:
+        raise ValueError("`parts` expected at least one results dict to merge, got none")
+    base = {k: v for k, v in parts[0]["config"].items()}
+    for i, p in enumerate(parts[1:], 1):
+        if p["config"] != base or p["joint"] != parts[0]["joint"] or p.get("ten_k") != parts[0].get("ten_k"):
+            raise ValueError(f"`parts[{i}]` has a different configuration from `parts[0]`; "
+                             "only runs of one recipe (same --seed, tasks and flags) can be merged")
+    out: dict = {"config": base, "joint": parts[0]["joint"], "ten_k": parts[0].get("ten_k", False),
+                 "tasks": {}, "run_summary": {}, "merged_from": len(parts)}
+    for p in parts:
+        for key, rows in p["run_summary"].items():
+            out["run_summary"].setdefault(key, []).extend(rows)
+    seeds = [r["seed"] for rows in out["run_summary"].values() for r in rows]
+    runs_per_model = {key: len(rows) for key, rows in out["run_summary"].items()}
+    out["runs"] = min(runs_per_model.values())
+    for key, rows in out["run_summary"].items():
+        if len({r["seed"] for r in rows}) != len(rows):
+            raise ValueError(f"model {key!r} has the same seed twice in the parts (seeds {seeds}); "
+                             "give each invocation its own --first-run")
+        best = min(rows, key=lambda r: r["valid_error"])
+        names = {t: v["name"] for p in parts for t, v in p["tasks"].items()}
+        for t, err in best["test_error"].items():
+            out["tasks"][str(t)] = {"name": names.get(str(t), babi.TASK_NAMES.get(int(t), "")),
+                                    "test_error": err, "valid_error": None, "seed": best["seed"],
+                                    "published_error": None}
+    errs = [v["test_error"] for v in out["tasks"].values()]
+    out["mean_error"] = round(sum(errs) / len(errs), 2)
+    out["failed_tasks"] = sum(e > 5.0 for e in errs)
+    out["published_mean_error"] = (PUBLISHED_MEAN_ERROR["joint"]
+                                   if out["joint"] and len(errs) == 20 and not out["ten_k"] else None)
+    out["wall_seconds"] = round(sum(p.get("wall_seconds", 0.0) for p in parts), 1)
+    return out
 
 
 def markdown_table(results: dict) -> str:
@@ -292,10 +339,35 @@ def main(argv: Sequence[str] | None = None) -> dict:
                         "lowest validation error is kept (the paper: best of 10)")
     p.add_argument("--ten-k", action="store_true", help="train on en-10k (task 3 skipped: file missing)")
     p.add_argument("--fallback-1k", action="store_true", help="with --ten-k, use the 1k file for task 3")
+    p.add_argument("--first-run", type=int, default=0,
+                   help="index of the first run: runs --first-run .. --first-run + --runs - 1 use seeds "
+                        "--seed + index, the validation split stays that of --seed (run the seeds of one "
+                        "recipe in parallel processes, then --merge their outputs)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                   help="combine the results.json of these output directories (best run on validation) "
+                        "and write the merged table to --out; trains nothing")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None, help="directory for results.json / results.md")
     a = p.parse_args(argv)
+    if a.merge:
+        parts = []
+        for d in a.merge:
+            f = Path(d) / "results.json"
+            if not f.is_file():
+                p.error(f"--merge expected {f} (the results.json of a finished run), but it does not exist")
+            parts.append(json.loads(f.read_text()))
+        results = merge(parts)
+        table = markdown_table(results)
+        print(table)
+        if a.out:
+            out = Path(a.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "results.json").write_text(json.dumps(results, indent=2))
+            (out / "results.md").write_text(table)
+        return results
+    if a.first_run < 0:
+        p.error(f"--first-run expected a value >= 0, got {a.first_run}")
     for name, ok, want in (("--ls-patience", a.ls_patience >= 0, ">= 0"), ("--lr", a.lr > 0, "> 0"),
                            ("--ls-lr", a.ls_lr > 0, "> 0"), ("--runs/--seeds", a.runs >= 1, ">= 1")):
         if not ok:
@@ -310,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         batch_size=a.batch_size, bucket=not a.random_batches, optimizer=a.optimizer, seed=a.seed,
         ls_patience=a.ls_patience, lr=a.lr, ls_lr=a.ls_lr)
     results = run(tasks, a.joint, cfg, a.runs, a.data_dir, ten_k=a.ten_k, fallback_1k=a.fallback_1k,
-                  log=lambda s: print(s, flush=True))
+                  log=lambda s: print(s, flush=True), first_run=a.first_run)
     table = markdown_table(results)
     print(table)
     if a.out:
