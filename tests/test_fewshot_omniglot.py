@@ -51,6 +51,43 @@ def test_tiny_pretraining_reduces_loss():
     assert f.shape == (2, 3, 64) and not m.training
 
 
+def test_pretraining_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    images = (torch.rand(4, 20, 16, 16) < 0.1).to(torch.uint8) * 255
+    kw = dict(samples=torch.arange(4), epochs=1.0, batch_size=4, seed=0, mode="classifier")
+
+    def fresh():
+        torch.manual_seed(1)
+        return Conv4(), CosineHead(64, 4)
+
+    m0, h0 = fresh()
+    ref = fs.pretrain(m0, h0, images, **kw)  # 4 uninterrupted steps
+    assert ref["steps"] == 4 and ref["resumed_at_step"] == 0
+    ck = tmp_path / "ck.pt"
+    calls, real_step = [], fs.pretrain_step
+
+    def interrupted(*a):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_step(*a)
+
+    monkeypatch.setattr(fs, "pretrain_step", interrupted)
+    m1, h1 = fresh()
+    with pytest.raises(KeyboardInterrupt):
+        fs.pretrain(m1, h1, images, checkpoint=ck, checkpoint_seconds=0.0, **kw)
+    monkeypatch.setattr(fs, "pretrain_step", real_step)
+    assert torch.load(ck, weights_only=True)["step"] == 2
+    m2, h2 = fresh()  # a new process: fresh weights, everything else from the checkpoint
+    info = fs.pretrain(m2, h2, images, checkpoint=ck, checkpoint_seconds=0.0, **kw)
+    assert info["resumed_at_step"] == 2 and info["steps"] == 4
+    for a, b in zip([*m0.state_dict().values(), *h0.state_dict().values()],
+                    [*m2.state_dict().values(), *h2.state_dict().values()]):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="another pre-training"):
+        fs.pretrain(*fresh(), images, checkpoint=ck, **{**kw, "epochs": 2.0})
+
+
 def _reference_nam(w_base, support, p_w, p_e):
     """Algorithm 1 written as the SPEC's double loop: W' = W + Σ_nk ΔW_nk / K, ΔW from the initial W."""
     n, k, f = support.shape

@@ -100,7 +100,7 @@ def episodic_step(backbone: Conv4, head: CosineHead, opt: torch.optim.Optimizer,
 def pretrain(backbone: Conv4, head: CosineHead, images: torch.Tensor, *, samples: torch.Tensor,
              epochs: float, batch_size: int = 64, lr: float = 2e-3, seed: int = 0,
              max_minutes: float | None = None, log: Path | None = None, mode: str = "classifier",
-             n_support: int = 2) -> dict:
+             n_support: int = 2, checkpoint: Path | None = None, checkpoint_seconds: float = 120.0) -> dict:
     """Pre-train on uint8 images ``[C, S, 28, 28]`` (drawers ``samples``), class = row index.
 
     ``mode="classifier"``: batches of ``batch_size`` images, cross-entropy of the cosine head
@@ -111,7 +111,12 @@ def pretrain(backbone: Conv4, head: CosineHead, images: torch.Tensor, *, samples
     Adam with a cosine learning-rate decay over the progress
     ``max(step / planned_steps, elapsed / max_minutes)``, so the decay completes when either
     ``epochs`` (may be fractional) are done or the wall-time cap is reached, whichever is first.
-    Returns ``{"steps", "planned_steps", "seconds", "final_loss"}``.
+    With ``checkpoint`` the whole training state (weights, optimizer, sampler generator,
+    step, elapsed time) is written there atomically every ``checkpoint_seconds`` and at the
+    end; a call that finds the file resumes from it (the wall-time cap counts the time of the
+    earlier calls), so an interrupted pre-training loses at most ``checkpoint_seconds``.
+    Training runs in channels-last memory format (faster convolutions on CPU).
+    Returns ``{"steps", "planned_steps", "seconds", "final_loss", "resumed_at_step"}``.
     """
     g = torch.Generator().manual_seed(seed)
     num_classes = images.shape[0]
@@ -120,16 +125,43 @@ def pretrain(backbone: Conv4, head: CosineHead, images: torch.Tensor, *, samples
     n = cls.numel()
     total = max(1, int(math.ceil(epochs * n / batch_size)))
     opt = torch.optim.Adam(list(backbone.parameters()) + list(head.parameters()), lr=lr)
+    backbone.to(memory_format=torch.channels_last)
     backbone.train()
     head.train()
-    t0, step, ema = time.time(), 0, None
+    step, ema, pos, before = 0, None, 0, 0.0
     perm = torch.randperm(n, generator=g)
-    pos = 0
+    if checkpoint is not None and Path(checkpoint).is_file():
+        ck = torch.load(checkpoint, weights_only=True)
+        if ck["total"] != total or ck["mode"] != mode or ck["num_classes"] != num_classes:
+            raise ValueError(f"`checkpoint` {checkpoint} is from another pre-training (planned steps "
+                             f"{ck['total']}, mode {ck['mode']!r}, {ck['num_classes']} classes; this one: "
+                             f"{total}, {mode!r}, {num_classes}); delete it or use another --out")
+        backbone.load_state_dict(ck["backbone"])
+        head.load_state_dict(ck["head"])
+        opt.load_state_dict(ck["opt"])
+        g.set_state(ck["generator"])
+        step, ema, pos, before, perm = ck["step"], ck["ema"], ck["pos"], ck["seconds"], ck["perm"]
+        _log(log, stage="pretrain", resumed_at_step=step, seconds=round(before, 1))
+    resumed_at, t0 = step, time.time()
+    last_save = t0
     budget = None if max_minutes is None else 60.0 * max_minutes
+
+    def save() -> None:
+        if checkpoint is not None:
+            _atomic_torch_save({"backbone": backbone.state_dict(), "head": head.state_dict(),
+                                "opt": opt.state_dict(), "generator": g.get_state(), "step": step,
+                                "ema": ema, "pos": pos, "perm": perm, "total": total, "mode": mode,
+                                "num_classes": num_classes, "seconds": before + time.time() - t0},
+                               Path(checkpoint))
+
     while True:
-        progress = step / total if budget is None else max(step / total, (time.time() - t0) / budget)
+        elapsed = before + time.time() - t0
+        progress = step / total if budget is None else max(step / total, elapsed / budget)
         if progress >= 1.0:
             break
+        if checkpoint is not None and time.time() - last_save >= checkpoint_seconds:
+            save()
+            last_save = time.time()
         for group in opt.param_groups:
             group["lr"] = lr * 0.5 * (1.0 + math.cos(math.pi * progress))
         if mode == "episodic":
@@ -151,8 +183,11 @@ def pretrain(backbone: Conv4, head: CosineHead, images: torch.Tensor, *, samples
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         if step % 50 == 0 or step == total:
             _log(log, stage="pretrain", step=step, of=total, loss=round(ema, 4), lr=opt.param_groups[0]["lr"],
-                 scale=round(float(head.scale.detach()), 3), seconds=round(time.time() - t0, 1))
-    return {"steps": step, "planned_steps": total, "seconds": time.time() - t0, "final_loss": ema}
+                 scale=round(float(head.scale.detach()), 3), seconds=round(before + time.time() - t0, 1))
+    save()
+    backbone.to(memory_format=torch.contiguous_format)
+    return {"steps": step, "planned_steps": total, "seconds": before + time.time() - t0, "final_loss": ema,
+            "resumed_at_step": resumed_at}
 
 
 @torch.no_grad()
@@ -290,9 +325,11 @@ def _stage_pretrain(args: argparse.Namespace, out: Path, base: torch.Tensor) -> 
     backbone, head = Conv4(), CosineHead(64, base.shape[0])
     info = pretrain(backbone, head, base, samples=BASE_TRAIN_DRAWERS, epochs=args.epochs,
                     batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                    max_minutes=args.max_minutes, log=out / "metrics.jsonl", mode=args.pretrain_mode)
+                    max_minutes=args.max_minutes, log=out / "metrics.jsonl", mode=args.pretrain_mode,
+                    checkpoint=out / "pretrain_checkpoint.pt")
     blob = {"backbone": backbone.state_dict(), "head": head.state_dict(), "info": info}
     _atomic_torch_save(blob, path)
+    (out / "pretrain_checkpoint.pt").unlink(missing_ok=True)
     return blob
 
 
