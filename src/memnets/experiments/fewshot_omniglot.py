@@ -404,8 +404,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--out", default="runs/fewshot_omniglot")
-    p.add_argument("--epochs", type=float, default=1.5, help="pre-training epochs (fractional allowed)")
-    p.add_argument("--max-minutes", type=float, default=20.0, help="wall-time cap on pre-training")
+    p.add_argument("--epochs", type=float, default=8.0, help="pre-training epochs (fractional allowed)")
+    p.add_argument("--max-minutes", type=float, default=40.0, help="wall-time cap on pre-training (resumable)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--pretrain-mode", choices=["classifier", "episodic"], default="episodic",
