@@ -133,6 +133,24 @@ def test_linear_start_removes_softmax_toggle():
     assert torch.allclose(aux2.attention.sum(-1), torch.ones(3, 3, dtype=torch.float64))
 
 
+def test_random_noise_grows_into_free_capacity_instead_of_dropping():
+    """A batch trimmed to its longest story (here every slot is full) keeps all its
+    sentences when the model has spare capacity; only a full memory drops the oldest."""
+    s, _ = _stories(B=64, M=9)
+    s[s == 0] = 1  # every slot holds a sentence
+    mask = memory_mask(s)
+    g = torch.Generator().manual_seed(0)
+    out, new_mask = random_noise(s, mask, rate=0.3, generator=g, capacity=50)
+    assert 9 < out.shape[1] <= 50 and new_mask.shape == out.shape[:2]
+    for b in range(64):
+        got = [tuple(r.tolist()) for r in out[b] if r.any()]
+        assert got == [tuple(r.tolist()) for r in s[b]]  # nothing dropped, order kept
+    assert torch.equal(new_mask, memory_mask(out))
+    g = torch.Generator().manual_seed(0)
+    tight, _ = random_noise(s, mask, rate=0.3, generator=g, capacity=9)  # a full memory
+    assert tight.shape == s.shape and int(memory_mask(tight).sum()) < int(mask.sum())
+
+
 def test_random_noise_inserts_empty_memories():
     s, _ = _stories(B=64, M=10)
     s[:, 6:] = 0

@@ -171,28 +171,36 @@ def memory_attention(u: torch.Tensor, m: torch.Tensor, mask: torch.Tensor,
 
 def random_noise(stories: torch.Tensor, mask: torch.Tensor, rate: float = 0.1,
                  generator: torch.Generator | None = None,
-                 attend_empty: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 attend_empty: bool = False, capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Random noise (RN): insert empty memories, about ``rate`` per real sentence.
 
     Before each valid sentence an empty memory is inserted with probability ``rate``,
-    shifting it (and all older ones) one slot back in time; sentences pushed past the last
-    slot are dropped. This jitters the temporal index each sentence sees (the regulariser
-    for ``T_A``). With ``attend_empty=False`` (the default, as in the authors' released
-    code, which perturbs the time index) the inserted slots stay masked; with
-    ``attend_empty=True`` they are valid memories holding only their temporal encoding.
-    stories ``[B, M, W]``, mask ``[B, M]`` → ``(stories', mask')`` of the same shapes.
+    shifting it (and all older ones) one slot back in time. This jitters the temporal index
+    each sentence sees (the regulariser for ``T_A``). Sentences pushed past the last slot
+    are dropped; ``capacity`` (the model's memory size) lets the output grow beyond the
+    ``M`` given slots up to ``capacity`` slots, so a sentence is dropped only when the memory
+    itself is full, not because the batch was trimmed to its longest story. With
+    ``attend_empty=False`` (the default, as in the authors' released code, which perturbs
+    the time index) the inserted slots stay masked; with ``attend_empty=True`` they are
+    valid memories holding only their temporal encoding.
+    stories ``[B, M, W]``, mask ``[B, M]`` → ``(stories' [B, M', W], mask' [B, M'])`` with
+    ``M' = M`` without ``capacity``, else ``M ≤ M' ≤ max(M, capacity)``.
     """
-    B, M, _ = stories.shape
+    B, M, W = stories.shape
     ins = (torch.rand(B, M, generator=generator, device=stories.device) < rate) & mask  # [B, M]
     new_pos = torch.arange(M, device=stories.device) + ins.long().cumsum(1)  # [B, M]
-    keep = mask & (new_pos < M)
+    size = M
+    if capacity is not None and B and M:
+        needed = int((new_pos * mask).max()) + 1  # one past the oldest shifted sentence
+        size = max(M, min(capacity, needed))
+    keep = mask & (new_pos < size)
     b_idx, m_idx = keep.nonzero(as_tuple=True)
-    out = torch.zeros_like(stories)
+    out = stories.new_zeros(B, size, W)
     out[b_idx, new_pos[b_idx, m_idx]] = stories[b_idx, m_idx]
-    new_mask = torch.zeros_like(mask)
+    new_mask = mask.new_zeros(B, size)
     new_mask[b_idx, new_pos[b_idx, m_idx]] = True
     if attend_empty:
-        eb, em = (ins & (new_pos - 1 < M)).nonzero(as_tuple=True)
+        eb, em = (ins & (new_pos - 1 < size)).nonzero(as_tuple=True)
         new_mask[eb, new_pos[eb, em] - 1] = True  # the inserted empty memories
     return out, new_mask
 
@@ -323,7 +331,8 @@ class MemN2N(nn.Module):
         mask = memory_mask(stories) if mask is None else check_shape(
             "mask", mask, ["B", "M"], [B, M]).bool()
         if self.training and self.random_noise > 0:
-            stories, mask = random_noise(stories, mask, self.random_noise)
+            stories, mask = random_noise(stories, mask, self.random_noise, capacity=cfg.memory_size)
+            M = stories.shape[1]
         use_pe = cfg.position_encoding
         encoded: dict[int, torch.Tensor] = {}  # each embedding encodes the story once (tying)
         if self.impl == "lookup":
