@@ -93,7 +93,7 @@ def test_recurrence_gradcheck():
     T, dirs, B, d, Hp = 3, 2, 1, 2, 2
     G, Dp, N = Hp * (3 * d + 2), Hp * d, dirs * B * Hp
     gx = torch.randn(T, dirs, B, G, generator=g, dtype=DT, requires_grad=True)
-    w = (0.5 * torch.randn(dirs, Dp, G, generator=g, dtype=DT)).requires_grad_()
+    w = (0.5 * torch.randn(dirs, G, Dp, generator=g, dtype=DT)).requires_grad_()
     M0 = torch.randn(N, d, d, generator=g, dtype=DT, requires_grad=True)
     h0 = torch.randn(dirs, B, Dp, generator=g, dtype=DT, requires_grad=True)
     assert torch.autograd.gradcheck(_LSAMRecurrence.apply, (gx, w, M0, h0))

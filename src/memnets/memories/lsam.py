@@ -76,8 +76,9 @@ class _LSAMRecurrence(torch.autograd.Function):
         (a_q, a_k) = (M q, M k);  u = p_w (v − a_k);  M ← M + u kᵀ
         h_t = p_r (a_q + u (q·k))          # = RD(WR(M, k, v, p_w, p_w), q, p_r)
 
-    The memory is updated in place in one buffer: no ``[N, d, d]`` tensor is allocated per
-    step. Backward walks the steps in reverse and recovers ``M_{t-1} = M_t − u_t k_tᵀ`` in
+    The memory is updated in place in one buffer, kept transposed (``Mᵀ``, so that the
+    row-vector products ``(q, k) Mᵀ`` read it row-major): no ``[N, d, d]`` tensor is
+    allocated per step. ``w_hh`` is ``[dirs, G, D']`` (rows in per-head blocks). Backward walks the steps in reverse and recovers ``M_{t-1} = M_t − u_t k_tᵀ`` in
     place; an exact copy kept every :data:`_SEGMENT` steps resets that buffer, so rounding
     drift is bounded by a few ulps per segment while memory is O(T / _SEGMENT) memories.
     The weight gradient ``Σ_t h_{t-1}ᵀ dg_t`` is one matmul after the loop. Not twice
@@ -85,54 +86,53 @@ class _LSAMRecurrence(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, gx, w_hhT, M0, h0):
+    def forward(ctx, gx, w_hh, M0, h0):
         T, dirs, B, G = gx.shape
-        Dp, N, d = w_hhT.shape[1], M0.shape[0], M0.shape[-1]
+        Dp, N, d = w_hh.shape[2], M0.shape[0], M0.shape[-1]
         ckpts = M0.new_empty((T - 1) // _SEGMENT, N, d, d)
-        M, h = M0.clone(), h0
+        X, h = M0.transpose(1, 2).contiguous(), h0  # Mᵀ: row-vector products (q Mᵀ) read it row-major
         out = gx.new_empty(T, dirs, B, Dp)
         QK, NRM = gx.new_empty(T, N, 2, d), gx.new_empty(T, N, 2, 1)
         P, CQ = gx.new_empty(T, N, 2), gx.new_empty(T, N)
         E, U, R = (gx.new_empty(T, N, d) for _ in range(3))
-        MT = M.transpose(1, 2)  # view of the in-place buffer
         steps = zip(gx.unbind(0), NRM.unbind(0), QK.unbind(0), P.unbind(0), E.unbind(0), U.unbind(0),
                     CQ.unbind(0), R.unbind(0), out.view(T, N, d).unbind(0))  # per-step views
         # One direction: a 2-D matmul, which (unlike a batch-of-one bmm) uses every intra-op thread.
-        rec = (lambda g, hh: torch.addmm(g[0], hh[0], w_hhT[0])) if dirs == 1 else \
-            (lambda g, hh: torch.baddbmm(g, hh, w_hhT))
+        rec = (lambda g, hh: torch.addmm(g[0], hh[0], w_hh[0].t())) if dirs == 1 else \
+            (lambda g, hh: torch.baddbmm(g, hh, w_hh.transpose(1, 2)))
         for t, (gx_t, nrm_t, qk_t, p_t, e_t, u_t, c_t, r_t, o_t) in enumerate(steps):
             blk = rec(gx_t, h).view(N, 3 * d + 2)  # [N, 3d+2]
             raw = blk[:, : 2 * d].view(N, 2, d)
             nrm = torch.linalg.vector_norm(raw, dim=-1, keepdim=True, out=nrm_t).clamp_min_(_EPS)  # [N, 2, 1]
             qk = torch.div(raw, nrm, out=qk_t)  # [N, 2, d] = (μ(q), μ(k))
             p = torch.sigmoid(blk[:, 3 * d:], out=p_t)  # [N, 2] = (p_r, p_w)
-            ab = torch.bmm(qk, MT)  # [N, 2, d] = (M q, M k)
+            ab = torch.bmm(qk, X)  # [N, 2, d] = (M q, M k)
             torch.sub(blk[:, 2 * d: 3 * d], ab[:, 1], out=e_t)  # v − M k
             u = torch.mul(e_t, p[:, 1:], out=u_t)  # [N, d]
-            M.addcmul_(u.unsqueeze(-1), qk[:, 1:])  # M + u kᵀ, in place
+            X.addcmul_(qk[:, 1:].transpose(1, 2), u.unsqueeze(1))  # Mᵀ + k uᵀ, in place
             c = torch.linalg.vecdot(qk[:, 0], qk[:, 1], out=c_t).unsqueeze(-1)  # q·k: [N, 1]
             r = torch.addcmul(ab[:, 0], u, c, out=r_t)  # M_t q = M q + u (k·q)
             h = torch.mul(r, p[:, :1], out=o_t).view(dirs, B, Dp)  # h_t = p_r M_t q
             if (t + 1) % _SEGMENT == 0 and t < T - 1:
-                ckpts[(t + 1) // _SEGMENT - 1].copy_(M)
-        ctx.save_for_backward(w_hhT, h0, out, M, ckpts, QK, NRM, P, CQ, E, U, R)
-        return out, M
+                ckpts[(t + 1) // _SEGMENT - 1].copy_(X)
+        ctx.save_for_backward(w_hh, h0, out, X, ckpts, QK, NRM, P, CQ, E, U, R)
+        return out, X.transpose(1, 2).contiguous()
 
     @staticmethod
     def backward(ctx, dout, dM):
-        w_hhT, h0, out, M_T, ckpts, QK, NRM, P, CQ, E, U, R = ctx.saved_tensors
+        w_hh, h0, out, X_T, ckpts, QK, NRM, P, CQ, E, U, R = ctx.saved_tensors  # X = Mᵀ, ckpts too
         T, dirs, B, Dp = out.shape
-        N, d = M_T.shape[0], M_T.shape[-1]
-        w_hh = w_hhT.transpose(1, 2)  # [dirs, G, D']
-        dM = torch.zeros_like(M_T) if dM is None else dM.clone()
+        N, d = X_T.shape[0], X_T.shape[-1]
+        G = w_hh.shape[1]
+        dM = torch.zeros_like(X_T) if dM is None else dM.contiguous().clone()
         dout = torch.zeros_like(out) if dout is None else dout
         S = P * (1 - P)  # σ' for all steps: [T, N, 2]
         INV = 1.0 / NRM  # [T, N, 2, 1] (NRM holds max(‖x‖, eps))
         QKM = QK * (NRM > _EPS)  # μ's projection only where ‖x‖ > eps: [T, N, 2, d]
-        QKS = QK.flip(2)  # (k, q): [T, N, 2, d]
-        work = M_T.clone()  # M_t, reversed in place to M_{t-1}
-        dab = M_T.new_empty(N, 2, d)  # (d a_q, d a_k)
-        dgx = out.new_empty(T, dirs, B, w_hhT.shape[-1])  # gradient of gx, filled step by step
+        QKS = torch.cat([QK[:, :, 1:], QK[:, :, :1]], 2)  # (k, q): [T, N, 2, d]
+        work = X_T.transpose(1, 2).contiguous()  # M_t, reversed in place to M_{t-1}
+        dab = X_T.new_empty(N, 2, d)  # (d a_q, d a_k)
+        dgx = out.new_empty(T, dirs, B, G)  # gradient of gx, filled step by step
         dh = torch.zeros_like(h0).view(N, d)
         g4 = dgx.view(T, N, 3 * d + 2)  # per-head blocks [q k v r w] of every dg_t
         steps = list(zip(QK.unbind(0), U.unbind(0), P.unbind(0), CQ.unsqueeze(-1).unbind(0), R.unbind(0),
@@ -143,7 +143,7 @@ class _LSAMRecurrence(torch.autograd.Function):
         for t in range(T - 1, -1, -1):
             qk, u, p, c, r, e, qks, qkm, inv, sg, do, g_qk, g_v, g_rw, dg = steps[t]
             if (t + 1) % _SEGMENT == 0 and t < T - 1:
-                work.copy_(ckpts[(t + 1) // _SEGMENT - 1])  # exact M_t
+                work.copy_(ckpts[(t + 1) // _SEGMENT - 1].transpose(1, 2))  # exact M_t
             k1 = qk[:, 1:]  # [N, 1, d]
             work.addcmul_(u.unsqueeze(-1), k1, value=-1.0)  # M_{t-1} = M_t − u kᵀ
             dh = do + dh
@@ -166,8 +166,11 @@ class _LSAMRecurrence(torch.autograd.Function):
         dw = None
         if ctx.needs_input_grad[1]:
             hprev = torch.cat([h0.unsqueeze(0), out[:-1]], 0)  # [T, dirs, B, D']
-            hp = hprev.permute(1, 3, 0, 2).reshape(dirs, Dp, T * B)  # [dirs, D', T*B]
-            dw = torch.bmm(hp, dgx.permute(1, 0, 2, 3).reshape(dirs, T * B, -1))  # [dirs, D', G]
+            if dirs == 1:  # Σ_t dg_tᵀ h_{t-1}: one 2-D matmul
+                dw = torch.mm(dgx.view(T * B, G).t(), hprev.view(T * B, Dp)).unsqueeze(0)  # [1, G, D']
+            else:
+                dg = dgx.permute(1, 3, 0, 2).reshape(dirs, G, T * B)  # [dirs, G, T*B]
+                dw = torch.bmm(dg, hprev.transpose(0, 1).reshape(dirs, T * B, Dp))  # [dirs, G, D']
         return dgx, dw, dM, dh.view(dirs, B, Dp)
 
 
@@ -196,14 +199,14 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
     d = Dp // Hp
     idx = _head_major_index(Dp, Hp, x.device)
     w_ih = weight_ih.index_select(1, idx)  # [dirs, G, F], head-major rows
-    w_hhT = weight_hh.index_select(1, idx).transpose(1, 2).contiguous()  # [dirs, D', G]
+    w_hh = weight_hh.index_select(1, idx)  # [dirs, G, D'], head-major rows
     b = bias.index_select(1, idx)  # [dirs, G]
     gx = F.linear(x, w_ih.reshape(dirs * G, Fi), b.reshape(dirs * G))  # [T, B, dirs*G]
     gx = gx.unflatten(-1, (dirs, G)).transpose(1, 2)  # [T, dirs, B, G]
     if dirs == 2:
         gx = torch.stack([gx[:, 0], gx[:, 1].flip(0)], dim=1)  # backward direction reversed in time
     M0 = memory.reshape(dirs * B * Hp, d, d)  # [N, d, d]
-    out, M = _LSAMRecurrence.apply(gx.contiguous(), w_hhT, M0, h.contiguous())
+    out, M = _LSAMRecurrence.apply(gx.contiguous(), w_hh, M0, h.contiguous())
     h_T = out[-1]  # [dirs, B, D']
     if dirs == 2:
         out = torch.cat([out[:, 0], out[:, 1].flip(0)], dim=-1)  # [T, B, 2D']
