@@ -99,6 +99,50 @@ def test_recurrence_gradcheck():
     assert torch.autograd.gradcheck(_LSAMRecurrence.apply, (gx, w, M0, h0))
 
 
+@pytest.mark.parametrize("parts,compiled", [(2, True), (1, False), (2, False)])
+def test_recurrence_gradcheck_parts_and_python_loops(parts, compiled):
+    g = torch.Generator().manual_seed(3)
+    T, dirs, B, d, Hp = 3, 2, 3, 2, 1
+    G, Dp, N = Hp * (3 * d + 2), Hp * d, dirs * B * Hp
+    gx = torch.randn(T, dirs, B, G, generator=g, dtype=DT, requires_grad=True)
+    w = (0.5 * torch.randn(dirs, G, Dp, generator=g, dtype=DT)).requires_grad_()
+    M0 = torch.randn(N, d, d, generator=g, dtype=DT, requires_grad=True)
+    h0 = torch.randn(dirs, B, Dp, generator=g, dtype=DT, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: _LSAMRecurrence.apply(*a, parts, compiled), (gx, w, M0, h0))
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_batch_parts_and_python_loops_match(bidirectional):
+    """Slicing the batch over the thread pool, and the uncompiled loops, give the values and
+    gradients of one compiled part (T = 40 crosses an exact-copy segment); the intra-op
+    thread count is left alone."""
+    from memnets.memories.lsam import lsam_scan
+
+    g = torch.Generator().manual_seed(4)
+    threads = torch.get_num_threads()
+    m = LSAM(5, 12, 4, bidirectional=bidirectional).to(DT)
+    x = torch.randn(40, 7, 5, generator=g, dtype=DT, requires_grad=True)  # [T, B, F]
+    st = random_state(m, 7, g)
+    w_ih, w_hh, b = m.layer_weights(0)
+    ins = [x, st.memory, st.h, w_ih, w_hh, b]
+    Hp = m.num_heads // m.num_directions
+    outs, grads = [], []
+    for parts, compiled in ((1, True), (3, True), (1, False), (2, False)):
+        y, M, h = lsam_scan(x, w_ih, w_hh, b, st.memory, st.h, Hp, parts=parts, compiled=compiled)
+        g2 = torch.Generator().manual_seed(9)
+        loss = sum((t * torch.randn(t.shape, generator=g2, dtype=DT)).sum() for t in (y, M, h))
+        outs.append((y, M, h))
+        grads.append(torch.autograd.grad(loss, ins))
+    for other in range(1, 4):
+        for a, b_ in zip(outs[0], outs[other]):
+            torch.testing.assert_close(a, b_, rtol=1e-12, atol=1e-13)
+        for a, b_ in zip(grads[0], grads[other]):
+            torch.testing.assert_close(a, b_, rtol=1e-11, atol=1e-12)
+    assert torch.get_num_threads() == threads
+    with pytest.raises(ValueError, match="parts"):
+        lsam_scan(x, w_ih, w_hh, b, st.memory, st.h, Hp, parts=0)
+
+
 def test_float32_gradients_stay_close_over_long_sequences():
     """The backward pass recovers memories by reversing the writes in place; over T = 200
     float32 steps its gradients stay close to the float64 reference."""

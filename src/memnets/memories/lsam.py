@@ -18,6 +18,9 @@ into H contiguous heads of width ``d = D / H``.
 from __future__ import annotations
 
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import torch
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 from .._checks import check_input_dtype, check_positive_int, check_shape, check_tensor
 from ..ops import merge_heads, nam_read, nam_write, split_heads, unit
 from ..registry import register_model
+from . import _lsam_loops
 
 __all__ = ["LSAMCell", "LSAMCellState", "LSAM", "LSAMState", "lsam_scan", "lsam_scan_reference",
            "lsam_cell_step"]
@@ -67,6 +71,56 @@ _EPS = 1e-6  # μ's eps, as in memnets.ops.unit
 _SEGMENT = 32  # steps between exact memory copies kept for the backward pass
 
 
+def _split(x: torch.Tensor, dim: int, bounds) -> list[torch.Tensor]:
+    return [x.narrow(dim, a, b - a).contiguous() for a, b in bounds]
+
+
+_POOL: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, workers, executor)
+_POOL_LOCK = threading.Lock()
+
+
+def _one_intra_op_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    """The process's pool for batch slices (re-created after a fork, or to grow); each of its
+    threads runs with one intra-op thread, so that the slices share the cores."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < workers:
+            keep = torch.get_num_threads()
+            ex = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memnets-lsam",
+                                    initializer=_one_intra_op_thread)
+            barrier = threading.Barrier(workers)
+            list(ex.map(lambda _: barrier.wait(), range(workers)))  # start (and initialise) every thread
+            torch.set_num_threads(keep)  # the initializer also set the default for new threads: restore it
+            if _POOL is not None and _POOL[0] == os.getpid():
+                _POOL[2].shutdown(wait=False)
+            _POOL = (os.getpid(), workers, ex)
+        return _POOL[2]
+
+
+def _run_parts(fn, jobs: list[tuple]) -> list:
+    """``fn(*job)`` for every job: on the calling thread for one job, else on the pool."""
+    if len(jobs) == 1:
+        return [fn(*jobs[0])]
+    ex = _executor(len(jobs))
+    return [f.result() for f in [ex.submit(fn, *job) for job in jobs]]
+
+
+def _auto_parts(x: torch.Tensor, memory: torch.Tensor) -> int:
+    """Batch slices for :func:`lsam_scan` when ``parts`` is not given: one per intra-op thread
+    (at most 4, at least 8 sequences each) on CPU when the loops are compiled (only then do
+    they run without the GIL) and the memories are large enough to pay for the split; else 1."""
+    if x.device.type != "cpu" or torch.get_num_threads() < 2 or not _lsam_loops.loops()[2]:
+        return 1
+    B = x.shape[1]
+    if B < 16 or B * memory[:, 0].numel() < (1 << 16):  # memory[:, 0]: dirs·H'·d·d floats per sequence
+        return 1
+    return max(1, min(torch.get_num_threads(), 4, B // 8))
+
+
 class _LSAMRecurrence(torch.autograd.Function):
     """The per-step part of :func:`lsam_scan` with a hand-written backward (SPEC §2).
 
@@ -76,106 +130,107 @@ class _LSAMRecurrence(torch.autograd.Function):
         (a_q, a_k) = (M q, M k);  u = p_w (v − a_k);  M ← M + u kᵀ
         h_t = p_r (a_q + u (q·k))          # = RD(WR(M, k, v, p_w, p_w), q, p_r)
 
-    The memory is updated in place in one buffer, kept transposed (``Mᵀ``, so that the
-    row-vector products ``(q, k) Mᵀ`` read it row-major): no ``[N, d, d]`` tensor is
-    allocated per step. ``w_hh`` is ``[dirs, G, D']`` (rows in per-head blocks). Backward walks the steps in reverse and recovers ``M_{t-1} = M_t − u_t k_tᵀ`` in
-    place; an exact copy kept every :data:`_SEGMENT` steps resets that buffer, so rounding
-    drift is bounded by a few ulps per segment while memory is O(T / _SEGMENT) memories.
-    The weight gradient ``Σ_t h_{t-1}ᵀ dg_t`` is one matmul after the loop. Not twice
-    differentiable.
+    The loops themselves are :mod:`memnets.memories._lsam_loops` (compiled by TorchScript
+    where available). The memory is updated in place in one buffer, kept transposed (``Mᵀ``,
+    so that the row-vector products ``(q, k) Mᵀ`` read it row-major): no ``[N, d, d]`` tensor
+    is allocated per step. ``w_hh`` is ``[dirs, G, D']`` (rows in per-head blocks). Backward
+    walks the steps in reverse and recovers ``M_{t-1} = M_t − u_t k_tᵀ`` in place; an exact
+    copy kept every :data:`_SEGMENT` steps resets that buffer, so rounding drift is bounded by
+    a few ulps per segment while memory is O(T / _SEGMENT) memories. The weight gradient
+    ``Σ_t h_{t-1}ᵀ dg_t`` is one matmul after the loop. Not twice differentiable.
+
+    With ``parts > 1`` the batch is cut into that many slices whose recurrences (forward and
+    backward) run side by side on a thread pool, one intra-op thread each: a step's
+    operations are too small for intra-op parallelism, but the sequences of a batch are
+    independent. Results equal those of one part up to the rounding of the matmuls.
     """
 
     @staticmethod
-    def forward(ctx, gx, w_hh, M0, h0):
+    def forward(ctx, gx, w_hh, M0, h0, parts=1, compiled=True):
         T, dirs, B, G = gx.shape
-        Dp, N, d = w_hh.shape[2], M0.shape[0], M0.shape[-1]
-        ckpts = M0.new_empty((T - 1) // _SEGMENT, N, d, d)
-        X, h = M0.transpose(1, 2).contiguous(), h0  # Mᵀ: row-vector products (q Mᵀ) read it row-major
-        out = gx.new_empty(T, dirs, B, Dp)
-        QK, NRM = gx.new_empty(T, N, 2, d), gx.new_empty(T, N, 2, 1)
-        P, CQ = gx.new_empty(T, N, 2), gx.new_empty(T, N)
-        E, U, R = (gx.new_empty(T, N, d) for _ in range(3))
-        steps = zip(gx.unbind(0), NRM.unbind(0), QK.unbind(0), P.unbind(0), E.unbind(0), U.unbind(0),
-                    CQ.unbind(0), R.unbind(0), out.view(T, N, d).unbind(0))  # per-step views
-        # One direction: a 2-D matmul, which (unlike a batch-of-one bmm) uses every intra-op thread.
-        rec = (lambda g, hh: torch.addmm(g[0], hh[0], w_hh[0].t())) if dirs == 1 else \
-            (lambda g, hh: torch.baddbmm(g, hh, w_hh.transpose(1, 2)))
-        for t, (gx_t, nrm_t, qk_t, p_t, e_t, u_t, c_t, r_t, o_t) in enumerate(steps):
-            blk = rec(gx_t, h).view(N, 3 * d + 2)  # [N, 3d+2]
-            raw = blk[:, : 2 * d].view(N, 2, d)
-            nrm = torch.linalg.vector_norm(raw, dim=-1, keepdim=True, out=nrm_t).clamp_min_(_EPS)  # [N, 2, 1]
-            qk = torch.div(raw, nrm, out=qk_t)  # [N, 2, d] = (μ(q), μ(k))
-            p = torch.sigmoid(blk[:, 3 * d:], out=p_t)  # [N, 2] = (p_r, p_w)
-            ab = torch.bmm(qk, X)  # [N, 2, d] = (M q, M k)
-            torch.sub(blk[:, 2 * d: 3 * d], ab[:, 1], out=e_t)  # v − M k
-            u = torch.mul(e_t, p[:, 1:], out=u_t)  # [N, d]
-            X.addcmul_(qk[:, 1:].transpose(1, 2), u.unsqueeze(1))  # Mᵀ + k uᵀ, in place
-            c = torch.linalg.vecdot(qk[:, 0], qk[:, 1], out=c_t).unsqueeze(-1)  # q·k: [N, 1]
-            r = torch.addcmul(ab[:, 0], u, c, out=r_t)  # M_t q = M q + u (k·q)
-            h = torch.mul(r, p[:, :1], out=o_t).view(dirs, B, Dp)  # h_t = p_r M_t q
-            if (t + 1) % _SEGMENT == 0 and t < T - 1:
-                ckpts[(t + 1) // _SEGMENT - 1].copy_(X)
-        ctx.save_for_backward(w_hh, h0, out, X, ckpts, QK, NRM, P, CQ, E, U, R)
-        return out, X.transpose(1, 2).contiguous()
+        parts = max(1, min(int(parts), B))
+        d = M0.shape[-1]
+        fwd, _, _ = _lsam_loops.loops(compiled)
+        bounds = [(B * i // parts, B * (i + 1) // parts) for i in range(parts)]
+        M5 = M0.view(dirs, B, -1, d, d)
+        jobs = zip(_split(gx, 2, bounds), _split(M5, 1, bounds), _split(h0, 1, bounds))
+        res = _run_parts(_forward_part, [(fwd, w_hh, g, m.view(-1, d, d), hh) for g, m, hh in jobs])
+        out = res[0][0] if parts == 1 else torch.cat([r[0] for r in res], 2)  # [T, dirs, B, D']
+        M = res[0][1] if parts == 1 else \
+            torch.cat([r[1].view(dirs, -1, *M5.shape[2:]) for r in res], 1).view_as(M0)
+        ctx.save_for_backward(w_hh, *[t for r in res for t in r[2]])
+        ctx.bounds, ctx.compiled = bounds, compiled
+        return out, M
 
     @staticmethod
-    def backward(ctx, dout, dM):
-        w_hh, h0, out, X_T, ckpts, QK, NRM, P, CQ, E, U, R = ctx.saved_tensors  # X = Mᵀ, ckpts too
-        T, dirs, B, Dp = out.shape
-        N, d = X_T.shape[0], X_T.shape[-1]
-        G = w_hh.shape[1]
-        dM = torch.zeros_like(X_T) if dM is None else dM.contiguous().clone()
-        dout = torch.zeros_like(out) if dout is None else dout
-        S = P * (1 - P)  # σ' for all steps: [T, N, 2]
-        INV = 1.0 / NRM  # [T, N, 2, 1] (NRM holds max(‖x‖, eps))
-        QKM = QK * (NRM > _EPS)  # μ's projection only where ‖x‖ > eps: [T, N, 2, d]
-        QKS = torch.cat([QK[:, :, 1:], QK[:, :, :1]], 2)  # (k, q): [T, N, 2, d]
-        work = X_T.transpose(1, 2).contiguous()  # M_t, reversed in place to M_{t-1}
-        dab = X_T.new_empty(N, 2, d)  # (d a_q, d a_k)
-        dgx = out.new_empty(T, dirs, B, G)  # gradient of gx, filled step by step
-        dh = torch.zeros_like(h0).view(N, d)
-        g4 = dgx.view(T, N, 3 * d + 2)  # per-head blocks [q k v r w] of every dg_t
-        steps = list(zip(QK.unbind(0), U.unbind(0), P.unbind(0), CQ.unsqueeze(-1).unbind(0), R.unbind(0),
-                         E.unbind(0), QKS.unbind(0), QKM.unbind(0), INV.unbind(0), S.unbind(0),
-                         dout.reshape(T, N, d).unbind(0), g4[..., : 2 * d].unflatten(-1, (2, d)).unbind(0),
-                         g4[..., 2 * d: 3 * d].unbind(0), g4[..., 3 * d:].unbind(0), dgx.unbind(0)))
-        dMT, da_q, da_k, dabT = dM.transpose(1, 2), dab[:, 0], dab[:, 1], dab.transpose(1, 2)
-        for t in range(T - 1, -1, -1):
-            qk, u, p, c, r, e, qks, qkm, inv, sg, do, g_qk, g_v, g_rw, dg = steps[t]
-            if (t + 1) % _SEGMENT == 0 and t < T - 1:
-                work.copy_(ckpts[(t + 1) // _SEGMENT - 1].transpose(1, 2))  # exact M_t
-            k1 = qk[:, 1:]  # [N, 1, d]
-            work.addcmul_(u.unsqueeze(-1), k1, value=-1.0)  # M_{t-1} = M_t − u kᵀ
-            dh = do + dh
-            dp_r = torch.linalg.vecdot(dh, r)
-            dr = torch.mul(dh, p[:, :1], out=da_q)  # = d(a_q)
-            du = torch.bmm(k1, dMT).squeeze(1).addcmul_(dr, c)  # dM k + dr (q·k)
-            dc = torch.linalg.vecdot(dr, u)
-            dp_w = torch.linalg.vecdot(du, e)
-            de = torch.mul(du, p[:, 1:], out=g_v)  # = dv = −d(a_k)
-            torch.neg(de, out=da_k)
-            dqk = torch.bmm(dab, work)  # [N, 2, d] = (M_{t-1}ᵀ da_q, M_{t-1}ᵀ da_k)ᵀ
-            dqk[:, 1:] += torch.bmm(u.unsqueeze(1), dM)  # + dM_tᵀ u
-            dqk.addcmul_(qks, dc.view(N, 1, 1))  # + dc (k, q)
-            dM.baddbmm_(dabT, qk)  # dM_{t-1} = dM_t + da_q qᵀ + da_k kᵀ
-            proj = torch.linalg.vecdot(dqk, qkm).unsqueeze(-1)  # [N, 2, 1]
-            torch.mul(torch.addcmul(dqk, qk, proj, value=-1.0), inv, out=g_qk)  # μ backward
-            torch.mul(dp_r, sg[:, 0], out=g_rw[:, 0])  # σ backward
-            torch.mul(dp_w, sg[:, 1], out=g_rw[:, 1])
-            dh = (torch.mm(dg[0], w_hh[0]) if dirs == 1 else torch.bmm(dg, w_hh)).view(N, d)  # [N, d]
+    def backward(ctx, dout, dM, *_):
+        w_hh, *flat = ctx.saved_tensors
+        bounds, n = ctx.bounds, len(_SAVED)
+        saved = [tuple(flat[i: i + n]) for i in range(0, len(flat), n)]
+        T, dirs = flat[1].shape[:2]
+        d = flat[2].shape[-1]
+        B = bounds[-1][1]
+        _, bwd, _ = _lsam_loops.loops(ctx.compiled)
+        douts = [None] * len(bounds) if dout is None else _split(dout, 2, bounds)
+        dMs = [None] * len(bounds) if dM is None else \
+            [m.view(-1, d, d) for m in _split(dM.view(dirs, B, -1, d, d), 1, bounds)]
+        res = _run_parts(_backward_part, [(bwd, w_hh, sv, do, dm) for sv, do, dm in zip(saved, douts, dMs)])
+        one = len(res) == 1
+        dgx = res[0][0] if one else torch.cat([r[0] for r in res], 2)  # [T, dirs, B, G]
+        dM0 = torch.cat([r[1].view(dirs, b - a, -1, d, d) for r, (a, b) in zip(res, bounds)], 1).view(-1, d, d)
+        dh0 = res[0][2] if one else torch.cat([r[2] for r in res], 1)
         dw = None
         if ctx.needs_input_grad[1]:
+            h0 = saved[0][0] if one else torch.cat([sv[0] for sv in saved], 1)
+            out = saved[0][1] if one else torch.cat([sv[1] for sv in saved], 2)
+            G, Dp = w_hh.shape[1], w_hh.shape[2]
             hprev = torch.cat([h0.unsqueeze(0), out[:-1]], 0)  # [T, dirs, B, D']
             if dirs == 1:  # Σ_t dg_tᵀ h_{t-1}: one 2-D matmul
                 dw = torch.mm(dgx.view(T * B, G).t(), hprev.view(T * B, Dp)).unsqueeze(0)  # [1, G, D']
             else:
                 dg = dgx.permute(1, 3, 0, 2).reshape(dirs, G, T * B)  # [dirs, G, T*B]
                 dw = torch.bmm(dg, hprev.transpose(0, 1).reshape(dirs, T * B, Dp))  # [dirs, G, D']
-        return dgx, dw, dM, dh.view(dirs, B, Dp)
+        return dgx, dw, dM0, dh0, None, None
+
+
+_SAVED = ("h0", "out", "X_T", "ckpts", "QK", "NRM", "P", "CQ", "E", "U", "R")  # per part, for backward
+
+
+def _forward_part(fwd, w_hh, gx, M0, h0):
+    """One batch slice of :class:`_LSAMRecurrence`'s forward -> ``(out, M_T, saved)``."""
+    with torch.no_grad():
+        T, dirs, B, _ = gx.shape
+        Dp, N, d = w_hh.shape[2], M0.shape[0], M0.shape[-1]
+        X = M0.transpose(1, 2).contiguous()  # Mᵀ, updated in place
+        new = gx.new_empty
+        out, QK, NRM, P, CQ = new(T, dirs, B, Dp), new(T, N, 2, d), new(T, N, 2, 1), new(T, N, 2), new(T, N)
+        E, U, R, ckpts = new(T, N, d), new(T, N, d), new(T, N, d), new((T - 1) // _SEGMENT, N, d, d)
+        fwd(gx, w_hh, X, h0, out, QK, NRM, P, CQ, E, U, R, ckpts, _SEGMENT, _EPS)
+        return out, X.transpose(1, 2).contiguous(), (h0, out, X, ckpts, QK, NRM, P, CQ, E, U, R)
+
+
+def _backward_part(bwd, w_hh, saved, dout, dM):
+    """One batch slice of the backward -> ``(dgx, dM_0, dh_0)``."""
+    with torch.no_grad():
+        h0, out, X_T, ckpts, QK, NRM, P, CQ, E, U, R = saved
+        T, dirs, B, Dp = out.shape
+        N, d = X_T.shape[0], X_T.shape[-1]
+        dM = torch.zeros_like(X_T) if dM is None else dM.contiguous().clone()
+        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+        S = P * (1 - P)  # σ' for all steps: [T, N, 2]
+        INV = 1.0 / NRM  # [T, N, 2, 1] (NRM holds max(‖x‖, eps))
+        QKM = QK * (NRM > _EPS)  # μ's projection only where ‖x‖ > eps: [T, N, 2, d]
+        QKS = torch.cat([QK[:, :, 1:], QK[:, :, :1]], 2)  # (k, q): [T, N, 2, d]
+        work = X_T.transpose(1, 2).contiguous()  # M_T, reversed in place to M_0
+        dgx = out.new_empty(T, dirs, B, w_hh.shape[1])
+        dh = bwd(w_hh, work, dM, torch.zeros(N, d, dtype=out.dtype, device=out.device), dout, dgx, ckpts,
+                 QK, U, P, CQ, R, E, QKS, QKM, INV, S, _SEGMENT)
+        return dgx, dM, dh.view(dirs, B, Dp)
 
 
 def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor, bias: torch.Tensor,
-              memory: torch.Tensor, h: torch.Tensor, num_heads: int):
+              memory: torch.Tensor, h: torch.Tensor, num_heads: int, parts: int | None = None,
+              compiled: bool = True):
     """Run one LSAM layer (all its directions at once) over a sequence — the fast path.
 
     Args:
@@ -184,6 +239,11 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
             :class:`LSAMCell` parameters of each direction (rows ``q | k | v | p_r | p_w``).
         memory: ``[dirs, B, H', d, d]``; h: ``[dirs, B, D']`` initial states.
         num_heads: H' heads per direction.
+        parts: batch slices whose recurrences run side by side on a thread pool (see
+            :class:`_LSAMRecurrence`); ``None`` picks one per intra-op thread on CPU for large
+            enough batches when the loops are compiled, 1 keeps everything on this thread.
+        compiled: use the TorchScript-compiled loops where available (``False``: the same
+            loops as plain Python).
     Returns:
         ``(out [T, B, dirs*D'], memory [dirs, B, H', d, d], h [dirs, B, D'])``; direction 1
         runs from t = T-1 down to 0.
@@ -206,7 +266,11 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
     if dirs == 2:
         gx = torch.stack([gx[:, 0], gx[:, 1].flip(0)], dim=1)  # backward direction reversed in time
     M0 = memory.reshape(dirs * B * Hp, d, d)  # [N, d, d]
-    out, M = _LSAMRecurrence.apply(gx.contiguous(), w_hh, M0, h.contiguous())
+    if parts is None:
+        parts = _auto_parts(x, memory) if compiled else 1
+    elif isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"`parts` expected None or an integer >= 1, got {parts!r}")
+    out, M = _LSAMRecurrence.apply(gx.contiguous(), w_hh, M0, h.contiguous(), parts, bool(compiled))
     h_T = out[-1]  # [dirs, B, D']
     if dirs == 2:
         out = torch.cat([out[:, 0], out[:, 1].flip(0)], dim=-1)  # [T, B, 2D']
