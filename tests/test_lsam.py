@@ -88,21 +88,12 @@ def test_cell_step_is_spec_formula():
     torch.testing.assert_close(h, nam_read(s.memory, unit(q), p_r).reshape(4, 8))
 
 
-def test_recurrence_gradcheck():
+@pytest.mark.parametrize("B,Hp,parts,compiled", [(1, 2, 1, True), (3, 1, 2, True), (1, 2, 1, False),
+                                                   (3, 1, 2, False)])
+def test_recurrence_gradcheck(B, Hp, parts, compiled):
+    """The Function's hand-written backward, compiled and Python loops, one and two batch slices."""
     g = torch.Generator().manual_seed(2)
-    T, dirs, B, d, Hp = 3, 2, 1, 2, 2
-    G, Dp, N = Hp * (3 * d + 2), Hp * d, dirs * B * Hp
-    gx = torch.randn(T, dirs, B, G, generator=g, dtype=DT, requires_grad=True)
-    w = (0.5 * torch.randn(dirs, G, Dp, generator=g, dtype=DT)).requires_grad_()
-    M0 = torch.randn(N, d, d, generator=g, dtype=DT, requires_grad=True)
-    h0 = torch.randn(dirs, B, Dp, generator=g, dtype=DT, requires_grad=True)
-    assert torch.autograd.gradcheck(_LSAMRecurrence.apply, (gx, w, M0, h0))
-
-
-@pytest.mark.parametrize("parts,compiled", [(2, True), (1, False), (2, False)])
-def test_recurrence_gradcheck_parts_and_python_loops(parts, compiled):
-    g = torch.Generator().manual_seed(3)
-    T, dirs, B, d, Hp = 3, 2, 3, 2, 1
+    T, dirs, d = 3, 2, 2
     G, Dp, N = Hp * (3 * d + 2), Hp * d, dirs * B * Hp
     gx = torch.randn(T, dirs, B, G, generator=g, dtype=DT, requires_grad=True)
     w = (0.5 * torch.randn(dirs, G, Dp, generator=g, dtype=DT)).requires_grad_()

@@ -361,14 +361,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 p.error(f"--merge expected {f} (the results.json of a finished run), but it does not exist")
             parts.append(json.loads(f.read_text()))
         results = merge(parts)
-        table = markdown_table(results)
-        print(table)
-        if a.out:
-            out = Path(a.out)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "results.json").write_text(json.dumps(results, indent=2))
-            (out / "results.md").write_text(table)
-        return results
+        return _report(results, a.out)
     if a.first_run < 0:
         p.error(f"--first-run expected a value >= 0, got {a.first_run}")
     for name, ok, want in (("--ls-patience", a.ls_patience >= 0, ">= 0"), ("--lr", a.lr > 0, "> 0"),
@@ -386,10 +379,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
         ls_patience=a.ls_patience, lr=a.lr, ls_lr=a.ls_lr)
     results = run(tasks, a.joint, cfg, a.runs, a.data_dir, ten_k=a.ten_k, fallback_1k=a.fallback_1k,
                   log=lambda s: print(s, flush=True), first_run=a.first_run)
+    return _report(results, a.out)
+
+
+def _report(results: dict, out_dir: str | None) -> dict:
+    """Print the table and write ``results.json`` / ``results.md`` to ``out_dir`` (if given)."""
     table = markdown_table(results)
     print(table)
-    if a.out:
-        out = Path(a.out)
+    if out_dir:
+        out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(results, indent=2))
         (out / "results.md").write_text(table)
