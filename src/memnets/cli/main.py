@@ -12,7 +12,7 @@ import sys
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
 SUBCOMMANDS = (
-    "demo", "train", "eval", "table", "configs", "bench", "viz", "report", "capacity",
+    "demo", "train", "eval", "table", "configs", "bench", "viz", "report", "capacity", "experiment",
 )
 
 
