@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from ..memories._lsam_loops import loops
-from ..memories.lsam import LSAM, _auto_parts
+from ..memories.lsam import LSAM
 from ..memories.nam_tm import NAMTuringMachine
 from .timing import fwd_bwd
 
@@ -59,10 +59,9 @@ def _lsam_cases(quick: bool, repeat: int) -> list[dict]:
         timing = _paired(fwd_bwd(lambda: lstm(x)[0], [*lstm.parameters(), x]),
                          fwd_bwd(lambda: lsam(x)[0], [*lsam.parameters(), x]), repeat)
         cfg = f"B={B} T={T} hidden={D} heads={H}" + (" bidirectional" if bi else "")
-        parts = _auto_parts(x.transpose(0, 1), lsam.init_state(B).memory[:lsam.num_directions])
         note = ("bar: ratio <= 1.5" if not bi else "LSTM 2 x hidden/2, same output width") + \
             f"; fwd+bwd, float32, {torch.get_num_threads()} threads" + \
-            f"; LSAM loops {'compiled' if loops()[2] else 'in Python'}, {parts} batch slice(s)"
+            f"; LSAM loops {'compiled' if loops()[2] else 'in Python'}"
         rows.append(_row("LSAM" + (" (bi)" if bi else ""), cfg, "torch.nn.LSTM", timing, note))
     return rows
 

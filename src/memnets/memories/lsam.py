@@ -109,18 +109,6 @@ def _run_parts(fn, jobs: list[tuple]) -> list:
     return [f.result() for f in [ex.submit(fn, *job) for job in jobs]]
 
 
-def _auto_parts(x: torch.Tensor, memory: torch.Tensor) -> int:
-    """Batch slices for :func:`lsam_scan` when ``parts`` is not given: one per intra-op thread
-    (at most 4, at least 8 sequences each) on CPU when the loops are compiled (only then do
-    they run without the GIL) and the memories are large enough to pay for the split; else 1."""
-    if x.device.type != "cpu" or torch.get_num_threads() < 2 or not _lsam_loops.loops()[2]:
-        return 1
-    B = x.shape[1]
-    if B < 16 or B * memory[:, 0].numel() < (1 << 16):  # memory[:, 0]: dirs·H'·d·d floats per sequence
-        return 1
-    return max(1, min(torch.get_num_threads(), 4, B // 8))
-
-
 class _LSAMRecurrence(torch.autograd.Function):
     """The per-step part of :func:`lsam_scan` with a hand-written backward (SPEC §2).
 
@@ -229,7 +217,7 @@ def _backward_part(bwd, w_hh, saved, dout, dM):
 
 
 def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor, bias: torch.Tensor,
-              memory: torch.Tensor, h: torch.Tensor, num_heads: int, parts: int | None = None,
+              memory: torch.Tensor, h: torch.Tensor, num_heads: int, parts: int = 1,
               compiled: bool = True):
     """Run one LSAM layer (all its directions at once) over a sequence — the fast path.
 
@@ -239,9 +227,10 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
             :class:`LSAMCell` parameters of each direction (rows ``q | k | v | p_r | p_w``).
         memory: ``[dirs, B, H', d, d]``; h: ``[dirs, B, D']`` initial states.
         num_heads: H' heads per direction.
-        parts: batch slices whose recurrences run side by side on a thread pool (see
-            :class:`_LSAMRecurrence`); ``None`` picks one per intra-op thread on CPU for large
-            enough batches when the loops are compiled, 1 keeps everything on this thread.
+        parts: batch slices whose recurrences run side by side on a thread pool, one intra-op
+            thread each (see :class:`_LSAMRecurrence`); 1 (the default) keeps everything on
+            the calling thread with all its intra-op threads. On a 2-core CPU the two are
+            equally fast (B=32, T=100, hidden 256); more cores may favour slices.
         compiled: use the TorchScript-compiled loops where available (``False``: the same
             loops as plain Python).
     Returns:
@@ -266,10 +255,8 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
     if dirs == 2:
         gx = torch.stack([gx[:, 0], gx[:, 1].flip(0)], dim=1)  # backward direction reversed in time
     M0 = memory.reshape(dirs * B * Hp, d, d)  # [N, d, d]
-    if parts is None:
-        parts = _auto_parts(x, memory) if compiled else 1
-    elif isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-        raise ValueError(f"`parts` expected None or an integer >= 1, got {parts!r}")
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"`parts` expected an integer >= 1, got {parts!r}")
     out, M = _LSAMRecurrence.apply(gx.contiguous(), w_hh, M0, h.contiguous(), parts, bool(compiled))
     h_T = out[-1]  # [dirs, B, D']
     if dirs == 2:
