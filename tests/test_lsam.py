@@ -88,10 +88,9 @@ def test_cell_step_is_spec_formula():
     torch.testing.assert_close(h, nam_read(s.memory, unit(q), p_r).reshape(4, 8))
 
 
-@pytest.mark.parametrize("B,Hp,parts,compiled", [(1, 2, 1, True), (3, 1, 2, True), (1, 2, 1, False),
-                                                   (3, 1, 2, False)])
-def test_recurrence_gradcheck(B, Hp, parts, compiled):
-    """The Function's hand-written backward, compiled and Python loops, one and two batch slices."""
+@pytest.mark.parametrize("B,Hp,compiled", [(1, 2, True), (3, 1, True), (1, 2, False), (3, 1, False)])
+def test_recurrence_gradcheck(B, Hp, compiled):
+    """The Function's hand-written backward, with the compiled and with the Python loops."""
     g = torch.Generator().manual_seed(2)
     T, dirs, d = 3, 2, 2
     G, Dp, N = Hp * (3 * d + 2), Hp * d, dirs * B * Hp
@@ -99,18 +98,18 @@ def test_recurrence_gradcheck(B, Hp, parts, compiled):
     w = (0.5 * torch.randn(dirs, G, Dp, generator=g, dtype=DT)).requires_grad_()
     M0 = torch.randn(N, d, d, generator=g, dtype=DT, requires_grad=True)
     h0 = torch.randn(dirs, B, Dp, generator=g, dtype=DT, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *a: _LSAMRecurrence.apply(*a, parts, compiled), (gx, w, M0, h0))
+    assert torch.autograd.gradcheck(lambda *a: _LSAMRecurrence.apply(*a, compiled), (gx, w, M0, h0))
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
-def test_batch_parts_and_python_loops_match(bidirectional):
-    """Slicing the batch over the thread pool, and the uncompiled loops, give the values and
-    gradients of one compiled part (T = 40 crosses an exact-copy segment); the intra-op
-    thread count is left alone."""
+def test_compiled_and_python_loops_match(bidirectional):
+    """The TorchScript-compiled loops and the same loops run as Python give the same values
+    and gradients (T = 40 crosses an exact-copy segment), and the compiled ones are used."""
+    from memnets.memories import _lsam_loops
     from memnets.memories.lsam import lsam_scan
 
+    assert _lsam_loops.loops()[2], "TorchScript should compile the LSAM loops with this PyTorch"
     g = torch.Generator().manual_seed(4)
-    threads = torch.get_num_threads()
     m = LSAM(5, 12, 4, bidirectional=bidirectional).to(DT)
     x = torch.randn(40, 7, 5, generator=g, dtype=DT, requires_grad=True)  # [T, B, F]
     st = random_state(m, 7, g)
@@ -118,20 +117,16 @@ def test_batch_parts_and_python_loops_match(bidirectional):
     ins = [x, st.memory, st.h, w_ih, w_hh, b]
     Hp = m.num_heads // m.num_directions
     outs, grads = [], []
-    for parts, compiled in ((1, True), (3, True), (1, False), (2, False)):
-        y, M, h = lsam_scan(x, w_ih, w_hh, b, st.memory, st.h, Hp, parts=parts, compiled=compiled)
+    for compiled in (True, False):
+        y, M, h = lsam_scan(x, w_ih, w_hh, b, st.memory, st.h, Hp, compiled=compiled)
         g2 = torch.Generator().manual_seed(9)
         loss = sum((t * torch.randn(t.shape, generator=g2, dtype=DT)).sum() for t in (y, M, h))
         outs.append((y, M, h))
         grads.append(torch.autograd.grad(loss, ins))
-    for other in range(1, 4):
-        for a, b_ in zip(outs[0], outs[other]):
-            torch.testing.assert_close(a, b_, rtol=1e-12, atol=1e-13)
-        for a, b_ in zip(grads[0], grads[other]):
-            torch.testing.assert_close(a, b_, rtol=1e-11, atol=1e-12)
-    assert torch.get_num_threads() == threads
-    with pytest.raises(ValueError, match="parts"):
-        lsam_scan(x, w_ih, w_hh, b, st.memory, st.h, Hp, parts=0)
+    for a, b_ in zip(outs[0], outs[1]):
+        torch.testing.assert_close(a, b_, rtol=1e-12, atol=1e-13)
+    for a, b_ in zip(grads[0], grads[1]):
+        torch.testing.assert_close(a, b_, rtol=1e-11, atol=1e-12)
 
 
 def test_float32_gradients_stay_close_over_long_sequences():

@@ -2,10 +2,8 @@
 
 Both loops are written in the subset of Python that TorchScript compiles. :func:`loops` hands
 out compiled versions when TorchScript is available: a compiled loop runs without Python's
-per-operation overhead and without holding the GIL, so the batch slices of one recurrence can
-run side by side on threads (``lsam_scan(..., parts=...)``). Where compiling fails (no
-TorchScript in the installed PyTorch, sources not shipped) the same functions run as plain
-Python, with identical results.
+per-operation overhead. Where compiling fails (no TorchScript in the installed PyTorch,
+sources not shipped) the same functions run as plain Python, with identical results.
 
 Buffers (N = dirs·B·H' memories of d × d, T steps):
 

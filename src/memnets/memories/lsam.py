@@ -18,9 +18,6 @@ into H contiguous heads of width ``d = D / H``.
 from __future__ import annotations
 
 import math
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import torch
@@ -71,44 +68,6 @@ _EPS = 1e-6  # μ's eps, as in memnets.ops.unit
 _SEGMENT = 32  # steps between exact memory copies kept for the backward pass
 
 
-def _split(x: torch.Tensor, dim: int, bounds) -> list[torch.Tensor]:
-    return [x.narrow(dim, a, b - a).contiguous() for a, b in bounds]
-
-
-_POOL: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, workers, executor)
-_POOL_LOCK = threading.Lock()
-
-
-def _one_intra_op_thread() -> None:
-    torch.set_num_threads(1)
-
-
-def _executor(workers: int) -> ThreadPoolExecutor:
-    """The process's pool for batch slices (re-created after a fork, or to grow); each of its
-    threads runs with one intra-op thread, so that the slices share the cores."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < workers:
-            keep = torch.get_num_threads()
-            ex = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memnets-lsam",
-                                    initializer=_one_intra_op_thread)
-            barrier = threading.Barrier(workers)
-            list(ex.map(lambda _: barrier.wait(), range(workers)))  # start (and initialise) every thread
-            torch.set_num_threads(keep)  # the initializer also set the default for new threads: restore it
-            if _POOL is not None and _POOL[0] == os.getpid():
-                _POOL[2].shutdown(wait=False)
-            _POOL = (os.getpid(), workers, ex)
-        return _POOL[2]
-
-
-def _run_parts(fn, jobs: list[tuple]) -> list:
-    """``fn(*job)`` for every job: on the calling thread for one job, else on the pool."""
-    if len(jobs) == 1:
-        return [fn(*jobs[0])]
-    ex = _executor(len(jobs))
-    return [f.result() for f in [ex.submit(fn, *job) for job in jobs]]
-
-
 class _LSAMRecurrence(torch.autograd.Function):
     """The per-step part of :func:`lsam_scan` with a hand-written backward (SPEC §2).
 
@@ -126,67 +85,11 @@ class _LSAMRecurrence(torch.autograd.Function):
     copy kept every :data:`_SEGMENT` steps resets that buffer, so rounding drift is bounded by
     a few ulps per segment while memory is O(T / _SEGMENT) memories. The weight gradient
     ``Σ_t h_{t-1}ᵀ dg_t`` is one matmul after the loop. Not twice differentiable.
-
-    With ``parts > 1`` the batch is cut into that many slices whose recurrences (forward and
-    backward) run side by side on a thread pool, one intra-op thread each: a step's
-    operations are too small for intra-op parallelism, but the sequences of a batch are
-    independent. Results equal those of one part up to the rounding of the matmuls.
     """
 
     @staticmethod
-    def forward(ctx, gx, w_hh, M0, h0, parts=1, compiled=True):
-        T, dirs, B, G = gx.shape
-        parts = max(1, min(int(parts), B))
-        d = M0.shape[-1]
+    def forward(ctx, gx, w_hh, M0, h0, compiled=True):
         fwd, _, _ = _lsam_loops.loops(compiled)
-        bounds = [(B * i // parts, B * (i + 1) // parts) for i in range(parts)]
-        M5 = M0.view(dirs, B, -1, d, d)
-        jobs = zip(_split(gx, 2, bounds), _split(M5, 1, bounds), _split(h0, 1, bounds))
-        res = _run_parts(_forward_part, [(fwd, w_hh, g, m.view(-1, d, d), hh) for g, m, hh in jobs])
-        out = res[0][0] if parts == 1 else torch.cat([r[0] for r in res], 2)  # [T, dirs, B, D']
-        M = res[0][1] if parts == 1 else \
-            torch.cat([r[1].view(dirs, -1, *M5.shape[2:]) for r in res], 1).view_as(M0)
-        ctx.save_for_backward(w_hh, *[t for r in res for t in r[2]])
-        ctx.bounds, ctx.compiled = bounds, compiled
-        return out, M
-
-    @staticmethod
-    def backward(ctx, dout, dM, *_):
-        w_hh, *flat = ctx.saved_tensors
-        bounds, n = ctx.bounds, len(_SAVED)
-        saved = [tuple(flat[i: i + n]) for i in range(0, len(flat), n)]
-        T, dirs = flat[1].shape[:2]
-        d = flat[2].shape[-1]
-        B = bounds[-1][1]
-        _, bwd, _ = _lsam_loops.loops(ctx.compiled)
-        douts = [None] * len(bounds) if dout is None else _split(dout, 2, bounds)
-        dMs = [None] * len(bounds) if dM is None else \
-            [m.view(-1, d, d) for m in _split(dM.view(dirs, B, -1, d, d), 1, bounds)]
-        res = _run_parts(_backward_part, [(bwd, w_hh, sv, do, dm) for sv, do, dm in zip(saved, douts, dMs)])
-        one = len(res) == 1
-        dgx = res[0][0] if one else torch.cat([r[0] for r in res], 2)  # [T, dirs, B, G]
-        dM0 = torch.cat([r[1].view(dirs, b - a, -1, d, d) for r, (a, b) in zip(res, bounds)], 1).view(-1, d, d)
-        dh0 = res[0][2] if one else torch.cat([r[2] for r in res], 1)
-        dw = None
-        if ctx.needs_input_grad[1]:
-            h0 = saved[0][0] if one else torch.cat([sv[0] for sv in saved], 1)
-            out = saved[0][1] if one else torch.cat([sv[1] for sv in saved], 2)
-            G, Dp = w_hh.shape[1], w_hh.shape[2]
-            hprev = torch.cat([h0.unsqueeze(0), out[:-1]], 0)  # [T, dirs, B, D']
-            if dirs == 1:  # Σ_t dg_tᵀ h_{t-1}: one 2-D matmul
-                dw = torch.mm(dgx.view(T * B, G).t(), hprev.view(T * B, Dp)).unsqueeze(0)  # [1, G, D']
-            else:
-                dg = dgx.permute(1, 3, 0, 2).reshape(dirs, G, T * B)  # [dirs, G, T*B]
-                dw = torch.bmm(dg, hprev.transpose(0, 1).reshape(dirs, T * B, Dp))  # [dirs, G, D']
-        return dgx, dw, dM0, dh0, None, None
-
-
-_SAVED = ("h0", "out", "X_T", "ckpts", "QK", "NRM", "P", "CQ", "E", "U", "R")  # per part, for backward
-
-
-def _forward_part(fwd, w_hh, gx, M0, h0):
-    """One batch slice of :class:`_LSAMRecurrence`'s forward -> ``(out, M_T, saved)``."""
-    with torch.no_grad():
         T, dirs, B, _ = gx.shape
         Dp, N, d = w_hh.shape[2], M0.shape[0], M0.shape[-1]
         X = M0.transpose(1, 2).contiguous()  # Mᵀ, updated in place
@@ -194,15 +97,17 @@ def _forward_part(fwd, w_hh, gx, M0, h0):
         out, QK, NRM, P, CQ = new(T, dirs, B, Dp), new(T, N, 2, d), new(T, N, 2, 1), new(T, N, 2), new(T, N)
         E, U, R, ckpts = new(T, N, d), new(T, N, d), new(T, N, d), new((T - 1) // _SEGMENT, N, d, d)
         fwd(gx, w_hh, X, h0, out, QK, NRM, P, CQ, E, U, R, ckpts, _SEGMENT, _EPS)
-        return out, X.transpose(1, 2).contiguous(), (h0, out, X, ckpts, QK, NRM, P, CQ, E, U, R)
+        ctx.save_for_backward(w_hh, h0, out, X, ckpts, QK, NRM, P, CQ, E, U, R)
+        ctx.compiled = compiled
+        return out, X.transpose(1, 2).contiguous()
 
-
-def _backward_part(bwd, w_hh, saved, dout, dM):
-    """One batch slice of the backward -> ``(dgx, dM_0, dh_0)``."""
-    with torch.no_grad():
-        h0, out, X_T, ckpts, QK, NRM, P, CQ, E, U, R = saved
+    @staticmethod
+    def backward(ctx, dout, dM):
+        w_hh, h0, out, X_T, ckpts, QK, NRM, P, CQ, E, U, R = ctx.saved_tensors  # X = Mᵀ, ckpts too
+        _, bwd, _ = _lsam_loops.loops(ctx.compiled)
         T, dirs, B, Dp = out.shape
         N, d = X_T.shape[0], X_T.shape[-1]
+        G = w_hh.shape[1]
         dM = torch.zeros_like(X_T) if dM is None else dM.contiguous().clone()
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         S = P * (1 - P)  # σ' for all steps: [T, N, 2]
@@ -210,15 +115,22 @@ def _backward_part(bwd, w_hh, saved, dout, dM):
         QKM = QK * (NRM > _EPS)  # μ's projection only where ‖x‖ > eps: [T, N, 2, d]
         QKS = torch.cat([QK[:, :, 1:], QK[:, :, :1]], 2)  # (k, q): [T, N, 2, d]
         work = X_T.transpose(1, 2).contiguous()  # M_T, reversed in place to M_0
-        dgx = out.new_empty(T, dirs, B, w_hh.shape[1])
-        dh = bwd(w_hh, work, dM, torch.zeros(N, d, dtype=out.dtype, device=out.device), dout, dgx, ckpts,
-                 QK, U, P, CQ, R, E, QKS, QKM, INV, S, _SEGMENT)
-        return dgx, dM, dh.view(dirs, B, Dp)
+        dgx = out.new_empty(T, dirs, B, G)
+        dh = bwd(w_hh, work, dM, out.new_zeros(N, d), dout, dgx, ckpts, QK, U, P, CQ, R, E, QKS, QKM, INV, S,
+                 _SEGMENT)
+        dw = None
+        if ctx.needs_input_grad[1]:
+            hprev = torch.cat([h0.unsqueeze(0), out[:-1]], 0)  # [T, dirs, B, D']
+            if dirs == 1:  # Σ_t dg_tᵀ h_{t-1}: one 2-D matmul
+                dw = torch.mm(dgx.view(T * B, G).t(), hprev.view(T * B, Dp)).unsqueeze(0)  # [1, G, D']
+            else:
+                dg = dgx.permute(1, 3, 0, 2).reshape(dirs, G, T * B)  # [dirs, G, T*B]
+                dw = torch.bmm(dg, hprev.transpose(0, 1).reshape(dirs, T * B, Dp))  # [dirs, G, D']
+        return dgx, dw, dM, dh.view(dirs, B, Dp), None
 
 
 def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor, bias: torch.Tensor,
-              memory: torch.Tensor, h: torch.Tensor, num_heads: int, parts: int = 1,
-              compiled: bool = True):
+              memory: torch.Tensor, h: torch.Tensor, num_heads: int, compiled: bool = True):
     """Run one LSAM layer (all its directions at once) over a sequence — the fast path.
 
     Args:
@@ -227,10 +139,6 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
             :class:`LSAMCell` parameters of each direction (rows ``q | k | v | p_r | p_w``).
         memory: ``[dirs, B, H', d, d]``; h: ``[dirs, B, D']`` initial states.
         num_heads: H' heads per direction.
-        parts: batch slices whose recurrences run side by side on a thread pool, one intra-op
-            thread each (see :class:`_LSAMRecurrence`); 1 (the default) keeps everything on
-            the calling thread with all its intra-op threads. On a 2-core CPU the two are
-            equally fast (B=32, T=100, hidden 256); more cores may favour slices.
         compiled: use the TorchScript-compiled loops where available (``False``: the same
             loops as plain Python).
     Returns:
@@ -255,9 +163,7 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
     if dirs == 2:
         gx = torch.stack([gx[:, 0], gx[:, 1].flip(0)], dim=1)  # backward direction reversed in time
     M0 = memory.reshape(dirs * B * Hp, d, d)  # [N, d, d]
-    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-        raise ValueError(f"`parts` expected an integer >= 1, got {parts!r}")
-    out, M = _LSAMRecurrence.apply(gx.contiguous(), w_hh, M0, h.contiguous(), parts, bool(compiled))
+    out, M = _LSAMRecurrence.apply(gx.contiguous(), w_hh, M0, h.contiguous(), bool(compiled))
     h_T = out[-1]  # [dirs, B, D']
     if dirs == 2:
         out = torch.cat([out[:, 0], out[:, 1].flip(0)], dim=-1)  # [T, B, 2D']
