@@ -348,3 +348,27 @@ def test_layers_across_chunk_boundaries(kind, causal, S):
     mask = torch.ones(2, S, dtype=torch.bool)
     mask[1, S // 2 + 1:] = False
     torch.testing.assert_close(layer(x, mask=mask), reference(layer, kind, causal, x, mask), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_nam_length_norm_divides_by_the_keys_summed(causal):
+    """``NAMAttention(length_norm=True)`` is the plain layer's mixed values divided by the
+    number of valid keys each position sums over, and padding still changes nothing."""
+    from memnets.attention import NAMAttention
+
+    torch.manual_seed(0)
+    plain = NAMAttention(8, 2, causal=causal).double()
+    normed = NAMAttention(8, 2, causal=causal, length_norm=True).double()
+    normed.load_state_dict(plain.state_dict())
+    x = torch.randn(3, 6, 8, dtype=torch.float64)
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 2 + [0] * 4], dtype=torch.bool)
+    seen = []  # the mixed values before the output projection
+    for m in (plain, normed):
+        m.out.register_forward_hook(lambda mod, inp, out: seen.append(inp[0]))
+        m(x, mask)
+    n = mask.double().cumsum(1) if causal else mask.double().sum(1, keepdim=True).expand(3, 6)
+    torch.testing.assert_close(seen[1], seen[0] / n.clamp_min(1)[..., None])
+    y = normed(x, mask)
+    x2 = x.clone()
+    x2[~mask] = 1e3  # padded positions hold garbage
+    torch.testing.assert_close(normed(x2, mask)[mask], y[mask])
