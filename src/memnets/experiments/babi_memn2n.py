@@ -69,11 +69,10 @@ class TrainConfig:
     seed: int = 0
 
 
-def _trim(stories: torch.Tensor, queries: torch.Tensor, slack: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def _trim(stories: torch.Tensor, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop trailing padding slots / words shared by the whole batch (the output is unchanged:
-    padding is masked); ``slack`` keeps that fraction of extra empty slots for random noise."""
+    padding is masked; random noise grows the memory back into the model's free slots)."""
     n_mem = int((stories != 0).any(-1).sum(-1).max())
-    n_mem = min(stories.shape[1], n_mem + (math.ceil(slack * n_mem) + 1 if slack > 0 else 0))
     n_words = max(int((stories != 0).sum(-1).max()), int((queries != 0).sum(-1).max()), 1)
     return stories[:, :max(n_mem, 1), :n_words], queries[:, :n_words]
 
@@ -141,7 +140,7 @@ def train_memn2n(train: babi.BabiTensors, valid: babi.BabiTensors, vocab_size: i
         model.train()
         total = 0.0
         for idx in _batches(train, cfg.batch_size, gen, cfg.bucket):
-            logits = model(*_trim(train.stories[idx], train.queries[idx], cfg.random_noise))
+            logits = model(*_trim(train.stories[idx], train.queries[idx]))
             loss = F.cross_entropy(logits, train.answers[idx], reduction=reduction)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -213,23 +212,22 @@ def run(tasks: Sequence[int], joint: bool, cfg: TrainConfig, runs: int = 1, data
     for group in groups:
         vocab, tr, va, te, M, W = _prepare(group, data_dir, cfg.memory_size, valid_fraction, cfg.seed,
                                            ten_k, fallback_1k)
-        # The model keeps its full capacity even when every story here is shorter (M slots):
-        # random noise shifts sentences into the slots beyond the longest story instead of
-        # dropping the oldest ones.
-        c = cfg
+        # The model keeps its full capacity (cfg.memory_size) even when every story here is
+        # shorter (M slots): random noise shifts sentences into the slots beyond the longest
+        # story instead of dropping the oldest ones.
         best = None
         key = "joint" if joint else str(group[0])
         results["run_summary"][key] = []
         for r in range(first_run, first_run + runs):
             log(f"tasks {group if joint else group[0]}: run {r + 1}/{first_run + runs}, {tr.answers.shape[0]} train, "
                 f"vocab {len(vocab)}, memory {M}, sentence {W}")
-            model, info = train_memn2n(tr, va, len(vocab), W, TrainConfig(**{**asdict(c), "seed": c.seed + r}), log)
+            model, info = train_memn2n(tr, va, len(vocab), W, TrainConfig(**{**asdict(cfg), "seed": cfg.seed + r}), log)
             # the validation error (joint: over all tasks' held-out examples) decides the run
             _, v_ok = evaluate(model, va)
             v_err = 1.0 - float(v_ok.float().mean())
             _, t_ok = evaluate(model, te)  # reported only, never used for the choice
             t_mean = sum(1.0 - float(t_ok[te.tasks == t].float().mean()) for t in group) / len(group)
-            summary = {"seed": c.seed + r, "valid_error": round(100.0 * v_err, 2),
+            summary = {"seed": cfg.seed + r, "valid_error": round(100.0 * v_err, 2),
                        "test_mean_error": round(100.0 * t_mean, 2), "epochs": len(info["history"]),
                        "test_error": {t: round(100.0 * (1.0 - float(t_ok[te.tasks == t].float().mean())), 2)
                                       for t in group}}
@@ -264,7 +262,7 @@ def merge(parts: Sequence[dict]) -> dict:
     validation split seed, same tasks, same recipe); a mismatch raises ``ValueError``."""
     if not parts:
         raise ValueError("`parts` expected at least one results dict to merge, got none")
-    base = {k: v for k, v in parts[0]["config"].items()}
+    base = dict(parts[0]["config"])
     for i, p in enumerate(parts[1:], 1):
         if p["config"] != base or p["joint"] != parts[0]["joint"] or p.get("ten_k") != parts[0].get("ten_k"):
             raise ValueError(f"`parts[{i}]` has a different configuration from `parts[0]`; "
@@ -277,12 +275,12 @@ def merge(parts: Sequence[dict]) -> dict:
     seeds = [r["seed"] for rows in out["run_summary"].values() for r in rows]
     runs_per_model = {key: len(rows) for key, rows in out["run_summary"].items()}
     out["runs"] = min(runs_per_model.values())
+    names = {t: v["name"] for p in parts for t, v in p["tasks"].items()}
     for key, rows in out["run_summary"].items():
         if len({r["seed"] for r in rows}) != len(rows):
             raise ValueError(f"model {key!r} has the same seed twice in the parts (seeds {seeds}); "
                              "give each invocation its own --first-run")
         best = min(rows, key=lambda r: r["valid_error"])
-        names = {t: v["name"] for p in parts for t, v in p["tasks"].items()}
         for t, err in best["test_error"].items():
             out["tasks"][str(t)] = {"name": names.get(str(t), babi.TASK_NAMES.get(int(t), "")),
                                     "test_error": err, "valid_error": None, "seed": best["seed"],

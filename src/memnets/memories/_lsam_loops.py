@@ -34,7 +34,6 @@ def forward_loop(gx: torch.Tensor, w_hh: torch.Tensor, X: torch.Tensor, h0: torc
     Every per-step view of the buffers is cut once before the loop (``unbind``), so a step
     runs its arithmetic and almost no indexing operations."""
     T, dirs, B, G = gx.shape[0], gx.shape[1], gx.shape[2], gx.shape[3]
-    Dp = w_hh.shape[2]
     N, d = X.shape[0], X.shape[2]
     BLK = torch.empty(T, dirs, B, G, dtype=gx.dtype, device=gx.device)  # g_t, per-head blocks
     blk4 = BLK.view(T, N, 3 * d + 2)
@@ -83,7 +82,7 @@ def backward_loop(w_hh: torch.Tensor, work: torch.Tensor, dM: torch.Tensor, dh: 
     writes ``dgx [T, dirs, B, G]`` and returns the gradient of h₀ as ``[N, d]``.
     ``QKS`` is ``QK`` with (q, k) swapped, ``QKM`` ``QK`` where the norm exceeded eps (else
     0), ``INV = 1 / NRM``, ``S = P (1 − P)``."""
-    T, dirs, B = dgx.shape[0], dgx.shape[1], dgx.shape[2]
+    T, dirs = dgx.shape[0], dgx.shape[1]
     N, d = work.shape[0], work.shape[2]
     dab = torch.empty(N, 2, d, dtype=work.dtype, device=work.device)  # (d a_q, d a_k)
     dqk = torch.empty(N, 2, d, dtype=work.dtype, device=work.device)
