@@ -75,3 +75,18 @@ def test_bad_arguments(real_data_dir):
         babi_seq.SeqQA("ntm", 10, 2, cfg, 5)
     with pytest.raises(ValueError, match="max_sentences"):
         babi_seq.encode_sequences([], babi.Vocabulary([]), {}, max_sentences=0)
+
+
+def test_ten_k_trains_task3_from_its_1k_file(real_data_dir):
+    """``ten_k``: en-10k training files, task 3 from the 1k file (its 10k train file is absent);
+    the table says so."""
+    cfg = babi_seq.SeqConfig(embedding_dim=8, hidden_size=8, num_heads=2, epochs=1, max_minutes=0.02)
+    with pytest.warns(UserWarning, match="task 3"):
+        _, _, tr, va, te = babi_seq.prepare([1, 3], real_data_dir, ten_k=True)
+    n1 = int((tr.tasks == 1).sum() + (va.tasks == 1).sum())
+    n3 = int((tr.tasks == 3).sum() + (va.tasks == 3).sum())
+    assert n1 == 10_000 and n3 == 1_000
+    with pytest.warns(UserWarning):
+        res = babi_seq.run(["lsam"], [1, 3], True, cfg, real_data_dir, log=lambda s: None, ten_k=True)
+    assert res["data"] == "en-10k" and res["task3_from_1k"]
+    assert "en-10k" in babi_seq.markdown_table(res) and "1k file" in babi_seq.markdown_table(res)

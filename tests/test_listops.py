@@ -97,3 +97,20 @@ def test_bad_arguments():
         generate_trees(-1, seed=0)
     with pytest.raises(ValueError, match="min_len"):
         generate_trees(1, seed=0, min_len=50, max_len=40)
+
+
+def test_cached_listops_writes_reuses_and_serves_smaller_requests(tmp_path):
+    from memnets.tasks.listops import cached_listops
+    a = cached_listops(30, seed=3, min_len=20, max_len=60, cache_dir=tmp_path)
+    files = list(tmp_path.glob("listops_s3_20-60_n30.pt"))
+    assert len(files) == 1
+    ref = make_listops(30, seed=3, min_len=20, max_len=60)
+    assert torch.equal(a.tokens, ref.tokens) and torch.equal(a.labels, ref.labels)
+    b = cached_listops(30, seed=3, min_len=20, max_len=60, cache_dir=tmp_path)  # read back
+    assert torch.equal(a.tokens, b.tokens) and b.tokens.dtype == torch.long
+    c = cached_listops(12, seed=3, min_len=20, max_len=60, cache_dir=tmp_path)  # first 12 of the 30
+    assert torch.equal(c.tokens, make_listops(12, seed=3, min_len=20, max_len=60).tokens)
+    assert len(list(tmp_path.glob("*.pt"))) == 1
+    files[0].write_bytes(b"damaged")
+    d = cached_listops(30, seed=3, min_len=20, max_len=60, cache_dir=tmp_path)  # regenerated
+    assert torch.equal(d.tokens, ref.tokens)

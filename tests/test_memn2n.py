@@ -360,3 +360,34 @@ def test_experiment_runs_must_be_positive():
         babi_memn2n.main(["--seeds", "0"])
     with pytest.raises(SystemExit):
         babi_memn2n.main(["--ls-patience", "-1"])
+
+
+def test_fixed_pe_length_uses_sentence_size_for_every_sentence():
+    """``pe_length="fixed"``: J = sentence_size, so a word's weights depend on its position
+    only; bag and lookup implementations agree (values and gradients)."""
+    from memnets.memories.memn2n import bag_weights, position_encoding
+    words = torch.tensor([[4, 5, 0, 0, 0], [4, 5, 6, 7, 0]])
+    b = bag_weights(words, True, torch.float64, length=5)
+    assert torch.allclose(b.a[0, :2], b.a[1, :2]) and torch.allclose(b.b[0, :2], b.b[1, :2])
+    assert torch.allclose(b.a[1, :4], (1 - torch.arange(1, 5, dtype=torch.float64) / 5))
+    s_ = bag_weights(words, True, torch.float64)
+    assert not torch.allclose(s_.a[0, :2], s_.a[1, :2])  # per-sentence J differs
+    assert torch.allclose(position_encoding(5, 3), position_encoding(torch.tensor(5), 3, 5))
+    kw = dict(answer_size=12, weight_tying="layerwise", pe_length="fixed")
+    fast, ref = _model(impl="bag", **kw), _model(impl="lookup", **kw)
+    ref.load_state_dict(fast.state_dict())
+    s, q = _stories(B=3, M=6, W=5)
+    s[2, 0, 2:] = 0
+    outs = []
+    for m in (fast, ref):
+        y = m(s, q)
+        y.sum().backward()
+        outs.append((y.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+    assert torch.allclose(outs[0][0], outs[1][0], atol=1e-10)
+    for n in outs[0][1]:
+        assert torch.allclose(outs[0][1][n], outs[1][1][n], atol=1e-10), n
+    other = _model(impl="bag", answer_size=12, weight_tying="layerwise")
+    other.load_state_dict(fast.state_dict())
+    assert not torch.allclose(other(s, q), outs[0][0])
+    with pytest.raises(ValueError, match="pe_length"):
+        _model(pe_length="max")

@@ -67,6 +67,7 @@ class TrainConfig:
     batch_size: int = 32
     optimizer: str = "sgd"
     seed: int = 0
+    pe_length: str = "sentence"
 
 
 def _trim(stories: torch.Tensor, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,7 +118,7 @@ def train_memn2n(train: babi.BabiTensors, valid: babi.BabiTensors, vocab_size: i
     the best validation accuracy after LS ended, and a history dict."""
     torch.manual_seed(cfg.seed)
     model = MemN2N(vocab_size, cfg.embedding_dim, cfg.hops, cfg.memory_size, sentence_size=sentence_size,
-                   linear_start=cfg.linear_start, random_noise=cfg.random_noise)
+                   linear_start=cfg.linear_start, random_noise=cfg.random_noise, pe_length=cfg.pe_length)
     adam = cfg.optimizer == "adam"
     opt = (torch.optim.Adam(model.parameters(), lr=cfg.lr) if adam
            else torch.optim.SGD(model.parameters(), lr=cfg.ls_lr if cfg.linear_start else cfg.lr))
@@ -347,6 +348,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                    help="combine the results.json of these output directories (best run on validation) "
                         "and write the merged table to --out; trains nothing")
+    p.add_argument("--pe-length", choices=("sentence", "fixed"), default="sentence",
+                   help="J of the position encoding: each sentence's length (paper text) or the longest "
+                        "sentence for all (authors' code)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None, help="directory for results.json / results.md")
@@ -374,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         anneal_every=a.anneal_every or (15 if a.joint else 25),
         ls_max_epochs=a.ls_max_epochs or (30 if a.joint else 20), max_minutes=a.max_minutes,
         batch_size=a.batch_size, bucket=not a.random_batches, optimizer=a.optimizer, seed=a.seed,
-        ls_patience=a.ls_patience, lr=a.lr, ls_lr=a.ls_lr)
+        ls_patience=a.ls_patience, lr=a.lr, ls_lr=a.ls_lr, pe_length=a.pe_length)
     results = run(tasks, a.joint, cfg, a.runs, a.data_dir, ten_k=a.ten_k, fallback_1k=a.fallback_1k,
                   log=lambda s: print(s, flush=True), first_run=a.first_run)
     return _report(results, a.out)

@@ -5,7 +5,7 @@
         [--preset cpu|paper] [--max-len 2000] [--steps N] [--max-minutes M]
         [--d-model 64 --layers 2 --heads 4 --ffn 128] [--batch-size 8] [--lr 1e-3]
         [--n-train 2000 --n-test 200] [--min-len L] [--pool mean|cls] [--log-every K]
-        [--out DIR] [--seed S] [--threads T]
+        [--out DIR] [--seed S] [--threads T] [--device auto|cpu|cuda]
 
 Model: token Embedding (0 = padding) + learned positions + :class:`TransformerEncoder`
 (post-LN) + mean pooling over non-pad positions (or a prepended CLS token) + Linear. Every
@@ -25,6 +25,9 @@ model: d 512, 4 layers, 8 heads, FFN 1024 (listops) / 2048 (text), length 2000 /
 ListOps trees are kept when ``min_len < length < max_len``; ``--min-len`` defaults to 500 at
 ``--max-len 2000`` (the LRA rule) and to ``max_len // 4`` otherwise. ``--log-every K`` prints
 the mean training loss of every K steps; that curve is kept in ``results.json`` (``loss_curve``).
+Generated ListOps sets are cached (:func:`memnets.tasks.listops.cached_listops`).
+``--device auto`` (default) trains on CUDA when there is one; the wall time per step is then
+measured with the device synchronised, and the CPU time per step means little.
 """
 from __future__ import annotations
 
@@ -94,9 +97,9 @@ def load_task(task: str, max_len: int, n_train: int, n_test: int, seed: int, dat
               min_len: int | None = None):
     """``(train_tokens, train_labels, test_tokens, test_labels, vocab_size, num_classes)``."""
     if task == "listops":
-        from ..tasks.listops import NUM_CLASSES, VOCAB_SIZE, make_listops, split_listops
+        from ..tasks.listops import NUM_CLASSES, VOCAB_SIZE, cached_listops, split_listops
         min_len = default_min_len(max_len) if min_len is None else min_len
-        data = make_listops(n_train + n_test, seed=seed, min_len=min_len, max_len=max_len)
+        data = cached_listops(n_train + n_test, seed=seed, min_len=min_len, max_len=max_len)
         parts = split_listops(data, (n_train, 0, n_test))
         return (parts["train"].tokens, parts["train"].labels, parts["test"].tokens, parts["test"].labels,
                 VOCAB_SIZE, NUM_CLASSES)
@@ -119,14 +122,22 @@ def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int) ->
     return correct / max(len(y), 1)
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def train_one(attention: str, data: tuple, args: argparse.Namespace, steps: int,
               max_seconds: float | None = None) -> dict:
-    """Train one classifier for ``steps`` Adam steps (or until ``max_seconds``); evaluate it."""
+    """Train one classifier for ``steps`` Adam steps (or until ``max_seconds``); evaluate it.
+    ``data`` tensors may already sit on ``args.device`` (default CPU)."""
     xtr, ytr, xte, yte, vocab, ncls = data
+    device = torch.device(getattr(args, "device", None) or "cpu")
     torch.manual_seed(args.seed)
     options = {"length_norm": True} if attention == "nam" and getattr(args, "nam_length_norm", False) else None
     model = LRAClassifier(vocab, ncls, xtr.shape[1], args.d_model, args.layers, args.heads, args.ffn,
-                          args.dropout, attention, args.pool, attention_options=options)
+                          args.dropout, attention, args.pool, attention_options=options).to(device)
+    xtr, ytr, xte, yte = (t.to(device) for t in (xtr, ytr, xte, yte))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     g = torch.Generator().manual_seed(args.seed + 1)
     order = torch.cat([torch.randperm(len(ytr), generator=g) for _ in range(steps * args.batch_size // len(ytr) + 1)])
@@ -134,13 +145,15 @@ def train_one(attention: str, data: tuple, args: argparse.Namespace, steps: int,
     losses, done, curve = [], 0, []
     log_every = getattr(args, "log_every", 0) or 0
     for step in range(steps):
-        idx = order[step * args.batch_size:(step + 1) * args.batch_size]
+        idx = order[step * args.batch_size:(step + 1) * args.batch_size].to(device)
+        _sync(device)
         w0, c0 = time.perf_counter(), time.process_time()
         loss = nn.functional.cross_entropy(model(xtr[idx]), ytr[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        _sync(device)
         wall += time.perf_counter() - w0
         cpu += time.process_time() - c0
         losses.append(float(loss.detach()))
@@ -175,6 +188,7 @@ def format_table(rows: list[dict], base: str = "softmax") -> str:
 def run(args: argparse.Namespace) -> dict:
     """Run the comparison described by ``args``; writes ``results.json`` and ``table.md``."""
     torch.set_num_threads(args.threads)
+    args.device = str(_resolve_device(getattr(args, "device", None) or "cpu"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -194,6 +208,7 @@ def run(args: argparse.Namespace) -> dict:
     yte = data[3]
     majority = float(torch.bincount(yte).max()) / max(len(yte), 1)     # accuracy of the most frequent test label
     res = {"task": args.task, "config": {k: v for k, v in vars(args).items() if k != "data_dir"},
+           "device": args.device, "gpu": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else None,
            "majority_test_accuracy": majority, "data_seconds": data_s, "total_wall_s": time.perf_counter() - t0,
            "threads": torch.get_num_threads(), "rows": rows, "table": table}
     tmp = out / "results.json.tmp"
@@ -203,6 +218,15 @@ def run(args: argparse.Namespace) -> dict:
     print(table)
     print(f"most frequent test label: {100 * majority:.1f}% of the test set")
     return res
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"`device` is {name!r} but CUDA is not available on this machine; use cpu or auto")
+    return dev
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -228,6 +252,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     args = p.parse_args(argv)
     preset = dict(PRESETS[args.preset])
     preset.update(preset.pop(args.task))

@@ -29,6 +29,7 @@ __all__ = ["MemN2N", "MemN2NConfig", "MemN2NAux", "position_encoding", "sentence
 
 WEIGHT_TYING = ("adjacent", "layerwise")
 IMPLS = ("bag", "lookup")
+PE_LENGTHS = ("sentence", "fixed")
 
 
 class MemN2NAux(NamedTuple):
@@ -62,6 +63,7 @@ class MemN2NConfig:
     random_noise: float = 0.0
     init_std: float = 0.1
     impl: str = "bag"
+    pe_length: str = "sentence"
 
 
 def position_encoding(sentence_length: torch.Tensor | int, embedding_dim: int,
@@ -91,15 +93,17 @@ def position_encoding(sentence_length: torch.Tensor | int, embedding_dim: int,
 
 
 def sentence_encoding(words: torch.Tensor, embedding: nn.Embedding, use_pe: bool,
-                      pe: torch.Tensor | None = None) -> torch.Tensor:
+                      pe: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
     """Bag of words ``Σ_j l_j ∘ E x_j`` (with PE) or ``Σ_j E x_j``: ids ``[..., W]`` → ``[..., d]``.
 
     ``pe`` (``[..., W, d]``, from :func:`position_encoding`) may be passed in to reuse it.
+    ``length``: the ``J`` of every sentence (default: its own number of words).
     """
     emb = embedding(words)  # [..., W, d]
     if use_pe:
         if pe is None:
-            lengths = (words != 0).sum(-1)  # [...]
+            lengths = (words != 0).sum(-1) if length is None else torch.full(words.shape[:-1], length,
+                                                                            device=words.device)
             pe = position_encoding(lengths, emb.shape[-1], words.shape[-1])
         emb = emb * pe.to(emb.dtype)
     return emb.sum(-2)
@@ -117,12 +121,14 @@ class Bags(NamedTuple):
     shape: tuple[int, ...]
 
 
-def bag_weights(words: torch.Tensor, use_pe: bool, dtype: torch.dtype | None = None) -> Bags:
+def bag_weights(words: torch.Tensor, use_pe: bool, dtype: torch.dtype | None = None,
+                length: int | None = None) -> Bags:
     """Per-word weights of the sentence encoding, computed once per batch.
 
     PE splits as ``l_kj = a_j + (k/d) b_j`` with ``a_j = 1 - j/J`` and ``b_j = 2j/J - 1``, so
     ``Σ_j l_j ∘ E x_j = Σ_j a_j E x_j + (k/d) ∘ Σ_j b_j E x_j`` (two weighted bags). Without
-    PE, ``a_j = 1`` and ``b`` is None. Padding words (id 0) get weight 0.
+    PE, ``a_j = 1`` and ``b`` is None. Padding words (id 0) get weight 0. ``J`` is each
+    sentence's number of words, or ``length`` for every sentence when given.
     ids ``[..., W]`` → :class:`Bags` with ``[N, W]`` tensors, ``N = prod(...)``.
     """
     lead, W = tuple(words.shape[:-1]), words.shape[-1]
@@ -130,7 +136,7 @@ def bag_weights(words: torch.Tensor, use_pe: bool, dtype: torch.dtype | None = N
     valid = (flat != 0).to(dtype or torch.get_default_dtype())
     if not use_pe:
         return Bags(flat, valid, None, lead)
-    J = valid.sum(-1, keepdim=True).clamp(min=1)  # [N, 1]
+    J = valid.sum(-1, keepdim=True).clamp(min=1) if length is None else valid.new_full((1, 1), float(length))
     ratio = torch.arange(1, W + 1, dtype=valid.dtype, device=words.device) / J  # [N, W]
     return Bags(flat, (1 - ratio) * valid, (2 * ratio - 1) * valid, lead)
 
@@ -220,6 +226,10 @@ class MemN2N(nn.Module):
             embeddings) or ``"layerwise"`` (one ``A``, one ``C`` for all hops, separate ``B``,
             ``W`` and the linear map ``H``: ``u^{k+1} = H u^k + o^k``).
         position_encoding: PE sentence encoding (else bag of words).
+        pe_length: ``J`` of the PE weights: ``"sentence"`` (each sentence's own number of
+            words, the paper's text) or ``"fixed"`` (``sentence_size`` for every sentence and
+            the query, as the authors' released code does: there a word's weights depend on
+            its position alone, not on the length of its sentence).
         temporal_encoding: add learned ``T_A(i)``, ``T_C(i)`` per memory slot.
         answer_size: ``A`` answer classes, default ``V`` (must be ``V`` with adjacent tying).
         linear_start: LS; while True the attention softmax of every hop is removed. A plain
@@ -238,10 +248,12 @@ class MemN2N(nn.Module):
                  *, sentence_size: int, weight_tying: str = "adjacent", position_encoding: bool = True,
                  temporal_encoding: bool = True, answer_size: int | None = None,
                  linear_start: bool = False, random_noise: float = 0.0, init_std: float = 0.1,
-                 impl: str = "bag"):
+                 impl: str = "bag", pe_length: str = "sentence"):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"`impl` expected one of {IMPLS}, got {impl!r}")
+        if pe_length not in PE_LENGTHS:
+            raise ValueError(f"`pe_length` expected one of {PE_LENGTHS}, got {pe_length!r}")
         self.impl = impl
         for name, v in (("vocab_size", vocab_size), ("embedding_dim", embedding_dim), ("hops", hops),
                         ("memory_size", memory_size), ("sentence_size", sentence_size)):
@@ -256,7 +268,7 @@ class MemN2N(nn.Module):
             raise ValueError(f"`random_noise` expected a rate in [0, 1), got {random_noise!r}")
         self.config = MemN2NConfig(vocab_size, sentence_size, embedding_dim, hops, memory_size,
                                    weight_tying, position_encoding, temporal_encoding, A,
-                                   linear_start, random_noise, init_std, impl)
+                                   linear_start, random_noise, init_std, impl, pe_length)
         self.linear_start = bool(linear_start)
         self.random_noise = float(random_noise)
         d, K = embedding_dim, hops
@@ -334,12 +346,14 @@ class MemN2N(nn.Module):
             stories, mask = random_noise(stories, mask, self.random_noise, capacity=cfg.memory_size)
             M = stories.shape[1]
         use_pe = cfg.position_encoding
+        J = cfg.sentence_size if cfg.pe_length == "fixed" else None
         encoded: dict[int, torch.Tensor] = {}  # each embedding encodes the story once (tying)
         if self.impl == "lookup":
-            u = sentence_encoding(query, self.embedding_B(), use_pe)  # [B, d]
+            u = sentence_encoding(query, self.embedding_B(), use_pe, length=J)  # [B, d]
             pe = None
             if use_pe:
-                lengths = (stories != 0).sum(-1)  # [B, M]
+                lengths = (stories != 0).sum(-1) if J is None else torch.full(stories.shape[:-1], J,
+                                                                              device=stories.device)  # [B, M]
                 pe = position_encoding(lengths, cfg.embedding_dim, W)  # [B, M, W, d]
 
             def encode(emb: nn.Embedding) -> torch.Tensor:
@@ -348,8 +362,8 @@ class MemN2N(nn.Module):
                 return encoded[id(emb)]
         else:
             dtype = self.embeddings[0].weight.dtype
-            u = encode_bags(bag_weights(query, use_pe, dtype), self.embedding_B().weight)  # [B, d]
-            bags = bag_weights(stories, use_pe, dtype)
+            u = encode_bags(bag_weights(query, use_pe, dtype, J), self.embedding_B().weight)  # [B, d]
+            bags = bag_weights(stories, use_pe, dtype, J)
 
             def encode(emb: nn.Embedding) -> torch.Tensor:
                 if id(emb) not in encoded:

@@ -50,10 +50,14 @@ class TransformerConfig:
 
 
 def sinusoidal_embedding(length: int, dim: int, *, device=None, dtype=None) -> torch.Tensor:
-    """Fixed sin/cos coordinate embedding ``[length, dim]`` (Vaswani et al. 2017)."""
-    pos = torch.arange(length, device=device, dtype=torch.float32).unsqueeze(1)  # [L, 1]
+    """Fixed sin/cos coordinate embedding ``[length, dim]`` (Vaswani et al. 2017).
+
+    Computed in float32, or in float64 when ``dtype`` is float64 (so float64 models agree
+    across devices to float64 precision)."""
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    pos = torch.arange(length, device=device, dtype=work).unsqueeze(1)  # [L, 1]
     half = (dim + 1) // 2
-    freq = torch.exp(-math.log(10000.0) * torch.arange(half, device=device, dtype=torch.float32) / max(half, 1))
+    freq = torch.exp(-math.log(10000.0) * torch.arange(half, device=device, dtype=work) / max(half, 1))
     ang = pos * freq  # [L, half]
     emb = torch.stack([ang.sin(), ang.cos()], dim=-1).flatten(-2)[:, :dim]  # [L, dim]
     return emb.to(dtype or torch.get_default_dtype())

@@ -43,7 +43,7 @@ import torch
 __all__ = [
     "OPERATORS", "VOCAB", "PAD", "VOCAB_SIZE", "NUM_CLASSES", "ListOpsData",
     "sample_tree", "tree_length", "evaluate", "tokens", "encode", "to_text", "from_text",
-    "generate_trees", "make_listops", "split_listops", "write_tsv", "read_tsv",
+    "generate_trees", "make_listops", "cached_listops", "split_listops", "write_tsv", "read_tsv",
 ]
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -212,6 +212,41 @@ def make_listops(n: int, seed: int, min_len: int = 500, max_len: int = 2000, pad
     ``pad_to`` (default ``max_len``) positions. ``sampler`` goes to :func:`generate_trees`."""
     trees = generate_trees(n, seed, min_len, max_len, **sampler)
     return _encode_trees(trees, pad_to if pad_to is not None else max_len)
+
+
+def cached_listops(n: int, seed: int, min_len: int = 500, max_len: int = 2000,
+                   cache_dir: str | os.PathLike | None = None, use_cache: bool = True) -> ListOpsData:
+    """:func:`make_listops` with its result cached on disk (generation is rejection sampling:
+    about 20 trees per second at ``max_len`` 2000, so 96,000 take over an hour on one core).
+
+    The file is ``<cache_dir>/listops_s<seed>_<min_len>-<max_len>_n<n>.pt`` (default
+    ``cache_dir``: ``<memnets cache>/listops``, see :func:`memnets.datadir.cache_dir`), tokens
+    stored as uint8; it is written atomically, and a damaged file is regenerated. A cached set
+    of more trees than asked for with the same seed and lengths serves as well (the first ``n``
+    trees are the same stream).
+    """
+    from ..datadir import cache_dir as _cache_root
+
+    root = Path(cache_dir) if cache_dir is not None else _cache_root() / "listops"
+    stem = f"listops_s{seed}_{min_len}-{max_len}_n"
+    if use_cache and root.is_dir():
+        sizes = sorted(int(p.name[len(stem):-3]) for p in root.glob(stem + "*.pt") if p.name[len(stem):-3].isdigit())
+        for size in [s for s in sizes if s >= n]:
+            try:
+                d = torch.load(root / f"{stem}{size}.pt", weights_only=True)
+                data = ListOpsData(d["tokens"].long(), d["lengths"], d["labels"])
+                if data.tokens.shape[1] == max_len and len(data) == size:
+                    return data.subset(slice(0, n))
+            except Exception:  # a damaged cache file is ignored (and rewritten below)
+                pass
+    data = make_listops(n, seed, min_len, max_len)
+    if use_cache:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=root, suffix=".tmp")
+        os.close(fd)
+        torch.save({"tokens": data.tokens.to(torch.uint8), "lengths": data.lengths, "labels": data.labels}, tmp)
+        os.replace(tmp, root / f"{stem}{n}.pt")
+    return data
 
 
 def split_listops(data, counts: tuple[int, int, int] = (96_000, 2_000, 2_000)) -> dict:
