@@ -75,3 +75,15 @@ def test_min_len_and_loss_curve(tmp_path, capsys):
     assert ((xtr != 0).sum(1) > 20).all() and ((xte != 0).sum(1) > 20).all()
     with pytest.raises(SystemExit):
         parse_args(["--max-len", "40", "--min-len", "39"])
+
+
+def test_lra_step_timer_reports_every_kind(tmp_path):
+    import json
+
+    from memnets.bench import lra_steps
+    out = tmp_path / "t.json"
+    res = lra_steps.main(["--scale", "cpu", "--length", "32", "--batch-size", "2", "--steps", "1", "--warmup", "0",
+                          "--repeats", "1", "--device", "cpu", "--out", str(out)])
+    assert [r["attention"] for r in res["rows"]] == ["softmax", "linear", "nam", "nam+ln"]
+    assert all(r["s_per_step"] > 0 for r in res["rows"]) and res["rows"][0]["speedup_vs_softmax"] == 1.0
+    assert json.loads(out.read_text())["length"] == 32
