@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ..experiments.lra import PRESETS, LRAClassifier
+from ..experiments.lra import PRESETS, LRAClassifier, _resolve_device
 
 __all__ = ["KINDS", "step_time", "main"]
 
@@ -83,10 +83,10 @@ def main(argv=None) -> dict:
     a = p.parse_args(argv)
     if min(a.length, a.batch_size, a.steps, a.repeats) < 1 or a.length < 4 or a.warmup < 0:
         p.error("--length >= 4, --batch-size, --steps, --repeats >= 1 and --warmup >= 0 expected")
-    device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if a.device == "auto" else a.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        p.error(f"--device {a.device!r}: CUDA is not available on this machine")
+    try:
+        device = _resolve_device(a.device)
+    except ValueError as e:
+        p.error(f"--device: {e}")
     if a.threads:
         torch.set_num_threads(a.threads)
     out = {"device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,

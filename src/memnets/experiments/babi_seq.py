@@ -346,10 +346,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--out", default=None, help="directory for results.json / results.md")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if a.device == "auto" else a.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        p.error(f"--device {a.device!r}: CUDA is not available on this machine; use cpu or auto")
+    from .lra import _resolve_device
+    try:
+        device = _resolve_device(a.device)
+    except ValueError as e:
+        p.error(f"--device: {e}")
     try:
         tasks = list(range(1, 21)) if a.tasks == "all" else [int(t) for t in a.tasks.split(",")]
     except ValueError:

@@ -221,12 +221,9 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"`device` is {name!r} but CUDA is not available on this machine; use cpu or auto")
-    return dev
+    """``auto`` -> CUDA when available, else CPU; ValueError for a device this machine lacks."""
+    from ..train.env import DistInfo, resolve_device
+    return resolve_device(name, DistInfo())
 
 
 def parse_args(argv=None) -> argparse.Namespace:
