@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from ..experiments.lra import PRESETS, LRAClassifier, _resolve_device
+from ..experiments.lra import PRESETS, LRAClassifier
+from ..train.env import resolve_device
 
 __all__ = ["KINDS", "step_time", "main"]
 
@@ -84,7 +85,7 @@ def main(argv=None) -> dict:
     if min(a.length, a.batch_size, a.steps, a.repeats) < 1 or a.length < 4 or a.warmup < 0:
         p.error("--length >= 4, --batch-size, --steps, --repeats >= 1 and --warmup >= 0 expected")
     try:
-        device = _resolve_device(a.device)
+        device = resolve_device(a.device)
     except ValueError as e:
         p.error(f"--device: {e}")
     if a.threads:

@@ -346,9 +346,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--out", default=None, help="directory for results.json / results.md")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    from .lra import _resolve_device
+    from ..train.env import resolve_device
     try:
-        device = _resolve_device(a.device)
+        device = resolve_device(a.device)
     except ValueError as e:
         p.error(f"--device: {e}")
     try:

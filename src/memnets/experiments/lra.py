@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from ..models.transformer import TransformerEncoder
+from ..train.env import resolve_device
 
 __all__ = ["LRAClassifier", "PRESETS", "load_task", "train_one", "run", "format_table", "main"]
 
@@ -188,12 +189,13 @@ def format_table(rows: list[dict], base: str = "softmax") -> str:
 def run(args: argparse.Namespace) -> dict:
     """Run the comparison described by ``args``; writes ``results.json`` and ``table.md``."""
     torch.set_num_threads(args.threads)
-    args.device = str(_resolve_device(getattr(args, "device", None) or "cpu"))
+    args.device = str(resolve_device(getattr(args, "device", None) or "cpu"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     data = load_task(args.task, args.max_len, args.n_train, args.n_test, args.seed, args.data_dir,
                      getattr(args, "min_len", None))
+    data = (*(t.to(args.device) for t in data[:4]), *data[4:])  # once for every kind
     data_s = time.perf_counter() - t0
     kinds = [k.strip() for k in args.attention.split(",") if k.strip()]
     rows, steps = [], args.steps
@@ -206,7 +208,7 @@ def run(args: argparse.Namespace) -> dict:
     base = "softmax" if "softmax" in kinds else kinds[0]
     table = format_table(rows, base)
     yte = data[3]
-    majority = float(torch.bincount(yte).max()) / max(len(yte), 1)     # accuracy of the most frequent test label
+    majority = float(torch.bincount(yte).max().cpu()) / max(len(yte), 1)     # accuracy of the most frequent test label
     res = {"task": args.task, "config": {k: v for k, v in vars(args).items() if k != "data_dir"},
            "device": args.device, "gpu": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else None,
            "majority_test_accuracy": majority, "data_seconds": data_s, "total_wall_s": time.perf_counter() - t0,
@@ -218,12 +220,6 @@ def run(args: argparse.Namespace) -> dict:
     print(table)
     print(f"most frequent test label: {100 * majority:.1f}% of the test set")
     return res
-
-
-def _resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; ValueError for a device this machine lacks."""
-    from ..train.env import DistInfo, resolve_device
-    return resolve_device(name, DistInfo())
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -259,6 +255,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(args, k, v)
     if args.steps < 1:
         p.error("--steps expected >= 1")
+    try:
+        resolve_device(args.device)
+    except ValueError as e:
+        p.error(f"--device: {e}")
     if args.min_len is not None and not 0 <= args.min_len < args.max_len - 1:
         p.error(f"--min-len expected 0 <= min_len < max_len - 1 (max_len {args.max_len}), got {args.min_len}")
     return args

@@ -85,13 +85,16 @@ def cleanup_distributed(info: DistInfo) -> None:
             dist.destroy_process_group()
 
 
-def resolve_device(name: str, info: DistInfo) -> torch.device:
-    """``auto`` → ``cuda:<local_rank>`` when CUDA is available, else ``cpu``.
+def resolve_device(name: str, info: DistInfo | None = None) -> torch.device:
+    """``auto`` → ``cuda:<local_rank>`` when CUDA is available, else ``cpu`` (``info``
+    defaults to a single, non-distributed process).
 
     Raises :class:`~memnets.train.config.ConfigError` for a device this machine lacks
     (``cuda`` without CUDA, ``cuda:N`` past the device count, ``mps`` without MPS).
     """
     from .config import ConfigError
+
+    info = DistInfo() if info is None else info
 
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
