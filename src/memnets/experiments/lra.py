@@ -65,14 +65,16 @@ class LRAClassifier(nn.Module):
 
     def __init__(self, vocab_size: int, num_classes: int, max_len: int, d_model: int = 64, num_layers: int = 2,
                  num_heads: int = 4, dim_feedforward: int | None = None, dropout: float = 0.0,
-                 attention: str = "softmax", pool: str = "mean", attention_options: dict | None = None):
+                 attention: str = "softmax", pool: str = "mean", attention_options: dict | None = None,
+                 norm_first: bool = False):
         super().__init__()
         if pool not in ("mean", "cls"):
             raise ValueError(f"`pool` expected 'mean' or 'cls', got {pool!r}")
         self.pool, self.vocab_size = pool, vocab_size
         self.embed = nn.Embedding(vocab_size + (pool == "cls"), d_model, padding_idx=0)
         self.encoder = TransformerEncoder(d_model, num_layers, num_heads, dim_feedforward, dropout, attention,
-                                          max_len=max_len + (pool == "cls"), attention_options=attention_options)
+                                          norm_first=norm_first, max_len=max_len + (pool == "cls"),
+                                          attention_options=attention_options)
         self.head = nn.Linear(d_model, num_classes)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -137,7 +139,8 @@ def train_one(attention: str, data: tuple, args: argparse.Namespace, steps: int,
     torch.manual_seed(args.seed)
     options = {"length_norm": True} if attention == "nam" and getattr(args, "nam_length_norm", False) else None
     model = LRAClassifier(vocab, ncls, xtr.shape[1], args.d_model, args.layers, args.heads, args.ffn,
-                          args.dropout, attention, args.pool, attention_options=options).to(device)
+                          args.dropout, attention, args.pool, attention_options=options,
+                          norm_first=getattr(args, "norm_first", False)).to(device)
     xtr, ytr, xte, yte = (t.to(device) for t in (xtr, ytr, xte, yte))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     g = torch.Generator().manual_seed(args.seed + 1)
@@ -241,6 +244,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--nam-length-norm", action="store_true",
                    help="NAM attention divides its output by the number of keys (NAMAttention(length_norm=True))")
+    p.add_argument("--norm-first", action="store_true",
+                   help="pre-LN encoder layers with a final LayerNorm (the LRA models), instead of post-LN")
     p.add_argument("--out", default="runs/lra")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)

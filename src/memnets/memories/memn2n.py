@@ -30,6 +30,7 @@ __all__ = ["MemN2N", "MemN2NConfig", "MemN2NAux", "position_encoding", "sentence
 WEIGHT_TYING = ("adjacent", "layerwise")
 IMPLS = ("bag", "lookup")
 PE_LENGTHS = ("sentence", "fixed")
+PE_FORMS = ("paper", "code")
 
 
 class MemN2NAux(NamedTuple):
@@ -64,10 +65,16 @@ class MemN2NConfig:
     init_std: float = 0.1
     impl: str = "bag"
     pe_length: str = "sentence"
+    pe_form: str = "paper"
+
+
+def _check_pe_form(form: str) -> None:
+    if form not in PE_FORMS:
+        raise ValueError(f"`pe_form` expected one of {PE_FORMS}, got {form!r}")
 
 
 def position_encoding(sentence_length: torch.Tensor | int, embedding_dim: int,
-                      max_words: int | None = None) -> torch.Tensor:
+                      max_words: int | None = None, form: str = "paper") -> torch.Tensor:
     """PE weights ``l_kj = (1 - j/J) - (k/d)(1 - 2j/J)`` (Sukhbaatar et al. 2015, §4.1).
 
     ``j = 1..J`` is the word position, ``k = 1..d`` the embedding coordinate, ``J`` the
@@ -75,7 +82,12 @@ def position_encoding(sentence_length: torch.Tensor | int, embedding_dim: int,
     lengths ``[...]`` returns ``[..., max_words, d]`` (positions beyond ``J`` hold values of
     the formula too, but they multiply padding embeddings, which are zero). ``J = 0`` is
     treated as 1 to avoid division by zero.
+
+    ``form="code"``: the authors' released code, ``l_kj = 1 + 4 (k - (d+1)/2)(j - (J+1)/2) / (dJ)``.
+    It equals ``1/2 + 2 (k/d - 1/2)(j/J - 1/2)``, the paper's form, up to the half-index
+    centring and a factor of 2: its weights lie around 1 where the paper's lie in [0, 1].
     """
+    _check_pe_form(form)
     d = embedding_dim
     if isinstance(sentence_length, int):
         J_t = torch.tensor(float(max(sentence_length, 1)))
@@ -87,24 +99,29 @@ def position_encoding(sentence_length: torch.Tensor | int, embedding_dim: int,
         W = max_words
     j = torch.arange(1, W + 1, dtype=J_t.dtype)  # [W]
     k = torch.arange(1, d + 1, dtype=J_t.dtype)  # [d]
+    if form == "code":
+        y = (j - (J_t.unsqueeze(-1) + 1) / 2) / J_t.unsqueeze(-1)  # [..., W]
+        return 1 + 4 * (k - (d + 1) / 2) / d * y.unsqueeze(-1)  # [..., W, d]
     ratio = j / J_t.unsqueeze(-1)  # [..., W]
     ratio = ratio.unsqueeze(-1)  # [..., W, 1]
     return (1 - ratio) - (k / d) * (1 - 2 * ratio)  # [..., W, d]
 
 
 def sentence_encoding(words: torch.Tensor, embedding: nn.Embedding, use_pe: bool,
-                      pe: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
+                      pe: torch.Tensor | None = None, length: int | None = None,
+                      form: str = "paper") -> torch.Tensor:
     """Bag of words ``Σ_j l_j ∘ E x_j`` (with PE) or ``Σ_j E x_j``: ids ``[..., W]`` → ``[..., d]``.
 
     ``pe`` (``[..., W, d]``, from :func:`position_encoding`) may be passed in to reuse it.
-    ``length``: the ``J`` of every sentence (default: its own number of words).
+    ``length``: the ``J`` of every sentence (default: its own number of words). ``form``:
+    the PE formula (:func:`position_encoding`).
     """
     emb = embedding(words)  # [..., W, d]
     if use_pe:
         if pe is None:
             lengths = (words != 0).sum(-1) if length is None else torch.full(words.shape[:-1], length,
                                                                             device=words.device)
-            pe = position_encoding(lengths, emb.shape[-1], words.shape[-1])
+            pe = position_encoding(lengths, emb.shape[-1], words.shape[-1], form)
         emb = emb * pe.to(emb.dtype)
     return emb.sum(-2)
 
@@ -122,22 +139,32 @@ class Bags(NamedTuple):
 
 
 def bag_weights(words: torch.Tensor, use_pe: bool, dtype: torch.dtype | None = None,
-                length: int | None = None) -> Bags:
+                length: int | None = None, form: str = "paper", embedding_dim: int | None = None) -> Bags:
     """Per-word weights of the sentence encoding, computed once per batch.
 
     PE splits as ``l_kj = a_j + (k/d) b_j`` with ``a_j = 1 - j/J`` and ``b_j = 2j/J - 1``, so
     ``Σ_j l_j ∘ E x_j = Σ_j a_j E x_j + (k/d) ∘ Σ_j b_j E x_j`` (two weighted bags). Without
     PE, ``a_j = 1`` and ``b`` is None. Padding words (id 0) get weight 0. ``J`` is each
     sentence's number of words, or ``length`` for every sentence when given.
+    ``form="code"`` (needs ``embedding_dim``): with ``y_j = (j - (J+1)/2) / J``,
+    ``a_j = 1 - 2 (d+1) y_j / d`` and ``b_j = 4 y_j``.
     ids ``[..., W]`` → :class:`Bags` with ``[N, W]`` tensors, ``N = prod(...)``.
     """
+    _check_pe_form(form)
     lead, W = tuple(words.shape[:-1]), words.shape[-1]
     flat = words.reshape(-1, W)  # [N, W]
     valid = (flat != 0).to(dtype or torch.get_default_dtype())
     if not use_pe:
         return Bags(flat, valid, None, lead)
     J = valid.sum(-1, keepdim=True).clamp(min=1) if length is None else valid.new_full((1, 1), float(length))
-    ratio = torch.arange(1, W + 1, dtype=valid.dtype, device=words.device) / J  # [N, W]
+    j = torch.arange(1, W + 1, dtype=valid.dtype, device=words.device)
+    if form == "code":
+        if embedding_dim is None:
+            raise ValueError("`embedding_dim` is required with form='code'")
+        d = embedding_dim
+        y = (j - (J + 1) / 2) / J  # [N, W]
+        return Bags(flat, (1 - 2 * (d + 1) * y / d) * valid, 4 * y * valid, lead)
+    ratio = j / J  # [N, W]
     return Bags(flat, (1 - ratio) * valid, (2 * ratio - 1) * valid, lead)
 
 
@@ -230,6 +257,11 @@ class MemN2N(nn.Module):
             words, the paper's text) or ``"fixed"`` (``sentence_size`` for every sentence and
             the query, as the authors' released code does: there a word's weights depend on
             its position alone, not on the length of its sentence).
+        pe_form: the PE formula: ``"paper"`` (§4.1 of the paper, weights in [0, 1]) or
+            ``"code"`` (the authors' released code, about twice as large, see
+            :func:`position_encoding`). With the paper's training recipe (init ``N(0, 0.1²)``,
+            SGD lr 0.005–0.01) the scale matters: on bAbI task 16 the paper form stays near 50%
+            error, the code form reaches < 1%.
         temporal_encoding: add learned ``T_A(i)``, ``T_C(i)`` per memory slot.
         answer_size: ``A`` answer classes, default ``V`` (must be ``V`` with adjacent tying).
         linear_start: LS; while True the attention softmax of every hop is removed. A plain
@@ -248,12 +280,13 @@ class MemN2N(nn.Module):
                  *, sentence_size: int, weight_tying: str = "adjacent", position_encoding: bool = True,
                  temporal_encoding: bool = True, answer_size: int | None = None,
                  linear_start: bool = False, random_noise: float = 0.0, init_std: float = 0.1,
-                 impl: str = "bag", pe_length: str = "sentence"):
+                 impl: str = "bag", pe_length: str = "sentence", pe_form: str = "paper"):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"`impl` expected one of {IMPLS}, got {impl!r}")
         if pe_length not in PE_LENGTHS:
             raise ValueError(f"`pe_length` expected one of {PE_LENGTHS}, got {pe_length!r}")
+        _check_pe_form(pe_form)
         self.impl = impl
         for name, v in (("vocab_size", vocab_size), ("embedding_dim", embedding_dim), ("hops", hops),
                         ("memory_size", memory_size), ("sentence_size", sentence_size)):
@@ -268,7 +301,7 @@ class MemN2N(nn.Module):
             raise ValueError(f"`random_noise` expected a rate in [0, 1), got {random_noise!r}")
         self.config = MemN2NConfig(vocab_size, sentence_size, embedding_dim, hops, memory_size,
                                    weight_tying, position_encoding, temporal_encoding, A,
-                                   linear_start, random_noise, init_std, impl, pe_length)
+                                   linear_start, random_noise, init_std, impl, pe_length, pe_form)
         self.linear_start = bool(linear_start)
         self.random_noise = float(random_noise)
         d, K = embedding_dim, hops
@@ -349,12 +382,12 @@ class MemN2N(nn.Module):
         J = cfg.sentence_size if cfg.pe_length == "fixed" else None
         encoded: dict[int, torch.Tensor] = {}  # each embedding encodes the story once (tying)
         if self.impl == "lookup":
-            u = sentence_encoding(query, self.embedding_B(), use_pe, length=J)  # [B, d]
+            u = sentence_encoding(query, self.embedding_B(), use_pe, length=J, form=cfg.pe_form)  # [B, d]
             pe = None
             if use_pe:
                 lengths = (stories != 0).sum(-1) if J is None else torch.full(stories.shape[:-1], J,
                                                                               device=stories.device)  # [B, M]
-                pe = position_encoding(lengths, cfg.embedding_dim, W)  # [B, M, W, d]
+                pe = position_encoding(lengths, cfg.embedding_dim, W, cfg.pe_form)  # [B, M, W, d]
 
             def encode(emb: nn.Embedding) -> torch.Tensor:
                 if id(emb) not in encoded:
@@ -362,8 +395,9 @@ class MemN2N(nn.Module):
                 return encoded[id(emb)]
         else:
             dtype = self.embeddings[0].weight.dtype
-            u = encode_bags(bag_weights(query, use_pe, dtype, J), self.embedding_B().weight)  # [B, d]
-            bags = bag_weights(stories, use_pe, dtype, J)
+            pe_args = (use_pe, dtype, J, cfg.pe_form, cfg.embedding_dim)
+            u = encode_bags(bag_weights(query, *pe_args), self.embedding_B().weight)  # [B, d]
+            bags = bag_weights(stories, *pe_args)
 
             def encode(emb: nn.Embedding) -> torch.Tensor:
                 if id(emb) not in encoded:
