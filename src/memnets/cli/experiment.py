@@ -30,7 +30,7 @@ PRESETS: dict[tuple[str, str], list[str]] = {
     ("babi-memn2n", "task1"): ["--tasks", "1"],
     ("babi-memn2n", "joint"): ["--tasks", "all", "--joint"],
     ("babi-memn2n", "joint-10-seeds"): ["--tasks", "all", "--joint", "--seeds", "10"],
-    ("babi-memn2n", "joint-authors-code"): ["--tasks", "all", "--joint", "--ls-patience", "0", "--lr", "0.005"],
+    ("babi-memn2n", "joint-paper-text"): ["--tasks", "all", "--joint", "--recipe", "paper"],
     ("babi-seq", "joint-7min"): ["--models", "memn2n,lsam,nam_transformer,dnc", "--tasks", "all", "--joint",
                                  "--max-minutes", "7"],
     ("babi-seq", "joint-10k-dnc-gpu"): ["--models", "dnc", "--tasks", "all", "--joint", "--ten-k", "--device", "cuda",
