@@ -4,11 +4,11 @@
     python -m memnets.experiments.lra --task listops|text --attention softmax,linear,nam
         [--preset cpu|paper] [--max-len 2000] [--steps N] [--max-minutes M]
         [--d-model 64 --layers 2 --heads 4 --ffn 128] [--batch-size 8] [--lr 1e-3]
-        [--n-train 2000 --n-test 200] [--min-len L] [--pool mean|cls] [--log-every K]
+        [--n-train 2000 --n-test 200] [--min-len L] [--pool mean|cls] [--norm-first] [--log-every K]
         [--out DIR] [--seed S] [--threads T] [--device auto|cpu|cuda]
 
 Model: token Embedding (0 = padding) + learned positions + :class:`TransformerEncoder`
-(post-LN) + mean pooling over non-pad positions (or a prepended CLS token) + Linear. Every
+(post-LN; ``--norm-first``: pre-LN with a final LayerNorm, as the LRA models) + mean pooling over non-pad positions (or a prepended CLS token) + Linear. Every
 attention kind gets the same hyper-parameters, the same data order and initial seed, and the
 same number of Adam steps. ``--max-minutes`` caps the training time of the *first* kind
 listed (softmax by default); the number of steps it completed becomes the step count of
