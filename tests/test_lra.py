@@ -87,3 +87,30 @@ def test_lra_step_timer_reports_every_kind(tmp_path):
     assert [r["attention"] for r in res["rows"]] == ["softmax", "linear", "nam", "nam+ln"]
     assert all(r["s_per_step"] > 0 for r in res["rows"]) and res["rows"][0]["speedup_vs_softmax"] == 1.0
     assert json.loads(out.read_text())["length"] == 32
+
+
+def test_norm_first_and_zero_init_out(tmp_path, monkeypatch):
+    """``--norm-first`` builds pre-LN layers with a final LayerNorm; ``--zero-init-out`` starts
+    every attention output projection at zero, so the first forward pass ignores attention."""
+    import memnets.experiments.lra as lra
+
+    m = LRAClassifier(16, 10, max_len=12, d_model=8, num_layers=2, num_heads=2, attention="nam", norm_first=True)
+    assert m.encoder.norm is not None and all(layer.norm_first for layer in m.encoder.layers)
+    assert LRAClassifier(16, 10, max_len=12, d_model=8, num_layers=1, num_heads=2).encoder.norm is None
+    seen = []
+    real = lra.LRAClassifier
+
+    def spy(*a, **kw):
+        model = real(*a, **kw)
+        seen.append(model)
+        return model
+
+    monkeypatch.setattr(lra, "LRAClassifier", spy)
+    common = ["--attention", "nam", "--max-len", "40", "--n-train", "8", "--n-test", "4", "--d-model", "8",
+              "--layers", "2", "--heads", "2", "--ffn", "16", "--batch-size", "4", "--norm-first", "--zero-init-out"]
+    res = main(common + ["--steps", "1", "--lr", "0", "--out", str(tmp_path)])
+    assert res["config"]["norm_first"] and res["config"]["zero_init_out"]
+    model = seen[-1]
+    assert model.encoder.norm is not None
+    for layer in model.encoder.layers:   # lr 0: the projections are still the zeros they started from
+        assert layer.attn.out.weight.abs().max() == 0 and layer.attn.out.bias.abs().max() == 0

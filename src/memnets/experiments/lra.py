@@ -4,7 +4,8 @@
     python -m memnets.experiments.lra --task listops|text --attention softmax,linear,nam
         [--preset cpu|paper] [--max-len 2000] [--steps N] [--max-minutes M]
         [--d-model 64 --layers 2 --heads 4 --ffn 128] [--batch-size 8] [--lr 1e-3]
-        [--n-train 2000 --n-test 200] [--min-len L] [--pool mean|cls] [--norm-first] [--log-every K]
+        [--n-train 2000 --n-test 200] [--min-len L] [--pool mean|cls] [--norm-first] [--zero-init-out]
+        [--log-every K]
         [--out DIR] [--seed S] [--threads T] [--device auto|cpu|cuda]
 
 Model: token Embedding (0 = padding) + learned positions + :class:`TransformerEncoder`
@@ -141,6 +142,10 @@ def train_one(attention: str, data: tuple, args: argparse.Namespace, steps: int,
     model = LRAClassifier(vocab, ncls, xtr.shape[1], args.d_model, args.layers, args.heads, args.ffn,
                           args.dropout, attention, args.pool, attention_options=options,
                           norm_first=getattr(args, "norm_first", False)).to(device)
+    if getattr(args, "zero_init_out", False):  # every attention block starts as the identity map
+        for layer in model.encoder.layers:
+            nn.init.zeros_(layer.attn.out.weight)
+            nn.init.zeros_(layer.attn.out.bias)
     xtr, ytr, xte, yte = (t.to(device) for t in (xtr, ytr, xte, yte))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     g = torch.Generator().manual_seed(args.seed + 1)
@@ -246,6 +251,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="NAM attention divides its output by the number of keys (NAMAttention(length_norm=True))")
     p.add_argument("--norm-first", action="store_true",
                    help="pre-LN encoder layers with a final LayerNorm (the LRA models), instead of post-LN")
+    p.add_argument("--zero-init-out", action="store_true",
+                   help="initialise each attention layer's output projection at zero, so every block starts "
+                        "as the identity and the optimiser sets the attention's output scale")
     p.add_argument("--out", default="runs/lra")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
