@@ -114,3 +114,39 @@ def test_norm_first_and_zero_init_out(tmp_path, monkeypatch):
     assert model.encoder.norm is not None
     for layer in model.encoder.layers:   # lr 0: the projections are still the zeros they started from
         assert layer.attn.out.weight.abs().max() == 0 and layer.attn.out.bias.abs().max() == 0
+
+
+def test_lr_factor_warmup_and_rsqrt_decay():
+    from memnets.experiments.lra import lr_factor
+    f = lr_factor(4, "rsqrt")
+    assert [f(t) for t in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(15) == pytest.approx(0.5)                 # sqrt(4 / 16)
+    g = lr_factor(4)
+    assert g(3) == g(100) == 1.0 and lr_factor(0)(0) == 1.0
+    with pytest.raises(ValueError, match="warmup"):
+        lr_factor(-1)
+    with pytest.raises(ValueError, match="decay"):
+        lr_factor(2, "cosine")
+
+
+def test_warmup_and_eval_every_in_a_run(tmp_path, capsys, monkeypatch):
+    """``--warmup`` drives the optimiser's learning rate; ``--eval-every`` records test accuracy."""
+    import memnets.experiments.lra as lra
+
+    lrs = []
+    real_step = torch.optim.AdamW.step
+
+    def spy_step(self, *a, **kw):
+        lrs.append(self.param_groups[0]["lr"])
+        return real_step(self, *a, **kw)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", spy_step)
+    res = lra.main(["--attention", "nam", "--max-len", "40", "--n-train", "8", "--n-test", "4", "--d-model", "8",
+                    "--layers", "1", "--heads", "2", "--batch-size", "2", "--steps", "6", "--warmup", "4",
+                    "--decay", "rsqrt", "--lr", "0.01", "--eval-every", "2", "--out", str(tmp_path)])
+    assert lrs == pytest.approx([0.0025, 0.005, 0.0075, 0.01, 0.01 * (4 / 5) ** 0.5, 0.01 * (4 / 6) ** 0.5])
+    curve = res["rows"][0]["eval_curve"]
+    assert [e["step"] for e in curve] == [2, 4, 6] and curve[-1]["test_accuracy"] == res["rows"][0]["test_accuracy"]
+    assert "nam step 4: test accuracy" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        parse_args(["--warmup", "-1"])

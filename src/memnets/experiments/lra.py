@@ -5,7 +5,7 @@
         [--preset cpu|paper] [--max-len 2000] [--steps N] [--max-minutes M]
         [--d-model 64 --layers 2 --heads 4 --ffn 128] [--batch-size 8] [--lr 1e-3]
         [--n-train 2000 --n-test 200] [--min-len L] [--pool mean|cls] [--norm-first] [--zero-init-out]
-        [--log-every K]
+        [--log-every K] [--eval-every K] [--warmup N] [--decay none|rsqrt]
         [--out DIR] [--seed S] [--threads T] [--device auto|cpu|cuda]
 
 Model: token Embedding (0 = padding) + learned positions + :class:`TransformerEncoder`
@@ -25,7 +25,10 @@ model: d 512, 4 layers, 8 heads, FFN 1024 (listops) / 2048 (text), length 2000 /
 
 ListOps trees are kept when ``min_len < length < max_len``; ``--min-len`` defaults to 500 at
 ``--max-len 2000`` (the LRA rule) and to ``max_len // 4`` otherwise. ``--log-every K`` prints
-the mean training loss of every K steps; that curve is kept in ``results.json`` (``loss_curve``).
+the mean training loss of every K steps; that curve is kept in ``results.json`` (``loss_curve``);
+``--eval-every K`` adds the test accuracy every K steps (``eval_curve``). ``--warmup N`` warms
+the learning rate up linearly over N steps; ``--decay rsqrt`` then decays it as
+``sqrt(N / step)`` (LRA's ``linear_warmup * rsqrt_decay``).
 Generated ListOps sets are cached (:func:`memnets.tasks.listops.cached_listops`).
 ``--device auto`` (default) trains on CUDA when there is one; the wall time per step is then
 measured with the device synchronised, and the CPU time per step means little.
@@ -44,7 +47,7 @@ from torch import nn
 from ..models.transformer import TransformerEncoder
 from ..train.env import resolve_device
 
-__all__ = ["LRAClassifier", "PRESETS", "load_task", "train_one", "run", "format_table", "main"]
+__all__ = ["LRAClassifier", "PRESETS", "load_task", "lr_factor", "train_one", "run", "format_table", "main"]
 
 PRESETS = {
     "cpu": {"d_model": 64, "layers": 2, "heads": 4, "ffn": 128, "pool": "mean", "batch_size": 8,
@@ -148,11 +151,14 @@ def train_one(attention: str, data: tuple, args: argparse.Namespace, steps: int,
             nn.init.zeros_(layer.attn.out.bias)
     xtr, ytr, xte, yte = (t.to(device) for t in (xtr, ytr, xte, yte))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lr_factor(getattr(args, "warmup", 0) or 0, getattr(args, "decay", "none") or "none"))
     g = torch.Generator().manual_seed(args.seed + 1)
     order = torch.cat([torch.randperm(len(ytr), generator=g) for _ in range(steps * args.batch_size // len(ytr) + 1)])
     wall = cpu = 0.0
     losses, done, curve = [], 0, []
     log_every = getattr(args, "log_every", 0) or 0
+    eval_every, evals = getattr(args, "eval_every", 0) or 0, []
     for step in range(steps):
         idx = order[step * args.batch_size:(step + 1) * args.batch_size].to(device)
         _sync(device)
@@ -162,6 +168,7 @@ def train_one(attention: str, data: tuple, args: argparse.Namespace, steps: int,
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         _sync(device)
         wall += time.perf_counter() - w0
         cpu += time.process_time() - c0
@@ -171,14 +178,35 @@ def train_one(attention: str, data: tuple, args: argparse.Namespace, steps: int,
             curve.append({"step": done, "loss": sum(losses[-log_every:]) / log_every})
             print(f"  {attention} step {done}: mean training loss {curve[-1]['loss']:.4f} "
                   f"({wall:.0f} s wall)", flush=True)
+        if eval_every and done % eval_every == 0 and done < steps:
+            evals.append({"step": done, "test_accuracy": _accuracy(model, xte, yte, args.batch_size)})
+            print(f"  {attention} step {done}: test accuracy {100 * evals[-1]['test_accuracy']:.1f}%", flush=True)
         if max_seconds is not None and wall >= max_seconds:
             break
     t0 = time.perf_counter()
     acc = _accuracy(model, xte, yte, args.batch_size)
+    evals.append({"step": done, "test_accuracy": acc})
     return {"attention": attention, "steps": done, "test_accuracy": acc, "test_examples": len(yte),
             "wall_s_per_step": wall / done, "cpu_s_per_step": cpu / done, "train_wall_s": wall,
             "eval_wall_s": time.perf_counter() - t0, "final_loss": sum(losses[-20:]) / len(losses[-20:]),
-            "parameters": sum(p.numel() for p in model.parameters()), "loss_curve": curve}
+            "parameters": sum(p.numel() for p in model.parameters()), "loss_curve": curve, "eval_curve": evals}
+
+
+def lr_factor(warmup: int, decay: str = "none"):
+    """Learning-rate multiplier of step ``t`` (0-based, before the update): a linear warm-up
+    ``(t + 1) / warmup`` over the first ``warmup`` steps, then 1 (``decay="none"``) or
+    ``sqrt(warmup / (t + 1))`` (``decay="rsqrt"``, LRA's ``linear_warmup * rsqrt_decay``)."""
+    if warmup < 0:
+        raise ValueError(f"`warmup` expected >= 0, got {warmup}")
+    if decay not in ("none", "rsqrt"):
+        raise ValueError(f"`decay` expected 'none' or 'rsqrt', got {decay!r}")
+
+    def factor(t: int) -> float:
+        n = t + 1
+        if n < warmup:
+            return n / warmup
+        return (max(warmup, 1) / n) ** 0.5 if decay == "rsqrt" else 1.0
+    return factor
 
 
 def format_table(rows: list[dict], base: str = "softmax") -> str:
@@ -246,6 +274,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-minutes", type=float, default=None, help="cap on the first kind's training time")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--warmup", type=int, default=0, help="linear learning-rate warm-up over the first N steps")
+    p.add_argument("--decay", choices=["none", "rsqrt"], default="none",
+                   help="after the warm-up: constant lr (none) or lr * sqrt(warmup / step) (rsqrt, as LRA)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="also measure test accuracy every K steps (kept in results.json as eval_curve)")
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--nam-length-norm", action="store_true",
                    help="NAM attention divides its output by the number of keys (NAMAttention(length_norm=True))")
@@ -268,6 +301,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(args, k, v)
     if args.steps < 1:
         p.error("--steps expected >= 1")
+    if args.warmup < 0 or args.eval_every < 0:
+        p.error(f"--warmup and --eval-every expected >= 0, got {args.warmup} and {args.eval_every}")
     try:
         resolve_device(args.device)
     except ValueError as e:
