@@ -50,6 +50,13 @@ PRESETS: dict[tuple[str, str], list[str]] = {
     ("lra", "text-1000"): ["--task", "text", "--attention", "softmax,linear,nam", "--max-len", "1000",
                            "--steps", "600", "--max-minutes", "7", "--threads", "1"],
     ("lra", "listops-paper"): ["--task", "listops", "--preset", "paper", "--steps", "5000"],
+    ("lra", "listops-nam-authors-gpu"): ["--task", "listops", "--attention", "nam", "--max-len", "1000",
+                                         "--n-train", "96000", "--n-test", "2000", "--d-model", "256",
+                                         "--layers", "4", "--heads", "4", "--ffn", "1024", "--pool", "cls",
+                                         "--norm-first", "--dropout", "0.1", "--batch-size", "2",
+                                         "--lr", "3.95e-4", "--warmup", "16000", "--decay", "rsqrt",
+                                         "--weight-decay", "0.01", "--steps", "80000", "--log-every", "1000",
+                                         "--eval-every", "8000", "--device", "cuda"],
     ("lra", "text-paper"): ["--task", "text", "--preset", "paper", "--steps", "5000"],
     ("ntm-copy", "cpu"): ["--log-every", "25", "--eval-lengths", "80"],
 }
