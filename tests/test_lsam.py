@@ -79,7 +79,7 @@ def test_cell_step_is_spec_formula():
     M = s0.memory.clone()
     for b in range(4):
         for hd in range(2):
-            kk, qq = k[b, hd] / k[b, hd].norm(), q[b, hd] / q[b, hd].norm()
+            kk = k[b, hd] / k[b, hd].norm()
             M[b, hd] = M[b, hd] + p_w[b, hd] * torch.outer(v[b, hd] - M[b, hd] @ kk, kk)
     r = torch.einsum("bhvk,bhk->bhv", M, unit(q)) * p_r[..., None]
     torch.testing.assert_close(s.memory, M)

@@ -88,7 +88,7 @@ def _run(args) -> int:
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
-    print(f"| split | seq_acc | tok_acc | ans_acc | n |\n|---|---|---|---|---|")
+    print("| split | seq_acc | tok_acc | ans_acc | n |\n|---|---|---|---|---|")
     for name, m in res.items():
         print(f"| {name} | {m['seq_acc']:.2%} | {m['tok_acc']:.2%} | {m['ans_acc']:.2%} | {m['n']} |")
     return 0

@@ -168,7 +168,7 @@ class DNC(nn.Module):
             raise ValueError(f"`controller` expected 'lstm', got {controller!r}")
         self.config = DNCConfig(input_size, output_size, memory_slots, word_size, read_heads, controller,
                                 controller_size, controller_layers)
-        N, W, R, C = memory_slots, word_size, read_heads, controller_size
+        W, R, C = word_size, read_heads, controller_size
         self.ctrl_x = nn.Linear(input_size, 4 * C)
         self.ctrl_rec = nn.ModuleList(
             [nn.Linear(R * W + C, 4 * C, bias=False)]

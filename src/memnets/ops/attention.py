@@ -41,7 +41,7 @@ def _check_qkv(q, k, v, fn: str) -> None:
 
 def _causal_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int) -> torch.Tensor:
     """o_t = Σ_{s<=t} (q_t·k_s) v_s with within-chunk quadratic terms and prefix states."""
-    S, dk, dv = q.shape[-2], q.shape[-1], v.shape[-1]
+    S = q.shape[-2]
     C = min(chunk, S)
     N = -(-S // C)
     pad = N * C - S
