@@ -178,11 +178,11 @@ def train_one(attention: str, data: tuple, args: argparse.Namespace, steps: int,
             curve.append({"step": done, "loss": sum(losses[-log_every:]) / log_every})
             print(f"  {attention} step {done}: mean training loss {curve[-1]['loss']:.4f} "
                   f"({wall:.0f} s wall)", flush=True)
+        if max_seconds is not None and wall >= max_seconds:
+            break   # the final evaluation below is the last point of the curve
         if eval_every and done % eval_every == 0 and done < steps:
             evals.append({"step": done, "test_accuracy": _accuracy(model, xte, yte, args.batch_size)})
             print(f"  {attention} step {done}: test accuracy {100 * evals[-1]['test_accuracy']:.1f}%", flush=True)
-        if max_seconds is not None and wall >= max_seconds:
-            break
     t0 = time.perf_counter()
     acc = _accuracy(model, xte, yte, args.batch_size)
     evals.append({"step": done, "test_accuracy": acc})
