@@ -25,7 +25,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._checks import check_positive_int, check_shape, check_tensor
-from ..ops import nam_read, nam_write, unit
+from ..ops import nam_read, nam_scan, nam_write, unit
+from ..ops.gru import gru_module_forward
+from ..ops.nam_tm_heads import nam_tm_heads
 from ..registry import register_model
 
 __all__ = ["NAMTuringMachine", "NAMTMState", "NAMTMAux", "nam_tm_step", "move_head", "ACTIONS"]
@@ -132,8 +134,9 @@ class _NAMTMLayer(nn.Module):
     """One NAM-TM layer: controller, value/key projections, tape loop and output W_o."""
 
     def __init__(self, input_size, hidden_size, num_tapes, actions, controller, bidirectional,
-                 normalize_heads, separate_erase, key_tape_mode, with_output=True):
+                 normalize_heads, separate_erase, key_tape_mode, with_output=True, impl="auto"):
         super().__init__()
+        self.impl = impl
         self.transposed_keys = key_tape_mode == "transposed"
         C, A = hidden_size // num_tapes, len(actions)
         self.num_tapes, self.width, self.actions = num_tapes, C, tuple(actions)
@@ -153,7 +156,12 @@ class _NAMTMLayer(nn.Module):
     def forward(self, x, tape, key_tape, h_r, h_w):
         B, T, _ = x.shape
         Tn, C, A = self.num_tapes, self.width, len(self.actions)
-        ctrl = self.control(self.controller(x)[0]).view(B, T, Tn, self.n_ctrl)  # [B, T, Tn, n_ctrl]
+        fused = self.impl != "reference"
+        if fused and isinstance(self.controller, nn.GRU):
+            hc = gru_module_forward(self.controller, x)
+        else:
+            hc = self.controller(x)[0]
+        ctrl = self.control(hc).view(B, T, Tn, self.n_ctrl)  # [B, T, Tn, n_ctrl]
         act = F.softmax(ctrl[..., : 2 * A].unflatten(-1, (2, A)), dim=-1)  # [B, T, Tn, 2, A]
         n_p = 3 if self.separate_erase else 2
         p = torch.sigmoid(ctrl[..., 2 * A: 2 * A + n_p])  # [B, T, Tn, n_p]
@@ -161,8 +169,10 @@ class _NAMTMLayer(nn.Module):
             p = torch.cat([p, p[..., 1:2]], -1)  # p_e = p_w
         q = unit(ctrl[..., 2 * A + n_p:]) if "JUMP" in self.actions else ctrl.new_zeros(B, T, Tn, C)  # [B, T, Tn, C]
         v = self.value(x).view(B, T, Tn, C)
-        k = unit(self.key(x).view(B, T, Tn, C)).unbind(1) if self.key is not None else [None] * T
         heads = torch.stack([h_r, h_w], 2)  # [B, Tn, 2, L]
+        if fused:
+            return self._forward_fused(x, tape, key_tape, heads, act, p, q, v)
+        k = unit(self.key(x).view(B, T, Tn, C)).unbind(1) if self.key is not None else [None] * T
         reads, pos = [], []
         steps = zip(v.unbind(1), k, q.unbind(1), p.unbind(1), act.unbind(1))
         for v_t, k_t, q_t, p_t, act_t in steps:  # per-step views: one backward op instead of T selects
@@ -174,6 +184,30 @@ class _NAMTMLayer(nn.Module):
         pos = torch.stack(pos, 1)  # [B, T, Tn, 2, L]
         aux = NAMTMAux(pos[..., 0, :], pos[..., 1, :], act[..., 0, :], act[..., 1, :])
         return y, (tape, key_tape, heads[:, :, 0], heads[:, :, 1]), aux
+
+    def _forward_fused(self, x, tape, key_tape, heads, act, p, q, v):
+        """The same step as :func:`_fused_step`, for all steps: heads and key tape by
+        :func:`memnets.ops.nam_tm_heads.nam_tm_heads`, then the value tape, addressed by the
+        head sequence, by one :func:`memnets.ops.nam_scan` (read after write)."""
+        B, T, _ = x.shape
+        Tn, C, L = self.num_tapes, self.width, tape.shape[-1]
+        N = B * Tn
+
+        def tmajor(z):  # [B, T, Tn, ...] -> [T, B*Tn, ...]
+            return z.transpose(0, 1).reshape((T, N) + z.shape[3:])
+
+        jump = self.key is not None
+        k = tmajor(unit(self.key(x).view(B, T, Tn, C))) if jump else None
+        Hs, key_tape = nam_tm_heads(tmajor(act), tmajor(q) if jump else None, k, tmajor(p[..., 1]),
+                                    tmajor(p[..., 2]), heads.reshape(N, 2, L), key_tape.reshape(N, C, L),
+                                    self.order, self.transposed_keys)
+        pos = Hs[:T].view(T, B, Tn, 2, L).transpose(0, 1)  # [B, T, Tn, 2, L]: positions used at step t
+        hv = unit(pos) if self.normalize_heads else pos
+        r, tape = nam_scan(hv[..., 0, :], hv[..., 1, :], v, p[..., 1], p[..., 2], p[..., 0], initial_state=tape)
+        y = self.out(r.flatten(2)) if self.out is not None else None
+        final = Hs[T].view(B, Tn, 2, L)
+        aux = NAMTMAux(pos[..., 0, :], pos[..., 1, :], act[..., 0, :], act[..., 1, :])
+        return y, (tape, key_tape.view(B, Tn, C, L), final[:, :, 0], final[:, :, 1]), aux
 
 
 @register_model("nam_tm")
@@ -196,6 +230,10 @@ class NAMTuringMachine(nn.Module):
         separate_erase: a separate erase gate p_e (else p_e = p_w).
         key_tape_mode: "position" (SPEC §3) or "transposed" (``WR(Kᵀ, k, H_w, p_w, p_e)``,
             a later option of the authors' code); see :func:`nam_tm_step`.
+        impl: "auto" or "fused" — the controller GRU, heads and key tape as hand-differentiated
+            whole-sequence loops (:mod:`memnets.ops.gru`, :mod:`memnets.ops.nam_tm_heads`) and
+            the value tape as one :func:`memnets.ops.nam_scan`; "reference" — the per-step
+            cell, one autograd graph per step. Both compute the same function.
 
     ``forward(x [B, T, input_size], state=None, tape_length=None, return_aux=False)
     -> (y [B, T, D], NAMTMState[, NAMTMAux])``. The controller runs over each call's input
@@ -205,8 +243,11 @@ class NAMTuringMachine(nn.Module):
     def __init__(self, input_size: int, hidden_size: int, num_tapes: int = 1, tape_length: int = 32,
                  actions: Sequence[str] = ACTIONS, controller: str = "gru",
                  bidirectional_controller: bool = True, num_layers: int = 1,
-                 normalize_heads: bool = False, separate_erase: bool = False, key_tape_mode: str = "position"):
+                 normalize_heads: bool = False, separate_erase: bool = False, key_tape_mode: str = "position",
+                 impl: str = "auto"):
         super().__init__()
+        if impl not in ("auto", "fused", "reference"):
+            raise ValueError(f"`impl` expected 'auto', 'fused' or 'reference', got {impl!r}")
         for name, val in (("input_size", input_size), ("hidden_size", hidden_size),
                           ("num_tapes", num_tapes), ("tape_length", tape_length), ("num_layers", num_layers)):
             check_positive_int(name, val)
@@ -226,8 +267,19 @@ class NAMTuringMachine(nn.Module):
         self.width = hidden_size // num_tapes
         self.layers = nn.ModuleList(
             _NAMTMLayer(input_size, hidden_size, num_tapes, actions, controller, bidirectional_controller,
-                        normalize_heads, separate_erase, key_tape_mode, with_output=l == num_layers - 1)
+                        normalize_heads, separate_erase, key_tape_mode, with_output=l == num_layers - 1, impl=impl)
             for l in range(num_layers))
+
+    @property
+    def impl(self) -> str:
+        return self.layers[0].impl
+
+    @impl.setter
+    def impl(self, value: str) -> None:
+        if value not in ("auto", "fused", "reference"):
+            raise ValueError(f"`impl` expected 'auto', 'fused' or 'reference', got {value!r}")
+        for layer in self.layers:
+            layer.impl = value
 
     def init_state(self, batch_size: int, device=None, dtype=None, tape_length: int | None = None) -> NAMTMState:
         """Empty tapes ``[Ly, B, Tn, C, L]`` and both heads at cell 1 (``e₁``)."""

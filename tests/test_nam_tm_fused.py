@@ -1,0 +1,130 @@
+"""The fused NAM-TM (impl="fused": GRU controller, heads and key tape as hand-differentiated
+loops, value tape by nam_scan) held to the per-step reference in float64: outputs, final
+state, aux, and the gradients of every parameter, the input and the initial state; gradcheck
+on both custom Functions."""
+import pytest
+import torch
+
+from memnets.memories.nam_tm import ACTIONS, NAMTMState, NAMTuringMachine
+from memnets.ops import unit
+from memnets.ops.gru import gru_module_forward, gru_scan
+from memnets.ops.nam_tm_heads import nam_tm_heads
+
+DT = torch.float64
+NOJMP = ("LEFT", "NOOP", "RIGHT")
+
+CASES = [  # actions, normalize_heads, key_tape_mode, separate_erase, controller, layers, tapes, L, T
+    (ACTIONS, False, "position", False, "gru", 1, 1, 5, 7),
+    (ACTIONS, False, "position", False, "gru", 1, 2, 4, 1),  # T = 1
+    (ACTIONS, True, "transposed", True, "lstm", 2, 2, 6, 5),
+    (ACTIONS, True, "position", True, "gru", 2, 4, 3, 9),
+    (NOJMP, False, "position", False, "gru", 2, 2, 5, 6),
+    (NOJMP, True, "position", True, "gru", 1, 3, 7, 4),
+    (("JUMP", "NOOP"), False, "transposed", False, "gru", 1, 2, 5, 3),
+]
+
+
+def _run(m, x, st, impl):
+    m.impl = impl
+    y, s2, aux = m(x, st, return_aux=True)
+    g = torch.Generator().manual_seed(1)
+    loss = (y * torch.randn(y.shape, generator=g, dtype=DT)).sum()
+    loss = loss + sum((z * torch.randn(z.shape, generator=g, dtype=DT)).sum() for z in s2)
+    grads = torch.autograd.grad(loss, [x, *st, *m.parameters()])
+    return y, s2, aux, grads
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"c{i}" for i in range(len(CASES))])
+def test_fused_matches_reference_float64(case):
+    actions, nh, mode, sep, ctrl, layers, tapes, L, T = case
+    torch.manual_seed(0)
+    m = NAMTuringMachine(6, 4 * tapes, num_tapes=tapes, tape_length=L, actions=actions, controller=ctrl,
+                         num_layers=layers, normalize_heads=nh, separate_erase=sep, key_tape_mode=mode).double()
+    x = torch.randn(3, T, 6, dtype=DT, requires_grad=True)
+    st = m.init_state(3, dtype=DT)
+    st = NAMTMState(*(s + 0.3 * torch.randn_like(s) for s in st))  # a non-trivial initial state
+    for s in st:
+        s.requires_grad_(True)
+    ref, fus = _run(m, x, st, "reference"), _run(m, x, st, "fused")
+    torch.testing.assert_close(fus[0], ref[0], rtol=1e-10, atol=1e-12)
+    for a, b in zip(fus[1], ref[1]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    for a, b in zip(fus[2], ref[2]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    names = ["x", "tape", "key_tape", "h_r", "h_w"] + [n for n, _ in m.named_parameters()]
+    for name, a, b in zip(names, fus[3], ref[3]):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=lambda s, n=name: f"grad of {n}: {s}")
+
+
+def test_auto_is_fused_and_impl_is_checked():
+    m = NAMTuringMachine(4, 8, num_tapes=2)
+    assert m.impl == "auto"
+    with pytest.raises(ValueError, match="impl"):
+        NAMTuringMachine(4, 8, impl="fast")
+    with pytest.raises(ValueError, match="impl"):
+        m.impl = "chunked"
+
+
+@pytest.mark.parametrize("order,transposed", [([0, 1, 2, 3], False), ([3, 0, 1, 2], True), ([2, 0, 1], False)])
+def test_heads_gradcheck(order, transposed):
+    g = torch.Generator().manual_seed(3)
+    T, N, C, L = 4, 3, 3, 4
+    A = len(order)
+    act = torch.softmax(torch.randn(T, N, 2, A, generator=g, dtype=DT), -1).requires_grad_()
+    q = unit(torch.randn(T, N, C, generator=g, dtype=DT)).requires_grad_()
+    k = unit(torch.randn(T, N, C, generator=g, dtype=DT)).requires_grad_()
+    pw = torch.rand(T, N, generator=g, dtype=DT).requires_grad_()
+    pe = torch.rand(T, N, generator=g, dtype=DT).requires_grad_()
+    h0 = torch.softmax(torch.randn(N, 2, L, generator=g, dtype=DT), -1).requires_grad_()
+    K0 = torch.randn(N, C, L, generator=g, dtype=DT).requires_grad_()
+    for compiled in (True, False):
+        assert torch.autograd.gradcheck(
+            lambda *a: nam_tm_heads(*a, order=order, transposed=transposed, compiled=compiled),
+            (act, q, k, pw, pe, h0, K0))
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_gru_matches_torch_and_gradcheck(bidirectional):
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(5, 4, batch_first=True, bidirectional=bidirectional).double()
+    x = torch.randn(3, 7, 5, dtype=DT, requires_grad=True)
+    y = gru(x)[0]
+    w = torch.randn_like(y)
+    ref = torch.autograd.grad((y * w).sum(), [x, *gru.parameters()])
+    for compiled in (True, False):
+        y2 = gru_module_forward(gru, x, compiled=compiled)
+        torch.testing.assert_close(y2, y, rtol=1e-12, atol=1e-12)
+        for a, b in zip(torch.autograd.grad((y2 * w).sum(), [x, *gru.parameters()]), ref):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    D = 2 if bidirectional else 1
+    g = torch.Generator().manual_seed(4)
+    args = (torch.randn(4, D, 2, 9, generator=g, dtype=DT, requires_grad=True),
+            (0.5 * torch.randn(D, 9, 3, generator=g, dtype=DT)).requires_grad_(),
+            torch.randn(D, 9, generator=g, dtype=DT, requires_grad=True),
+            torch.randn(D, 2, 3, generator=g, dtype=DT, requires_grad=True))
+    assert torch.autograd.gradcheck(gru_scan, args)
+
+
+def test_gru_module_forward_rejects_other_shapes():
+    with pytest.raises(ValueError, match="one-layer"):
+        gru_module_forward(torch.nn.GRU(3, 4, num_layers=2, batch_first=True), torch.randn(2, 3, 3))
+
+
+def test_fused_float32_close_to_reference_and_trains():
+    torch.manual_seed(0)
+    m = NAMTuringMachine(8, 16, num_tapes=2, tape_length=8, normalize_heads=True)
+    x = torch.randn(4, 12, 8)
+    m.impl = "reference"
+    y_ref = m(x)[0]
+    m.impl = "fused"
+    torch.testing.assert_close(m(x)[0], y_ref, rtol=1e-4, atol=1e-5)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    target = torch.randn(4, 12, 16)
+    losses = []
+    for _ in range(30):
+        loss = ((m(x)[0] - target) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
