@@ -161,17 +161,17 @@ def loops(compiled: bool = True):
     return _COMPILED
 
 
-def _moves_all(Hs: torch.Tensor, J: Optional[torch.Tensor], order: List[int]) -> torch.Tensor:
-    """``[T, N, 2, L, A]``: every step's candidate positions, for the action gradients."""
+def _action_grads(Hs: torch.Tensor, J: Optional[torch.Tensor], DH: torch.Tensor, order: List[int]) -> torch.Tensor:
+    """``[T, N, 2, A]``: ``<move_a(H_t), dH_{t+1}>`` for every step and action at once."""
     H = Hs[:-1]
-    out = []
+    cols = []
     for a in order:
         if a == JUMP:
             assert J is not None
-            out.append(J.unsqueeze(2).expand_as(H))
+            cols.append(torch.bmm(DH.flatten(0, 1), J.flatten(0, 1).unsqueeze(-1)).view(DH.shape[:3]))
         else:
-            out.append(_move(H, None, a))
-    return torch.stack(out, -1)
+            cols.append(torch.linalg.vecdot(_move(H, None, a), DH))
+    return torch.stack(cols, -1)
 
 
 class _HeadScan(torch.autograd.Function):
@@ -215,7 +215,7 @@ class _HeadScan(torch.autograd.Function):
         DU = torch.empty_like(U) if has_jump else act.new_empty(0)
         DK = new(T, N, C) if has_jump and transposed else act.new_empty(0)
         dH0 = bwd(act, q, k, pw, pe, Hs, Ks, U, gH, dK, DH, DJ, DU, DK, order, has_jump, transposed)
-        dact = (_moves_all(Hs, J if has_jump else None, order) * DH.unsqueeze(-1)).sum(-2)
+        dact = _action_grads(Hs, J if has_jump else None, DH, order)
         dq = dk = dpw = dpe = dK0 = None
         if has_jump:
             dq = torch.bmm(DJ.reshape(T * N, 1, -1), Ks[1:].reshape(T * N, -1, C)).view(T, N, C)
