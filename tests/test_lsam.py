@@ -277,7 +277,8 @@ def test_bench_rows_have_the_aggregator_columns():
     from memnets.bench.models_nam import run_cases
 
     rows = run_cases(quick=True)
-    assert [r["model"] for r in rows] == ["LSAM", "LSAM (bi)", "NAM-TM"]
+    assert [r["model"] for r in rows] == ["LSAM", "LSAM (bi)", "NAM-TM", "NAM-TM"]
+    assert [r["baseline"] for r in rows][2:] == ["torch.nn.LSTM", "NAM-TM impl=reference"]
     for r in rows:
         assert set(r) == {"model", "config", "baseline", "baseline_ms", "ours_ms", "ratio", "note"}
         assert r["ours_ms"] > 0 and r["baseline_ms"] > 0
