@@ -128,3 +128,23 @@ def test_fused_float32_close_to_reference_and_trains():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.parametrize("kw", [{}, {"normalize_heads": True, "key_tape_mode": "transposed", "separate_erase": True},
+                                {"actions": NOJMP}, {"controller": "lstm"}])
+def test_fused_under_cpu_bf16_autocast(kw):
+    """Forward and backward under bf16 autocast: the tape loops run in float32 inside, so the
+    gradients stay within bf16 rounding of the float32 ones."""
+    torch.manual_seed(0)
+    m = NAMTuringMachine(8, 16, num_tapes=2, tape_length=8, **kw)
+    x = torch.randn(4, 12, 8)
+    y = m(x)[0]
+    g = torch.autograd.grad(y.square().sum(), list(m.parameters()))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y2 = m(x)[0]
+    assert y2.dtype == torch.bfloat16
+    g2 = torch.autograd.grad(y2.float().square().sum(), list(m.parameters()))
+    torch.testing.assert_close(y2.float(), y, rtol=0.05, atol=0.02)
+    for a, b in zip(g2, g):
+        assert torch.isfinite(a).all()
+        assert (a - b).norm() <= 0.06 * b.norm() + 1e-6

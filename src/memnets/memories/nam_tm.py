@@ -18,6 +18,8 @@ the input too, so only the tape operations run per step. Output ``W_o [r¹; …;
 """
 from __future__ import annotations
 
+import contextlib
+
 from typing import NamedTuple, Sequence
 
 import torch
@@ -188,22 +190,34 @@ class _NAMTMLayer(nn.Module):
     def _forward_fused(self, x, tape, key_tape, heads, act, p, q, v):
         """The same step as :func:`_fused_step`, for all steps: heads and key tape by
         :func:`memnets.ops.nam_tm_heads.nam_tm_heads`, then the value tape, addressed by the
-        head sequence, by one :func:`memnets.ops.nam_scan` (read after write)."""
+        head sequence, by one :func:`memnets.ops.nam_scan` (read after write).
+
+        Under autocast the tape recurrences run in float32 (autocast off, inputs cast up):
+        their hand-written loops write into float32 buffers, and a tape summed over many
+        steps in bfloat16 would lose the small writes. The projections around them stay
+        under autocast."""
         B, T, _ = x.shape
         Tn, C, L = self.num_tapes, self.width, tape.shape[-1]
         N = B * Tn
+        dev = x.device.type
+        f32 = torch.is_autocast_enabled(dev) and x.dtype != torch.float64
+        jump = self.key is not None
+        k = unit(self.key(x).view(B, T, Tn, C)) if jump else None
+        if f32:
+            act, p, q, v, tape, key_tape, heads = (z.float() for z in (act, p, q, v, tape, key_tape, heads))
+            k = k.float() if jump else None
 
         def tmajor(z):  # [B, T, Tn, ...] -> [T, B*Tn, ...]
             return z.transpose(0, 1).reshape((T, N) + z.shape[3:])
 
-        jump = self.key is not None
-        k = tmajor(unit(self.key(x).view(B, T, Tn, C))) if jump else None
-        Hs, key_tape = nam_tm_heads(tmajor(act), tmajor(q) if jump else None, k, tmajor(p[..., 1]),
-                                    tmajor(p[..., 2]), heads.reshape(N, 2, L), key_tape.reshape(N, C, L),
-                                    self.order, self.transposed_keys)
-        pos = Hs[:T].view(T, B, Tn, 2, L).transpose(0, 1)  # [B, T, Tn, 2, L]: positions used at step t
-        hv = unit(pos) if self.normalize_heads else pos
-        r, tape = nam_scan(hv[..., 0, :], hv[..., 1, :], v, p[..., 1], p[..., 2], p[..., 0], initial_state=tape)
+        with torch.autocast(dev, enabled=False) if f32 else contextlib.nullcontext():
+            Hs, key_tape = nam_tm_heads(tmajor(act), tmajor(q) if jump else None, tmajor(k) if jump else None,
+                                        tmajor(p[..., 1]), tmajor(p[..., 2]), heads.reshape(N, 2, L),
+                                        key_tape.reshape(N, C, L), self.order, self.transposed_keys)
+            pos = Hs[:T].view(T, B, Tn, 2, L).transpose(0, 1)  # [B, T, Tn, 2, L]: positions used at step t
+            hv = unit(pos) if self.normalize_heads else pos
+            r, tape = nam_scan(hv[..., 0, :], hv[..., 1, :], v, p[..., 1], p[..., 2], p[..., 0],
+                               initial_state=tape)
         y = self.out(r.flatten(2)) if self.out is not None else None
         final = Hs[T].view(B, Tn, 2, L)
         aux = NAMTMAux(pos[..., 0, :], pos[..., 1, :], act[..., 0, :], act[..., 1, :])

@@ -126,8 +126,15 @@ def gru_scan(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, h0: torch
             ``torch.nn.GRU``); a reverse direction passes its inputs time-reversed.
         w_hh: ``[D, 3h, h]``; b_hh: ``[D, 3h]``; h0: ``[D, B, h]``.
     Returns:
-        hidden states ``[T, D, B, h]``.
+        hidden states ``[T, D, B, h]`` (float32 under autocast: the recurrence runs in float32
+        there, inputs cast up and autocast off inside).
     """
+    dev = gx.device.type
+    if torch.is_autocast_enabled(dev) and gx.dtype != torch.float64:
+        # the loops write into buffers of one dtype: run them in float32, autocast off
+        with torch.autocast(dev, enabled=False):
+            return _GRURecurrence.apply(gx.float().contiguous(), w_hh.float().contiguous(),
+                                        b_hh.float().contiguous(), h0.float().contiguous(), bool(compiled))
     return _GRURecurrence.apply(gx.contiguous(), w_hh.contiguous(), b_hh.contiguous(), h0.contiguous(),
                                 bool(compiled))
 
