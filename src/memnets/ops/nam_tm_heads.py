@@ -66,19 +66,14 @@ def forward_loop(act: torch.Tensor, q: torch.Tensor, k: torch.Tensor, pw: torch.
         if has_jump:
             K, hw = Ks[t], H[:, 1]  # K = Kᵀ: [N, L, C]
             if transposed:
-                a = torch.bmm(k[t].unsqueeze(1), K.transpose(1, 2)).squeeze(1)  # Kᵀ k: [N, L]
-                w = torch.mul(hw, pw[t]).addcmul_(a, pe[t], value=-1.0)
-                Aa[t].copy_(a)
-                U[t].copy_(w)
+                a = torch.bmm(k[t].unsqueeze(1), K.transpose(1, 2), out=Aa[t].unsqueeze(1)).squeeze(1)  # Kᵀ k: [N, L]
+                w = torch.mul(hw, pw[t], out=U[t]).addcmul_(a, pe[t], value=-1.0)
                 torch.addcmul(K, w.unsqueeze(-1), k[t].unsqueeze(1), out=Ks[t + 1])  # K' = K + k wᵀ
             else:
-                a = torch.bmm(hw.unsqueeze(1), K).squeeze(1)  # K H_w: [N, C]
-                u = torch.mul(k[t], pw[t]).addcmul_(a, pe[t], value=-1.0)
-                Aa[t].copy_(a)
-                U[t].copy_(u)
+                a = torch.bmm(hw.unsqueeze(1), K, out=Aa[t].unsqueeze(1)).squeeze(1)  # K H_w: [N, C]
+                u = torch.mul(k[t], pw[t], out=U[t]).addcmul_(a, pe[t], value=-1.0)
                 torch.addcmul(K, hw.unsqueeze(-1), u.unsqueeze(1), out=Ks[t + 1])  # K' = K + u H_wᵀ
-            j = torch.bmm(q[t].unsqueeze(1), Ks[t + 1].transpose(1, 2)).squeeze(1)  # K'ᵀ q: [N, L]
-            J[t].copy_(j)
+            j = torch.bmm(q[t].unsqueeze(1), Ks[t + 1].transpose(1, 2), out=J[t].unsqueeze(1)).squeeze(1)  # K'ᵀ q
         at = acts[t]
         out = hss[t + 1]
         torch.mul(_move(H, j, order[0]), at[:, :, 0], out=out)
@@ -96,13 +91,12 @@ def backward_loop(act: torch.Tensor, q: torch.Tensor, k: torch.Tensor, pw: torch
     for the transposed key tape, ``DK[t]`` (of ``k_t``). Returns the gradient of ``H_0``."""
     T = act.shape[0]
     acts = act.unsqueeze(-1).unbind(0)
-    dH = gH[T].clone()
+    dH = DH[T - 1].copy_(gH[T])
     jpos = -1
     for i in range(len(order)):
         if order[i] == 3:
             jpos = i
     for t in range(T - 1, -1, -1):
-        DH[t].copy_(dH)
         at = acts[t]
         dprev = torch.zeros_like(dH)
         for i in range(len(order)):
@@ -116,27 +110,26 @@ def backward_loop(act: torch.Tensor, q: torch.Tensor, k: torch.Tensor, pw: torch
         if has_jump:
             H = Hs[t]
             hw = H[:, 1]
-            dj = torch.mul(dH, at[:, :, jpos]).sum(1)  # [N, L]
-            DJ[t].copy_(dj)
+            dj = torch.sum(torch.mul(dH, at[:, :, jpos]), 1, out=DJ[t])  # [N, L]
             dK.addcmul_(dj.unsqueeze(-1), q[t].unsqueeze(1))  # j = K'ᵀ q   (dK is of Kᵀ)
             if transposed:  # K' = K + k wᵀ, w = p_w H_w − p_e Kᵀ k
-                dw = torch.bmm(k[t].unsqueeze(1), dK.transpose(1, 2)).squeeze(1)  # [N, L]
-                dk = torch.bmm(U[t].unsqueeze(1), dK).squeeze(1)  # [N, C]
-                DU[t].copy_(dw)
+                dw = torch.bmm(k[t].unsqueeze(1), dK.transpose(1, 2), out=DU[t].unsqueeze(1)).squeeze(1)  # [N, L]
+                dk = torch.bmm(U[t].unsqueeze(1), dK, out=DK[t].unsqueeze(1)).squeeze(1)  # [N, C]
                 dhw = torch.mul(dw, pw[t])
                 da = torch.mul(dw, pe[t]).neg_()  # [N, L]
                 dk.add_(torch.bmm(da.unsqueeze(1), Ks[t]).squeeze(1))
-                DK[t].copy_(dk)
                 dK.addcmul_(da.unsqueeze(-1), k[t].unsqueeze(1))  # a = Kᵀ k
             else:  # K' = K + u H_wᵀ, u = p_w k − p_e K H_w
-                du = torch.bmm(hw.unsqueeze(1), dK).squeeze(1)  # [N, C]
-                DU[t].copy_(du)
+                du = torch.bmm(hw.unsqueeze(1), dK, out=DU[t].unsqueeze(1)).squeeze(1)  # [N, C]
                 dhw = torch.bmm(U[t].unsqueeze(1), dK.transpose(1, 2)).squeeze(1)  # [N, L]
                 da = torch.mul(du, pe[t]).neg_()  # [N, C]
                 dK.addcmul_(hw.unsqueeze(-1), da.unsqueeze(1))  # a = K H_w
                 dhw.add_(torch.bmm(da.unsqueeze(1), Ks[t].transpose(1, 2)).squeeze(1))
             dprev[:, 1].add_(dhw)
-        dH = dprev.add_(gH[t])
+        if t > 0:
+            dH = torch.add(dprev, gH[t], out=DH[t - 1])
+        else:
+            dH = dprev.add_(gH[t])
     return dH
 
 
