@@ -10,7 +10,7 @@ import torch
 from memnets.train import (ConfigError, ModelConfig, OptimConfig, RunConfig, RunExistsError, TaskConfig,
                            apply_overrides, config_from_dict, config_to_dict, list_presets, load_config,
                            lr_factor, train)
-from memnets.train.loop import selects
+from memnets.train.loop import selection_key, selection_rule, selects
 from memnets.train import checkpoint as ck
 from memnets.train.data import batch_indices, epoch_order, eval_splits, train_epoch_data
 
@@ -128,6 +128,60 @@ def test_select_ties_picks_the_first_or_last_equal_evaluation(tmp_path, ties, ep
     assert selects(0.5, 0.4) and not selects(0.5, 0.5) and selects(0.5, 0.5, "last") and not selects(0.4, 0.5, "last")
     with pytest.raises(ConfigError, match="select_ties"):
         tiny_config(select_ties="best")
+
+
+def _ev(od, id_, loss):
+    return {"od_easy": {"seq_acc": od, "loss": loss}, "id": {"seq_acc": id_, "loss": 0.0}}
+
+
+def test_selection_breaks_ties_by_id_accuracy_then_loss():
+    key = lambda od, id_, loss: selection_key(_ev(od, id_, loss), "od_easy")  # noqa: E731
+    # OD-easy decides first, whatever ID and the loss say
+    assert selects(key(0.1, 0.0, 9.0), key(0.0, 1.0, 0.1))
+    # all-zero OD-easy: the epoch that learnt ID (2.9%) beats the untrained epoch 1, first or last ties
+    for ties in ("first", "last"):
+        assert selects(key(0.0, 0.029, 2.0), key(0.0, 0.0, 1.0), ties)
+        assert not selects(key(0.0, 0.0, 1.0), key(0.0, 0.029, 2.0), ties)
+    # OD-easy and ID tied: the lower loss wins
+    assert selects(key(1.0, 1.0, 0.01), key(1.0, 1.0, 0.02)) and not selects(key(1.0, 1.0, 0.02), key(1.0, 1.0, 0.01), "last")
+    # all three tied: select_ties decides
+    assert not selects(key(0.5, 0.5, 0.3), key(0.5, 0.5, 0.3)) and selects(key(0.5, 0.5, 0.3), key(0.5, 0.5, 0.3), "last")
+    # an evaluation without a loss (an old checkpoint's) ranks below one with a loss
+    old = selection_key({"od_easy": {"seq_acc": 0.5}, "id": {"seq_acc": 0.5}}, "od_easy")
+    assert selects(key(0.5, 0.5, 3.0), old)
+    assert selection_rule("od_easy", "last") == "od_easy seq_acc, ties by id seq_acc then od_easy loss, then the last evaluation"
+
+
+def test_untrained_epoch_is_not_reported_when_od_easy_is_all_zero(tmp_path, monkeypatch):
+    """OD-easy 0 at every epoch: the epoch with the best ID accuracy is reported, not epoch 1."""
+    import memnets.train.loop as loop
+
+    script = [(0.0, 0.0, 2.0), (0.0, 0.029, 1.5), (0.0, 0.01, 1.2)]  # (od_easy, id, od_easy loss) per epoch
+    calls = []
+
+    def fake(model, batch, **kw):  # called once per split, in the order id, od_easy, od_hard
+        k = len(calls)
+        calls.append(k)
+        od, id_, loss = script[(k // 3) % 3]
+        acc = {0: id_, 1: od, 2: 0.0}[k % 3]
+        return {"seq_acc": acc, "tok_acc": 0.5, "ans_acc": 0.0, "loss": loss if k % 3 == 1 else 1.0, "n": 32}
+
+    monkeypatch.setattr(loop, "evaluate", fake)
+    for ties in ("first", "last"):
+        calls.clear()
+        res = train(tiny_config(epochs=3, select_ties=ties), tmp_path / ties, quiet=True)
+        assert len(calls) == 9
+        assert res["best_epoch"] == 2, ties
+        assert res["splits"]["id"]["seq_acc"] == 0.029 and res["splits"]["od_easy"]["seq_acc"] == 0.0
+        assert res["selected_by"] == selection_rule("od_easy", ties)
+        assert res["selection_decided_by"] == "id seq_acc"
+
+
+def test_evaluation_reports_a_loss(tmp_path):
+    res = train(tiny_config(epochs=1), tmp_path / "r", quiet=True)
+    for m in res["splits"].values():
+        assert math.isfinite(m["loss"]) and m["loss"] > 0
+    assert res["selection_decided_by"] == "od_easy seq_acc"
 
 
 def test_loss_decreases(tmp_path):

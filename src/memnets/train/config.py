@@ -9,7 +9,7 @@ against the field's type; an unknown key is rejected with the closest known key.
 
 Defaults are the authors' training settings (SPEC §12): AdamW lr 1e-4, weight decay 5e-5,
 lr × 0.98 per epoch, gradient clip 0.5, batch 128, 25,600 fresh samples per epoch, model
-selection by the best OD-easy sequence accuracy.
+selection by the best OD-easy sequence accuracy (ties: ID accuracy, then validation loss).
 """
 from __future__ import annotations
 
@@ -95,9 +95,11 @@ class RunConfig:
     ``batch_size`` is the global batch (split across DDP processes). ``checkpoint_every``:
     also checkpoint every that many optimiser steps (0: at epoch ends only). ``log_every``:
     steps between training records in ``metrics.jsonl``. ``select_split``: the split whose
-    sequence accuracy picks the reported epoch; ``select_ties``: which of several evaluations
-    with that same best accuracy is reported, the ``first`` or the ``last`` (the most trained
-    model, e.g. once OD-easy saturates at 100%). ``amp``: ``auto`` (bf16 autocast on CUDA
+    sequence accuracy picks the reported epoch; evaluations tied on it (all zeros included) are
+    ranked by the ID sequence accuracy, then by the lower ``select_split`` loss
+    (:func:`memnets.train.loop.selection_key`); ``select_ties``: which of several evaluations
+    equal in all three is reported, the ``first`` or the ``last`` (the most trained model).
+    ``amp``: ``auto`` (bf16 autocast on CUDA
     only), ``bf16`` or ``none``. ``threads``: torch intra-op threads (0: torch's default).
     ``time_limit_min``: stop at the first epoch end past this wall time (0: no limit; a run
     stopped this way is not reproducible step for step).

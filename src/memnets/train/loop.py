@@ -3,7 +3,8 @@
 AdamW, per-epoch learning-rate decay (lr × 0.98 per epoch by default), global-norm gradient
 clipping, bf16 autocast on CUDA only, cross-entropy over every window position, evaluation
 of every split each ``eval_every`` epochs, and the reported epoch chosen by the best
-``select_split`` (OD-easy) sequence accuracy. Writes ``runs/<name>/``::
+``select_split`` (OD-easy) sequence accuracy, ties broken by the ID sequence accuracy, then by
+the lower ``select_split`` loss, then by ``select_ties`` (:func:`selection_key`). Writes ``runs/<name>/``::
 
     config.json      resolved config          env.json       where it ran
     metrics.jsonl    one JSON record per log  results.json   figures at the selected epoch
@@ -34,7 +35,8 @@ from .data import batch_indices, epoch_order, eval_splits, train_epoch_data
 from .nan_guard import NonFiniteError, check_finite, first_non_finite
 from .env import DistInfo, cleanup_distributed, resolve_device, run_env, setup_distributed
 
-__all__ = ["train", "build_model", "evaluate", "lr_factor", "selects", "RunExistsError"]
+__all__ = ["train", "build_model", "evaluate", "lr_factor", "selects", "selection_key", "selection_rule",
+           "RunExistsError"]
 
 
 class RunExistsError(ConfigError):
@@ -63,10 +65,44 @@ def lr_factor(cfg: RunConfig, epoch: int, step: int, total_steps: int) -> float:
     return f
 
 
-def selects(score: float, best: float, ties: str = "first") -> bool:
-    """Whether an evaluation scoring ``score`` on the selection split replaces the reported
-    one (``best``): a higher score always does; an equal one only with ``ties = "last"``."""
+def selection_key(splits: dict[str, dict], select_split: str = "od_easy", tiebreak: str = "id") -> tuple:
+    """The key that ranks an evaluation (``{split: evaluate(...)}``) for model selection.
+
+    Higher is better, compared in order: (1) the ``select_split`` (OD-easy) sequence accuracy;
+    (2) on a tie, including every evaluation scoring 0 there, the ``tiebreak`` (ID) sequence
+    accuracy, so an epoch that learnt something in distribution beats an untrained one;
+    (3) then the lower ``select_split`` validation loss (stored negated; an evaluation without
+    a loss ranks last). Evaluations equal in all three are ordered by ``select_ties``
+    (:func:`selects`): the first one stays, or the last one wins with ``"last"``.
+    """
+    sel = splits[select_split]
+    tb = splits.get(tiebreak, {}).get("seq_acc", 0.0)
+    loss = sel.get("loss")
+    return (sel["seq_acc"], tb, -loss if loss is not None and math.isfinite(loss) else -math.inf)
+
+
+def selection_rule(select_split: str = "od_easy", ties: str = "first", tiebreak: str = "id") -> str:
+    """The rule of :func:`selection_key` in words, as recorded in ``results.json`` (``selected_by``)."""
+    return (f"{select_split} seq_acc, ties by {tiebreak} seq_acc then {select_split} loss, "
+            f"then the {ties} evaluation")
+
+
+def selects(score, best, ties: str = "first") -> bool:
+    """Whether an evaluation scoring ``score`` replaces the reported one scoring ``best``: a
+    higher score always does; an equal one only with ``ties = "last"``.
+
+    Scores are numbers or :func:`selection_key` tuples (compared element by element).
+    """
     return score > best or (ties == "last" and score == best)
+
+
+def _tie_level(evals: list[dict], chosen: tuple, select_split: str) -> str:
+    """Which part of :func:`selection_key` singled out the chosen evaluation among ``evals``."""
+    keys = [selection_key(e, select_split) for e in evals]
+    for i, what in enumerate((f"{select_split} seq_acc", "id seq_acc", f"{select_split} loss")):
+        if sum(k[:i + 1] == chosen[:i + 1] for k in keys) == 1:
+            return what
+    return "select_ties"
 
 
 def _autocast(cfg: RunConfig, device: torch.device):
@@ -89,13 +125,14 @@ def evaluate(model: torch.nn.Module, batch, *, batch_size: int = 256, device: to
              info: DistInfo = DistInfo(), autocast=contextlib.nullcontext) -> dict[str, float]:
     """Sequence / token / answer-slot accuracy of ``model`` on ``batch`` (an ``NSPBatch``).
 
-    Returns ``{"seq_acc", "tok_acc", "ans_acc"}`` in [0, 1] and ``"n"`` (samples). Under DDP
-    every process scores a strided shard and the counts are summed.
+    Returns ``{"seq_acc", "tok_acc", "ans_acc"}`` in [0, 1], ``"loss"`` (the training loss:
+    cross-entropy averaged over every window position) and ``"n"`` (samples). Under DDP every
+    process scores a strided shard and the counts are summed.
     """
     was = model.training
     model.eval()
     idx = torch.arange(batch.inputs.shape[0])[info.rank::info.world]
-    keys = ("seq_correct", "tok_correct", "tok_total", "ans_correct", "ans_total", "n")
+    keys = ("seq_correct", "tok_correct", "tok_total", "ans_correct", "ans_total", "n", "loss_sum")
     tot = torch.zeros(len(keys), dtype=torch.float64)
     for i in range(0, idx.numel(), batch_size):
         j = idx[i:i + batch_size]
@@ -103,12 +140,14 @@ def evaluate(model: torch.nn.Module, batch, *, batch_size: int = 256, device: to
         with autocast():
             logits = model(x)
         m = sequence_metrics(logits.float(), x, y)
+        m["loss_sum"] = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
         tot += torch.tensor([float(m[k]) for k in keys], dtype=torch.float64)
     tot = _all_reduce(tot.to(device), info).cpu()
     c = dict(zip(keys, tot.tolist()))
     model.train(was)
     return {"seq_acc": c["seq_correct"] / max(c["n"], 1), "tok_acc": c["tok_correct"] / max(c["tok_total"], 1),
-            "ans_acc": c["ans_correct"] / max(c["ans_total"], 1), "n": int(c["n"])}
+            "ans_acc": c["ans_correct"] / max(c["ans_total"], 1), "loss": c["loss_sum"] / max(c["tok_total"], 1),
+            "n": int(c["n"])}
 
 
 class _Metrics:
@@ -315,7 +354,9 @@ def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> di
         rec = {"kind": "eval", "epoch": ep, "step": step, "splits": res, "wall_s": wall()}
         metrics.write(rec)
         score = res[cfg.select_split]["seq_acc"]
-        if selects(score, best["score"], cfg.select_ties):
+        key = selection_key(res, cfg.select_split)
+        old = selection_key(best["splits"], cfg.select_split) if best["splits"] else (-1.0,)
+        if selects(key, old, cfg.select_ties):
             best = {"score": score, "epoch": ep, "splits": res}
             if info.is_main:
                 ck.save_weights(run_dir / "checkpoints" / "best.safetensors", model, meta)
@@ -406,10 +447,13 @@ def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> di
     metrics.close()
     if tb:
         tb.close()
-    last = next((r["splits"] for r in reversed(metrics.records) if r["kind"] == "eval"), None) \
-        if info.is_main else None
+    evals = [r["splits"] for r in metrics.records if r["kind"] == "eval"] if info.is_main else []
+    last = evals[-1] if evals else None
+    decided = _tie_level(evals, selection_key(best["splits"], cfg.select_split), cfg.select_split) \
+        if evals and best["splits"] else None
     results = {"name": cfg.name, "task": cfg.task.name, "backbone": cfg.model.backbone, "params": n_params,
-               "select_split": cfg.select_split, "best_epoch": best["epoch"], "splits": best["splits"],
+               "select_split": cfg.select_split, "selected_by": selection_rule(cfg.select_split, cfg.select_ties),
+               "selection_decided_by": decided, "best_epoch": best["epoch"], "splits": best["splits"],
                "final": last, "epochs": epoch, "stopped_by_time_limit": partial or epoch < cfg.epochs,
                "steps": step, "wall_s": wall(), "world_size": info.world}
     if info.is_main:
