@@ -1,6 +1,7 @@
 """Token-sequence model for the masked-completion tasks of Table 1 (SPEC §10-§12).
 
-``tokens [B, W] → Embedding → backbone → Linear → logits [B, W, vocab]``; every position is
+``tokens [B, W] → Embedding → backbone → head → logits [B, W, vocab]`` (head: one Linear, or
+with ``head="mlp"`` LayerNorm → Dropout → ReLU → Linear); every position is
 predicted in one pass. The backbone is chosen by name from :data:`BACKBONES`; modules that
 are not installed are reported by :func:`backbone_available` instead of failing at import.
 Backbones that return a tensor and backbones that return ``(y, state)`` are both handled.
@@ -134,12 +135,17 @@ def build_backbone(name: str, d_model: int, **kwargs: Any) -> nn.Module:
 
 @register_model("seq")
 class SequenceTaskModel(nn.Module):
-    """Embedding → backbone → Linear: token ids ``[B, W]`` (0 ≤ id < vocab) → logits ``[B, W, vocab]``.
+    """Embedding → backbone → head: token ids ``[B, W]`` (0 ≤ id < vocab) → logits ``[B, W, vocab]``.
 
     Args:
         backbone: a key of :data:`BACKBONES` (``"nam_tm"``, ``"transformer"``, ``"lstm"``, ...).
         vocab_size: number of token ids (16 for the NSP tasks, SPEC §12).
         d_model: embedding width, also the backbone's input and output width.
+        head: ``"linear"`` (default): one Linear to the vocabulary. ``"mlp"``: the authors'
+            NAM-TM output block (SPEC §12 code), LayerNorm → Dropout → ReLU → Linear. A NAM-TM's
+            output is linear in what it reads, and a linear head on it is additive in the
+            digits read, which cannot give ``(a + b) mod 10``: Fib needs ``"mlp"`` (docs/fib.md).
+        head_dropout: the Dropout probability of the ``"mlp"`` head (the authors': 0.1).
         **backbone_kwargs: passed to the backbone constructor (e.g. ``num_heads=4``).
 
     Example::
@@ -148,14 +154,23 @@ class SequenceTaskModel(nn.Module):
         logits = model(torch.zeros(2, 9, dtype=torch.long))   # [2, 9, 16]
     """
 
-    def __init__(self, backbone: str, vocab_size: int = 16, d_model: int = 64, **backbone_kwargs: Any) -> None:
+    def __init__(self, backbone: str, vocab_size: int = 16, d_model: int = 64, head: str = "linear",
+                 head_dropout: float = 0.0, **backbone_kwargs: Any) -> None:
         super().__init__()
+        if head not in ("linear", "mlp"):
+            raise ValueError(f"`head` expected 'linear' or 'mlp', got {head!r}")
+        if not 0.0 <= float(head_dropout) < 1.0:
+            raise ValueError(f"`head_dropout` expected a probability in [0, 1), got {head_dropout!r}")
         self.backbone_name = backbone
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.embed = nn.Embedding(vocab_size, d_model)
         self.backbone = build_backbone(backbone, d_model, **backbone_kwargs)
-        self.head = nn.Linear(d_model, vocab_size)
+        if head == "mlp":
+            self.head = nn.Sequential(nn.LayerNorm(d_model), nn.Dropout(float(head_dropout)), nn.ReLU(),
+                                      nn.Linear(d_model, vocab_size))
+        else:
+            self.head = nn.Linear(d_model, vocab_size)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         check_tensor("tokens", tokens)
