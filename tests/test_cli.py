@@ -28,7 +28,8 @@ splits = { id = [2, 3], od_easy = [4, 5], od_hard = [6, 7] }
 
 
 @pytest.mark.parametrize("cmd", [["train"], ["eval"], ["table"], ["configs"], ["configs", "ls"],
-                                 ["configs", "show"], ["demo"]])
+                                 ["configs", "show"], ["demo"], ["suite"], ["suite", "run"],
+                                 ["suite", "ls"]])
 def test_help_everywhere(cmd, capsys):
     with pytest.raises(SystemExit) as e:
         main([*cmd, "--help"])

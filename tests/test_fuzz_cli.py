@@ -37,7 +37,7 @@ TOKEN = st.one_of(WORD, OPTION_WORDS, st.integers(-5, 10**6).map(str))
 @st.composite
 def argv_lists(draw):
     cmd = draw(st.sampled_from(["train", "configs", "bench", "eval", "table", "viz", "report", "demo", "capacity",
-                                "zzcmd", "", "-h"]))
+                                "suite", "zzcmd", "", "-h"]))
     rest = draw(st.lists(TOKEN, max_size=5))
     if cmd == "train":  # a config that is neither a preset nor a file: never trains
         return ["train", draw(WORD), *rest]
@@ -45,6 +45,9 @@ def argv_lists(draw):
         return ["configs", draw(st.sampled_from(["show", "ls", "zzsub"])), *rest]
     if cmd == "bench":
         return ["bench", draw(WORD), *rest]
+    if cmd == "suite":  # a suite that does not exist: never trains
+        sub = draw(st.sampled_from(["run", "ls", "zzsub"]))
+        return ["suite", sub, draw(WORD), *rest] if sub != "ls" else ["suite", "ls", *rest]
     if cmd in ("demo", "capacity"):  # an unknown option: refused before any work starts
         return [cmd, "--zz" + draw(WORD), *rest]
     if cmd == "viz":  # a run directory that does not exist (no --model, which would plot)

@@ -13,6 +13,7 @@ __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
 SUBCOMMANDS = (
     "demo", "train", "eval", "table", "configs", "bench", "viz", "report", "capacity", "experiment",
+    "suite",
 )
 
 

@@ -2,7 +2,9 @@
 
 Models are columns, task × split are rows, plus a parameter-count row; each cell is the
 sequence accuracy (or ``--metric``) at the epoch selected by the OD-easy accuracy, read from
-each run's ``results.json``. ``--paper`` prints the paper's own Table 1 (seed 000).
+each run's ``results.json``. ``--paper`` alone prints the paper's own Table 1 (seed 000);
+with run directories it prints ours beside the paper's: per cell the mean over the runs of
+that task and model (seeds), the per-seed values, and the paper's figure.
 """
 from __future__ import annotations
 
@@ -10,13 +12,16 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["add_parser", "format_table1", "PAPER_TABLE1", "MODEL_ORDER"]
+__all__ = ["add_parser", "format_table1", "format_table1_vs_paper", "load_results", "paper_cell",
+           "PAPER_TABLE1", "MODEL_ORDER"]
 
 MODEL_ORDER = ["TF", "LSTM", "UT", "DNC", "LSAM", "NAM-TM", "No Jmp", "NTM", "LSAM (stack)", "biLSTM"]
 TASK_LABEL = {"palindrome": "Palin", "fib": "Fib", "addition": "Fib", "reduce": "Reduce"}
 SPLIT_LABEL = {"id": "ID", "od_easy": "OD-easy", "od_hard": "OD-hard"}
 
-# Table 1 of seed 000 (sequence accuracy, %); columns TF LSTM UT DNC LSAM NAM-TM No Jmp.
+# Table 1 of seed 000 (sequence accuracy, %); columns TF LSTM UT DNC LSAM NAM-TM No Jmp, which
+# are the backbones transformer, lstm_attention, universal_transformer, dnc, lsam_encdec,
+# nam_tm and nam_tm_nojmp (their labels in memnets.models.seq.BACKBONES).
 PAPER_TABLE1 = {
     "Parameters": ["28.7M", "31.5M", "26.0M", "40.2M", "25.8M", "23.3M", "22.2M"],
     ("Palin", "ID"): [100, 100, 100, 100, 100, 100, 100],
@@ -36,7 +41,9 @@ def add_parser(sub) -> None:
     p.add_argument("run_dirs", nargs="*", help="directories written by `memnets train`")
     p.add_argument("--metric", default="seq_acc", choices=("seq_acc", "tok_acc", "ans_acc"),
                    help="which accuracy to show (default: sequence accuracy, the paper's)")
-    p.add_argument("--paper", action="store_true", help="print the paper's Table 1 instead")
+    p.add_argument("--paper", action="store_true",
+                   help="alone: print the paper's Table 1; with run directories: the paper's figures beside "
+                        "ours (mean over seeds, per-seed values)")
     p.add_argument("--out", default=None, help="also write the table to this file")
     p.set_defaults(func=_run)
 
@@ -77,6 +84,86 @@ def format_table1(results: list[dict], metric: str = "seq_acc") -> str:
     return "\n".join(lines)
 
 
+def paper_cell(task: str, split: str, col: str) -> float | None:
+    """The paper's Table 1 figure (%) for task label ``task`` ("Fib"), split label ``split``
+    ("OD-easy") and column ``col`` ("NAM-TM"); None where the paper has none."""
+    cols = MODEL_ORDER[:7]
+    vals = PAPER_TABLE1.get((task, split))
+    return vals[cols.index(col)] if vals is not None and col in cols else None
+
+
+def _pct(v: float) -> str:
+    return f"{v:.1f}"
+
+
+def format_table1_vs_paper(results: list[dict], metric: str = "seq_acc") -> str:
+    """Markdown Table 1 with ours beside the paper's figures.
+
+    Runs of one task and column (e.g. two seeds) are pooled: each cell reads
+    ``mean (seed a, seed b) / paper`` in %, the mean over the runs and the per-run values in
+    seed order (a run's ``seed`` key, if present). Columns: the paper's seven, then any other
+    backbone among ``results``.
+    """
+    groups: dict[tuple[str, str], list[dict]] = {}
+    cols = list(MODEL_ORDER[:7])
+    for r in sorted(results, key=lambda r: (r.get("seed", 0), r.get("name", ""))):
+        col, task = _label(r), TASK_LABEL.get(r["task"], r["task"])
+        cols += [col] if col not in cols else []
+        groups.setdefault((task, col), []).append(r)
+    order = {m: i for i, m in enumerate(MODEL_ORDER)}
+    cols.sort(key=lambda c: order.get(c, len(order)))
+    task_order = ["Palin", "Fib", "Reduce"]
+    tasks = task_order + sorted({t for t, _ in groups} - set(task_order))
+    splits = ["ID", "OD-easy", "OD-hard"]
+    head = f"ours ({metric}, %): mean over seeds (per seed) / paper (sequence accuracy, %)"
+    lines = ["| Model | | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    par = []
+    for c in cols:
+        ours = sorted({r["params"] for t in tasks for r in groups.get((t, c), [])})
+        pp = PAPER_TABLE1["Parameters"][MODEL_ORDER.index(c)] if c in MODEL_ORDER[:7] else "–"
+        par.append(f"{'/'.join(_params(n) for n in ours) or '–'} / {pp}")
+    lines.append("| Parameters | | " + " | ".join(par) + " |")
+    for t in tasks:
+        for i, s in enumerate(splits):
+            row = []
+            for c in cols:
+                key = {v: k for k, v in SPLIT_LABEL.items()}[s]
+                vals = [100 * r["splits"][key][metric] for r in groups.get((t, c), [])
+                        if r.get("splits") and key in r["splits"]]
+                if not vals:
+                    ours = "–"
+                elif len(vals) == 1:
+                    ours = _pct(vals[0])
+                else:
+                    ours = f"{_pct(sum(vals) / len(vals))} ({', '.join(_pct(v) for v in vals)})"
+                pv = paper_cell(t, s, c)
+                row.append(f"{ours} / {'–' if pv is None else _pct(pv)}")
+            lines.append(f"| {t if i == 0 else ''} | {s} | " + " | ".join(row) + " |")
+    lines.append("")
+    lines.append(f"Cells: {head}.")
+    return "\n".join(lines)
+
+
+def load_results(run_dirs, warn: bool = True) -> list[dict]:
+    """The ``results.json`` of each of ``run_dirs`` that has one, with ``seed`` (from
+    ``config.json``) and ``run_dir`` added; the others are skipped (with a note on stderr)."""
+    results = []
+    for d in run_dirs:
+        f = Path(d) / "results.json"
+        if not f.is_file():
+            if warn:
+                print(f"memnets table: skipping {d}: no results.json (unfinished run?)", file=sys.stderr)
+            continue
+        r = json.loads(f.read_text())
+        try:
+            r.setdefault("seed", json.loads((Path(d) / "config.json").read_text()).get("seed", 0))
+        except (OSError, ValueError):
+            r.setdefault("seed", 0)
+        r["run_dir"] = str(d)
+        results.append(r)
+    return results
+
+
 def _paper() -> str:
     cols = MODEL_ORDER[:7]
     lines = ["| Model | | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols),
@@ -92,21 +179,15 @@ def _paper() -> str:
 def _run(args) -> int:
     from .main import UsageError
 
-    if args.paper:
+    if args.paper and not args.run_dirs:
         text = _paper()
     else:
         if not args.run_dirs:
             raise UsageError("give one or more run directories (or --paper)")
-        results = []
-        for d in args.run_dirs:
-            f = Path(d) / "results.json"
-            if not f.is_file():
-                print(f"memnets table: skipping {d}: no results.json (unfinished run?)", file=sys.stderr)
-                continue
-            results.append(json.loads(f.read_text()))
+        results = load_results(args.run_dirs)
         if not results:
             raise UsageError("none of the run directories has a results.json")
-        text = format_table1(results, args.metric)
+        text = format_table1_vs_paper(results, args.metric) if args.paper else format_table1(results, args.metric)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

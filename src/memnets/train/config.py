@@ -291,9 +291,11 @@ def _preset_root():
 
 
 def list_presets() -> list[str]:
-    """Names of the shipped presets (``configs/<name>.toml``, sub-folders joined with ``/``)."""
+    """Names of the shipped presets (``configs/<name>.toml``, sub-folders joined with ``/``;
+    ``configs/suites/`` holds suites of runs, not presets)."""
     root = Path(str(_preset_root()))
-    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.toml"))
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.toml")
+                  if p.relative_to(root).parts[0] != "suites")
 
 
 def preset_path(name: str) -> Path:

@@ -1,0 +1,360 @@
+"""``memnets suite run|ls``: train a suite of presets × seeds, then print Table 1 beside the paper's.
+
+A suite is a TOML file, shipped under ``configs/suites/<name>.toml`` (looked up by name like
+presets) or given as a path::
+
+    description = "Table 1 at CPU scale"
+    presets = ["cpu/fib-transformer", "cpu/fib-nam_tm"]   # preset names or .toml paths
+    seeds = [0, 1]                                        # every preset, unless seeds_for says
+    overrides = ["threads=1"]                             # optional, applied to every run
+    [seeds_for]                                           # optional, per-preset seeds
+    "cpu/fib-transformer" = [0]
+
+Each run goes to ``<runs-dir>/<preset with / as ->-s<seed>`` (default runs dir:
+``runs/<suite name>``). A run whose ``results.json`` exists is skipped; any other run is
+started with ``memnets train ... --resume``, so one with a checkpoint continues where it
+stopped and an empty one starts afresh. Runs are subprocesses (``--jobs`` at a time, each
+``threads=1`` unless overridden) that die with the suite, so after Ctrl-C or a SIGKILL of the
+suite the same command carries on. At the end the suite prints each run's parameter count,
+wall time and figures, and Table 1 (``memnets table --paper`` over the run folders).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["add_parser", "Suite", "SuiteRun", "load_suite", "list_suites", "suite_runs", "run_status"]
+
+SUITE_KEYS = ("description", "presets", "seeds", "overrides", "seeds_for")
+
+EPILOG = """examples:
+  memnets suite ls
+  memnets suite run table1-cpu --dry-run
+  memnets suite run table1-cpu --jobs 2 --runs-dir runs/table1-cpu
+  memnets suite run table1-cpu --seeds 0 epochs=5 time_limit_min=3     # overrides go to every run
+  memnets suite run my_suite.toml --out table1.md
+Interrupted (Ctrl-C, SIGKILL)? Run the same command again: finished runs are skipped,
+started ones resume from their last checkpoint."""
+
+
+@dataclass
+class Suite:
+    """A parsed suite file."""
+
+    name: str
+    path: Path
+    presets: list[str]
+    seeds: list[int]
+    description: str = ""
+    overrides: list[str] = field(default_factory=list)
+    seeds_for: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class SuiteRun:
+    """One preset × seed of a suite."""
+
+    preset: str
+    seed: int
+    name: str
+    run_dir: Path
+    overrides: list[str]
+
+    def argv(self) -> list[str]:
+        """The ``memnets train`` arguments of this run."""
+        return ["train", self.preset, *self.overrides, "--run-dir", str(self.run_dir), "--quiet", "--resume"]
+
+
+def _suite_root() -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("memnets") / "configs" / "suites"))
+
+
+def list_suites() -> list[str]:
+    """Names of the shipped suites (``configs/suites/<name>.toml``)."""
+    root = _suite_root()
+    return sorted(p.stem for p in root.glob("*.toml")) if root.is_dir() else []
+
+
+def load_suite(source: str | Path) -> Suite:
+    """A shipped suite by name, or a suite TOML file by path; ConfigError on a bad file."""
+    from ..train.config import ConfigError, tomllib
+
+    path = Path(source)
+    if not (path.suffix == ".toml" and path.is_file()):
+        path = _suite_root() / f"{source}.toml"
+        if not path.is_file():
+            close = difflib.get_close_matches(str(source), list_suites(), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"no suite or file named {str(source)!r}{hint} (see `memnets suite ls`)")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    for k in data:
+        if k not in SUITE_KEYS:
+            close = difflib.get_close_matches(k, SUITE_KEYS, n=1)
+            raise ConfigError(f"{path}: unknown suite key `{k}`" + (f"; did you mean `{close[0]}`?" if close else "")
+                              + f" (keys: {', '.join(SUITE_KEYS)})")
+    presets, seeds = data.get("presets"), data.get("seeds", [0])
+    if not presets or not isinstance(presets, list) or not all(isinstance(p, str) for p in presets):
+        raise ConfigError(f"{path}: `presets` expected a non-empty list of preset names, got {presets!r}")
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise ConfigError(f"{path}: `seeds` expected a non-empty list of integers, got {seeds!r}")
+    overrides = data.get("overrides", [])
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise ConfigError(f"{path}: `overrides` expected a list of \"key=value\" strings, got {overrides!r}")
+    seeds_for = data.get("seeds_for", {})
+    for k, v in seeds_for.items():
+        if k not in presets:
+            raise ConfigError(f"{path}: `seeds_for` names {k!r}, which is not in `presets`")
+        if not isinstance(v, list) or not v or not all(isinstance(s, int) for s in v):
+            raise ConfigError(f"{path}: `seeds_for.{k}` expected a non-empty list of integers, got {v!r}")
+    return Suite(name=path.stem, path=path, presets=list(presets), seeds=list(seeds),
+                 description=str(data.get("description", "")), overrides=list(overrides), seeds_for=dict(seeds_for))
+
+
+def run_name(preset: str, seed: int) -> str:
+    """The folder name of ``preset`` (a name or a .toml path) at ``seed``: ``cpu-fib-dnc-s0``."""
+    base = Path(preset).stem if preset.endswith(".toml") else preset.replace("/", "-")
+    return f"{base}-s{seed}"
+
+
+def suite_runs(suite: Suite, runs_dir: str | Path, *, seeds: list[int] | None = None,
+               overrides: list[str] | None = None, threads: int | None = 1) -> list[SuiteRun]:
+    """The runs of ``suite`` in order (preset-major). ``seeds`` replaces every preset's seeds;
+    ``overrides`` come after the suite's own (so they win); ``threads`` (unless None) is set
+    first, so an override ``threads=N`` wins over it."""
+    out = []
+    for p in suite.presets:
+        for s in (seeds if seeds is not None else suite.seeds_for.get(p, suite.seeds)):
+            ov = ([f"threads={threads}"] if threads is not None else []) + [f"seed={s}"] \
+                + suite.overrides + list(overrides or [])
+            name = run_name(p, s)
+            out.append(SuiteRun(p, s, name, Path(runs_dir) / name, ov))
+    return out
+
+
+def run_status(run_dir: str | Path) -> str:
+    """``done`` (results.json), ``resume`` (a checkpoint, no results) or ``new``."""
+    d = Path(run_dir)
+    if (d / "results.json").is_file():
+        return "done"
+    if (d / "checkpoints" / "last.json").is_file():
+        return "resume"
+    return "new"
+
+
+def _checkpoint_step(run_dir: Path) -> int | None:
+    try:
+        return int(json.loads((run_dir / "checkpoints" / "last.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("suite", help="train a suite of presets x seeds and print Table 1 beside the paper's",
+                       description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ss = p.add_subparsers(dest="suite_cmd", metavar="ACTION")
+    ls = ss.add_parser("ls", help="list the shipped suites")
+    ls.set_defaults(func=_ls)
+    r = ss.add_parser("run", help="run (or continue) a suite, then print Table 1", epilog=EPILOG,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("suite", help="suite name (see `memnets suite ls`) or path to a suite .toml")
+    r.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides passed to every run")
+    r.add_argument("--jobs", "-j", type=int, default=1, help="runs at a time, as subprocesses (default 1)")
+    r.add_argument("--runs-dir", default=None, help="folder of the run folders (default runs/<suite name>)")
+    r.add_argument("--seeds", default=None, help="comma-separated seeds replacing the suite's, e.g. 0,1")
+    r.add_argument("--threads", type=int, default=1,
+                   help="torch threads per run (default 1; 0: torch's default; an override threads=N wins)")
+    r.add_argument("--dry-run", action="store_true", help="print each run's status and command; train nothing")
+    r.add_argument("--metric", default="seq_acc", choices=("seq_acc", "tok_acc", "ans_acc"),
+                   help="accuracy shown in the table (default: sequence accuracy, the paper's)")
+    r.add_argument("--out", default=None, help="also write the final tables (Markdown) to this file")
+    r.set_defaults(func=_run)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _ls(args) -> int:
+    from ..train.config import ConfigError
+
+    names = list_suites()
+    width = max((len(n) for n in names), default=0)
+    for n in names:
+        try:
+            s = load_suite(n)
+            n_runs = sum(len(s.seeds_for.get(p, s.seeds)) for p in s.presets)
+            print(f"{n.ljust(width)}  {n_runs} runs  {s.description}")
+        except ConfigError as e:
+            print(f"{n.ljust(width)}  (malformed: {e})")
+    return 0
+
+
+def _parse_seeds(text: str | None) -> list[int] | None:
+    from .main import UsageError
+
+    if text is None:
+        return None
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--seeds expected comma-separated integers such as 0,1, got {text!r}") from None
+    if not seeds:
+        raise UsageError("--seeds expected at least one seed")
+    return seeds
+
+
+def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
+    """Linux: the child gets SIGKILL when the suite dies, so no orphan keeps training (its run
+    lock is then stale and the next suite takes it over)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _start(run: SuiteRun) -> tuple[subprocess.Popen, object]:
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    log = open(run.run_dir / "suite.log", "a")
+    log.write(f"$ memnets {' '.join(run.argv())}\n")
+    log.flush()
+    cmd = [sys.executable, "-m", "memnets.cli.main", *run.argv()]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None)
+    return proc, log
+
+
+def _tail(path: Path, n: int = 3) -> str:
+    try:
+        lines = [x for x in path.read_text().splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])
+
+
+def _fmt_wall(s: float) -> str:
+    return f"{s:.1f}s" if s < 10 else f"{s:.0f}s" if s < 120 else f"{s / 60:.1f}min"
+
+
+def runs_table(runs: list[SuiteRun], metric: str = "seq_acc") -> str:
+    """Markdown: each run's status, parameter count, wall time, reported epoch and figures."""
+    from .table import _params
+
+    lines = ["| run | status | params | wall | epoch | selected by | ID | OD-easy | OD-hard |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        f = r.run_dir / "results.json"
+        if not f.is_file():
+            lines.append(f"| {r.name} | {run_status(r.run_dir)} | – | – | – | – | – | – | – |")
+            continue
+        res = json.loads(f.read_text())
+        sp = res.get("splits") or {}
+        acc = [f"{100 * sp[k][metric]:.1f}" if k in sp else "–" for k in ("id", "od_easy", "od_hard")]
+        status = "done (time limit)" if res.get("stopped_by_time_limit") else "done"
+        lines.append(f"| {r.name} | {status} | {_params(res['params'])} | {_fmt_wall(res['wall_s'])} | "
+                     f"{res.get('best_epoch')}/{res.get('epochs')} | {res.get('selection_decided_by', '–')} | "
+                     + " | ".join(acc) + " |")
+    return "\n".join(lines)
+
+
+def _run(args) -> int:
+    from ..train.config import ConfigError, load_config
+    from .main import UsageError
+    from .table import format_table1_vs_paper, load_results
+
+    if args.jobs < 1:
+        raise UsageError(f"--jobs expected a positive integer, got {args.jobs}")
+    try:
+        suite = load_suite(args.suite)
+    except ConfigError as e:
+        raise UsageError(str(e)) from e
+    runs_dir = Path(args.runs_dir or Path("runs") / suite.name)
+    runs = suite_runs(suite, runs_dir, seeds=_parse_seeds(args.seeds), overrides=args.overrides,
+                      threads=args.threads)
+    for r in runs:  # every config must resolve before anything trains
+        try:
+            load_config(r.preset, r.overrides)
+        except ConfigError as e:
+            raise UsageError(f"{r.name}: {e}") from e
+    todo = [r for r in runs if run_status(r.run_dir) != "done"]
+    print(f"suite {suite.name}: {len(runs)} runs in {runs_dir} ({len(runs) - len(todo)} done, "
+          f"{sum(run_status(r.run_dir) == 'resume' for r in todo)} to resume, "
+          f"{sum(run_status(r.run_dir) == 'new' for r in todo)} to start)", flush=True)
+    if args.dry_run:
+        for r in runs:
+            st = run_status(r.run_dir)
+            extra = f" from step {_checkpoint_step(r.run_dir)}" if st == "resume" else ""
+            print(f"  {r.name:40s} {st}{extra}: memnets {' '.join(r.argv())}")
+        return 0
+
+    failed: list[str] = []
+    active: dict[str, tuple[SuiteRun, subprocess.Popen, object, float]] = {}
+    queue = list(todo)
+    n_total, n_started = len(todo), 0
+    try:
+        while queue or active:
+            while queue and len(active) < args.jobs:
+                r = queue.pop(0)
+                st = run_status(r.run_dir)
+                n_started += 1
+                how = f"resuming from step {_checkpoint_step(r.run_dir)}" if st == "resume" else "starting"
+                print(f"[{n_started}/{n_total}] {r.name}: {how}", flush=True)
+                proc, log = _start(r)
+                active[r.name] = (r, proc, log, time.perf_counter())
+            time.sleep(0.05)
+            for name in list(active):
+                r, proc, log, t0 = active[name]
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                log.close()
+                del active[name]
+                dt = time.perf_counter() - t0
+                if rc == 0 and run_status(r.run_dir) == "done":
+                    res = json.loads((r.run_dir / "results.json").read_text())
+                    sp = res.get("splits") or {}
+                    figs = " ".join(f"{k} {100 * v[args.metric]:.1f}" for k, v in sp.items())
+                    print(f"  {name}: done in {_fmt_wall(dt)} (epoch {res.get('best_epoch')}: {figs})", flush=True)
+                else:
+                    failed.append(name)
+                    print(f"  {name}: FAILED (exit {rc}) after {_fmt_wall(dt)}: {_tail(r.run_dir / 'suite.log')} "
+                          f"(log: {r.run_dir / 'suite.log'})", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        for r, proc, log, _ in active.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        deadline = time.time() + 20
+        for r, proc, log, _ in active.values():
+            try:
+                proc.wait(timeout=max(deadline - time.time(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+        print(f"memnets suite: interrupted; run the same command again to continue "
+              f"(finished runs are skipped, started ones resume)", file=sys.stderr, flush=True)
+        return 130
+
+    text = "## Runs\n\n" + runs_table(runs, args.metric)
+    results = load_results([r.run_dir for r in runs], warn=False)
+    if results:
+        text += "\n\n## Table 1: ours / the paper's\n\n" + format_table1_vs_paper(results, args.metric)
+    print()
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    if failed:
+        print(f"memnets suite: {len(failed)} run(s) failed: {', '.join(failed)}; their logs are "
+              f"<run>/suite.log; rerun to retry them", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,210 @@
+"""``memnets suite run|ls`` and ``memnets table --paper`` beside our runs (tiny sizes).
+
+The suite runs each training run as a subprocess (``python -m memnets.cli.main train``), so
+each costs an interpreter start; the runs here are a couple of seconds each.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from memnets.cli.main import main
+from memnets.cli.suite import list_suites, load_suite, run_name, run_status, suite_runs
+from memnets.cli.table import MODEL_ORDER, PAPER_TABLE1, format_table1_vs_paper
+from memnets.train import list_presets, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["task.train_size=64", "task.eval_size=32", "model.d_model=16", "batch_size=16", "time_limit_min=0"]
+
+
+def _suite(tmp_path: Path, presets, seeds, overrides, extra: str = "") -> Path:
+    f = tmp_path / "tiny-suite.toml"
+    f.write_text(f'description = "tiny"\npresets = {json.dumps(presets)}\nseeds = {json.dumps(seeds)}\n'
+                 f"overrides = {json.dumps(overrides)}\n{extra}")
+    return f
+
+
+def test_suite_runs_skips_finished_runs_and_resumes_unfinished_ones(tmp_path, capsys):
+    suite = _suite(tmp_path, ["cpu/reduce-lstm_attention", "cpu/fib-transformer"], [0], ["epochs=1", *TINY])
+    runs = tmp_path / "runs"
+    argv = ["suite", "run", str(suite), "--runs-dir", str(runs)]
+    assert main([*argv, "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    names = ["cpu-reduce-lstm_attention-s0", "cpu-fib-transformer-s0"]
+    for n in names:
+        assert (runs / n / "results.json").is_file() and (runs / n / "suite.log").is_file()
+        cfg = json.loads((runs / n / "config.json").read_text())
+        assert cfg["threads"] == 1 and cfg["epochs"] == 1 and cfg["model"]["d_model"] == 16
+        assert f"| {n} | done |" in out  # the per-run table: status, params, wall time
+    assert "2 to start" in out and "## Table 1: ours / the paper's" in out
+    assert "/ 98.9 |" in out and "/ 28.7M" in out and "/ 71.5 |" in out  # the paper's figures beside ours
+    mtimes = {n: (runs / n / "results.json").stat().st_mtime_ns for n in names}
+
+    # a second invocation trains nothing
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(2 done, 0 to resume, 0 to start)" in out and "starting" not in out and "resuming" not in out
+    assert all((runs / n / "results.json").stat().st_mtime_ns == mtimes[n] for n in names)
+
+    # a run with a checkpoint but no results (interrupted) is resumed from its checkpoint
+    (runs / names[1] / "results.json").unlink()
+    assert run_status(runs / names[1]) == "resume" and run_status(runs / names[0]) == "done"
+    assert main([*argv, "--dry-run"]) == 0
+    assert "resume from step 4" in capsys.readouterr().out and run_status(runs / names[1]) == "resume"
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"{names[1]}: resuming from step 4" in out and "(1 done, 1 to resume, 0 to start)" in out
+    assert json.loads((runs / names[1] / "env.json").read_text())["resumed_from_step"] == 4
+    assert (runs / names[1] / "results.json").is_file()
+    assert (runs / names[0] / "results.json").stat().st_mtime_ns == mtimes[names[0]]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_suite_killed_with_sigkill_continues_on_rerun(tmp_path):
+    suite = _suite(tmp_path, ["cpu/reduce-lstm_attention"], [3],
+                   ["epochs=150", "eval_every=50", *TINY[:1], "task.eval_size=16", "model.d_model=8"])
+    runs = tmp_path / "runs"
+    run = runs / "cpu-reduce-lstm_attention-s3"
+    cmd = [sys.executable, "-m", "memnets.cli.main", "suite", "run", str(suite), "--runs-dir", str(runs)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (run / "checkpoints" / "last.json").is_file():
+            assert proc.poll() is None and time.time() < deadline, "the suite ended before a checkpoint"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (run / "results.json").exists(), "the run finished before the kill; make it longer"
+    trainer = int((run / "lock").read_text())
+    deadline = time.time() + 10
+    while _alive(trainer) and time.time() < deadline:  # the training subprocess dies with the suite
+        time.sleep(0.05)
+    assert not _alive(trainer)
+    step = json.loads((run / "checkpoints" / "last.json").read_text())["step"]
+    assert run_status(run) == "resume"
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "resuming from step" in res.stdout
+    assert json.loads((run / "env.json").read_text())["resumed_from_step"] >= step > 0
+    assert json.loads((run / "results.json").read_text())["steps"] == 150  # batch_size 64 = train_size: one step an epoch
+
+
+def test_table1_cpu_suite_covers_the_papers_seven_columns(capsys):
+    assert "table1-cpu" in list_suites()
+    assert not any(p.startswith("suites/") for p in list_presets())  # suites are not presets
+    s = load_suite("table1-cpu")
+    assert s.seeds == [0, 1] and len(s.presets) == 21
+    from memnets.cli.table import TASK_LABEL, _label
+
+    cells = set()
+    for p in s.presets:
+        cfg = load_config(p)
+        assert p.startswith("cpu/")
+        cells.add((TASK_LABEL[cfg.task.name], _label({"backbone": cfg.model.backbone})))
+    assert cells == {(t, c) for t in ("Palin", "Fib", "Reduce") for c in MODEL_ORDER[:7]}
+    runs = suite_runs(s, "runs/x")
+    assert len(runs) == 42 and runs[0].name == "cpu-palindrome-transformer-s0"
+    assert runs[1].overrides[:2] == ["threads=1", "seed=1"]
+    assert main(["suite", "ls"]) == 0
+    assert "table1-cpu  42 runs" in capsys.readouterr().out
+
+
+def test_suite_options_and_bad_input(tmp_path, capsys):
+    suite = _suite(tmp_path, ["cpu/fib-nam_tm", "demo/reduce-lstm"], [0, 1], ["epochs=1"],
+                   '[seeds_for]\n"demo/reduce-lstm" = [7]\n')
+    s = load_suite(str(suite))
+    runs = suite_runs(s, tmp_path / "r", seeds=None, overrides=["threads=2"])
+    assert [r.name for r in runs] == ["cpu-fib-nam_tm-s0", "cpu-fib-nam_tm-s1", "demo-reduce-lstm-s7"]
+    assert load_config(runs[0].preset, runs[0].overrides).threads == 2  # an override wins over --threads
+    assert [r.seed for r in suite_runs(s, tmp_path, seeds=[4])] == [4, 4]
+    assert run_name(str(tmp_path / "mine.toml"), 2) == "mine-s2"
+    assert main(["suite", "run", str(suite), "--runs-dir", str(tmp_path / "r"), "--seeds", "3", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu-fib-nam_tm-s3" in out and "demo-reduce-lstm-s3" in out and not (tmp_path / "r").exists()
+    # bad input: exit 2 before anything trains
+    assert main(["suite", "run", "no-such-suite"]) == 2
+    assert "no suite" in capsys.readouterr().err
+    assert main(["suite", "run", str(suite), "optim.lrr=1", "--runs-dir", str(tmp_path / "r")]) == 2
+    assert "did you mean `optim.lr`" in capsys.readouterr().err and not (tmp_path / "r").exists()
+    assert main(["suite", "run", str(suite), "--seeds", "a,b"]) == 2
+    bad = tmp_path / "bad.toml"
+    bad.write_text('preset = ["cpu/fib-nam_tm"]\n')
+    assert main(["suite", "run", str(bad)]) == 2
+    assert "did you mean `presets`" in capsys.readouterr().err
+
+
+def _fake_run(d: Path, backbone: str, task: str, seed: int, accs: tuple[float, float, float], params=1000):
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"seed": seed}))
+    splits = {k: {"seq_acc": a, "tok_acc": a, "ans_acc": a} for k, a in zip(("id", "od_easy", "od_hard"), accs)}
+    (d / "results.json").write_text(json.dumps({"name": d.name, "task": task, "backbone": backbone,
+                                                "params": params, "splits": splits}))
+
+
+def test_table_paper_prints_the_papers_figures_beside_ours(tmp_path, capsys):
+    _fake_run(tmp_path / "b", "nam_tm", "fib", 1, (0.9, 0.5, 0.25), 230_000)
+    _fake_run(tmp_path / "a", "nam_tm", "fib", 0, (1.0, 0.4, 0.125), 230_000)
+    _fake_run(tmp_path / "c", "lstm", "fib", 0, (0.5, 0.0, 0.0))  # a column the paper's Table 1 lacks
+    assert main(["table", "--paper", str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    rows, task = {}, ""
+    for line in out.splitlines():
+        if line.startswith("|"):
+            t, split = (c.strip() for c in line.strip("|").split("|")[:2])
+            task = t or task
+            rows[(task, split)] = line
+    head = [c.strip() for c in rows[("Model", "")].strip("|").split("|")]
+    assert head[2:] == MODEL_ORDER[:7] + ["biLSTM"]
+    cell = lambda row, col: [c.strip() for c in row.strip("|").split("|")][2 + head[2:].index(col)]  # noqa: E731
+    assert cell(rows[("Fib", "ID")], "NAM-TM") == "95.0 (100.0, 90.0) / 97.4"  # mean (seed 0, seed 1) / paper
+    assert cell(rows[("Fib", "OD-hard")], "NAM-TM") == "18.8 (12.5, 25.0) / 71.5"
+    assert cell(rows[("Reduce", "OD-hard")], "NAM-TM") == "– / 100.0"
+    assert cell(rows[("Fib", "ID")], "TF") == "– / 98.9" and cell(rows[("Fib", "ID")], "biLSTM") == "50.0 / –"
+    assert cell(rows[("Parameters", "")], "NAM-TM") == "230K / 23.3M"
+    assert "71.5" in out and "mean over seeds" in out
+    # without run directories --paper prints the paper's table alone
+    assert main(["table", "--paper"]) == 0
+    assert "89.7%" in capsys.readouterr().out
+
+
+def test_paper_table1_matches_the_seed_text():
+    seeds = sorted((REPO.parent / "shared" / "seeds").glob("000_*.txt"))
+    if not seeds:
+        pytest.skip("the paper's text (../shared/seeds/000_*.txt) is not beside the repository")
+    text = seeds[0].read_text()
+    block = text[text.index("Table 1: Sequence accuracy"):].splitlines()[1:12]
+    assert block[0].split()[1:] == ["TF", "LSTM", "UT", "DNC", "LSAM", "NAM-TM", "No", "Jmp"]
+    assert block[1].split()[1:] == PAPER_TABLE1["Parameters"]
+    task = None
+    for line in block[2:]:
+        words = line.split()
+        if words[0] in ("Palin", "Fib", "Reduce"):
+            task, words = words[0], words[1:]
+        vals = [float(v.rstrip("%")) for v in words[1:]]
+        assert PAPER_TABLE1[(task, words[0])] == vals, (task, words[0])
+    assert len(PAPER_TABLE1) == 10
+
+
+def test_format_table1_vs_paper_pools_seeds_in_seed_order():
+    mk = lambda seed, a: {"task": "reduce", "backbone": "dnc", "params": 5, "seed": seed,  # noqa: E731
+                          "splits": {"id": {"seq_acc": a}}}
+    text = format_table1_vs_paper([mk(1, 0.2), mk(0, 0.1)])
+    assert re.search(r"\| Reduce \| ID \|.*\| 15\.0 \(10\.0, 20\.0\) / 100\.0 \|", text)
