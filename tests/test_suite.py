@@ -68,32 +68,43 @@ def test_suite_runs_skips_finished_runs_and_resumes_unfinished_ones(tmp_path, ca
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie awaiting its reaper counts as dead)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
-def test_suite_killed_with_sigkill_continues_on_rerun(tmp_path):
+@pytest.mark.parametrize("how", ["sigkill", "ctrl-c"])
+def test_suite_interrupted_continues_on_rerun(tmp_path, how):
+    """SIGKILL of the suite alone (its training subprocess must die with it), or Ctrl-C (SIGINT
+    to the whole process group, as a terminal sends it); the same command then resumes the run."""
     suite = _suite(tmp_path, ["cpu/reduce-lstm_attention"], [3],
                    ["epochs=150", "eval_every=50", *TINY[:1], "task.eval_size=16", "model.d_model=8"])
     runs = tmp_path / "runs"
     run = runs / "cpu-reduce-lstm_attention-s3"
     cmd = [sys.executable, "-m", "memnets.cli.main", "suite", "run", str(suite), "--runs-dir", str(runs)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + 120
         while not (run / "checkpoints" / "last.json").is_file():
             assert proc.poll() is None and time.time() < deadline, "the suite ended before a checkpoint"
             time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        trainer = int((run / "lock").read_text())
+        if how == "sigkill":
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert not (run / "results.json").exists(), "the run finished before the kill; make it longer"
-    trainer = int((run / "lock").read_text())
+    assert rc == (-signal.SIGKILL if how == "sigkill" else 130)
+    assert not (run / "results.json").exists(), "the run finished before the interruption; make it longer"
     deadline = time.time() + 10
     while _alive(trainer) and time.time() < deadline:  # the training subprocess dies with the suite
         time.sleep(0.05)
