@@ -170,3 +170,65 @@ def test_lra_experiment_runs_on_cuda(tmp_path, monkeypatch):
                     "--out", str(tmp_path / "out"), "--device", "cuda"])
     assert res["device"].startswith("cuda") and res["gpu"]
     assert all(r["steps"] == 4 for r in res["rows"])
+
+
+def _fla_or_skip():
+    from memnets.ops.delta.fla_backend import fla_available, fla_reasons
+    if not fla_available():
+        pytest.skip("flash-linear-attention (fla) is not installed: " + "; ".join(fla_reasons(torch.zeros(1, device=DEV))))
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+@pytest.mark.parametrize("dtype,mode,tol", [(torch.bfloat16, "chunk", 5e-2), (torch.float16, "chunk", 1e-2),
+                                            (torch.float32, "recurrent", 1e-4)])
+@pytest.mark.parametrize("same", [True, False], ids=["pe=pw", "pe!=pw"])
+@pytest.mark.parametrize("with_state", [True, False])
+def test_nam_scan_fla_matches_reference(dtype, mode, tol, same, with_state):
+    """fla's kernels through ``nam_scan_fla`` == our float32 reference (values, every gradient)."""
+    _fla_or_skip()
+    from memnets.ops import nam_scan, unit
+    from memnets.ops.delta.fla_backend import nam_scan_fla
+    g = torch.Generator().manual_seed(0)
+    B, T, H, dk, dv = 2, 100, 2, 64, 64  # T not a multiple of the chunk
+    x = dict(q=unit(torch.randn(B, T, H, dk, generator=g)), k=unit(torch.randn(B, T, H, dk, generator=g)),
+             v=torch.randn(B, T, H, dv, generator=g), p_w=torch.rand(B, T, H, generator=g),
+             p_e=torch.rand(B, T, H, generator=g), p_r=torch.rand(B, T, H, generator=g),
+             state=0.5 * torch.randn(B, H, dv, dk, generator=g))
+    if not with_state:
+        x.pop("state")
+    x = {n: t.to(DEV, dtype) for n, t in x.items()}  # rounded to dtype once; both sides see the same values
+    co = torch.randn(B, T, H, dv, generator=g).to(DEV)
+    cs = torch.randn(B, H, dv, dk, generator=g).to(DEV)
+
+    def run(fn, cast):
+        L = {n: t.detach().to(cast).requires_grad_() for n, t in x.items()}
+        pe = L["p_w"] if same else L["p_e"]
+        o, s = fn(L, pe)
+        ((o.float() * co).sum() + (s.float() * cs).sum()).backward()
+        return o.detach(), s.detach(), {n: t.grad for n, t in L.items() if t.grad is not None}
+
+    o1, s1, g1 = run(lambda L, pe: nam_scan(L["q"], L["k"], L["v"], L["p_w"], pe, L["p_r"],
+                                            initial_state=L.get("state"), impl="reference"), torch.float32)
+    o2, s2, g2 = run(lambda L, pe: nam_scan_fla(L["q"], L["k"], L["v"], L["p_w"], pe, L["p_r"], L.get("state"),
+                                                delta=same, mode=mode), dtype)
+    assert o2.dtype == dtype and s2.dtype == dtype and s2.shape == (B, H, dv, dk)
+    errs = {"out": _rel_err(o2, o1), "state": _rel_err(s2, s1)}
+    errs.update({f"d{n}": _rel_err(g2[n], g1[n]) for n in g1})
+    assert set(g2) == set(g1)
+    assert max(errs.values()) < tol, errs
+
+
+def test_nam_scan_auto_uses_fla_for_half_precision():
+    _fla_or_skip()
+    from memnets.ops import nam_scan, nam_scan_resolve_impl, unit
+    q = unit(torch.randn(2, 70, 2, 64, device=DEV, dtype=torch.bfloat16))
+    assert nam_scan_resolve_impl("auto", q) == "fla"
+    assert nam_scan_resolve_impl("auto", q.float()) == "chunked"
+    beta = torch.rand(2, 70, 2, device=DEV, dtype=torch.bfloat16)
+    o1, s1 = nam_scan(q, q, q, beta, beta, impl="auto")
+    o2, s2 = nam_scan(q, q, q, beta, beta, impl="chunked")
+    assert _rel_err(o1, o2) < 5e-2 and _rel_err(s1, s2) < 5e-2

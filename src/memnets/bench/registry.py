@@ -15,6 +15,7 @@ __all__ = ["SUITES", "run_suite", "format_table", "bench_env"]
 SUITES = {
     "ops": "memnets.bench.ops",
     "models": "memnets.bench.models",
+    "gpu": "memnets.bench.gpu",
 }
 
 

@@ -1,7 +1,8 @@
 """The NAM sequence op: ``nam_scan`` (whole sequence) and ``nam_step`` (one token).
 
 ``impl`` picks the implementation: ``"reference"`` (time loop, :mod:`.reference`),
-``"chunked"`` (chunkwise-parallel, :mod:`.chunked`) or ``"auto"``. Each implementation
+``"chunked"`` (chunkwise-parallel, :mod:`.chunked`), ``"fla"`` (the Triton kernels of
+flash-linear-attention, :mod:`.fla_backend`, CUDA only, when installed) or ``"auto"``. Each implementation
 states why it cannot run through :func:`supports`; forcing one that cannot run raises with
 those reasons.
 """
@@ -13,11 +14,12 @@ import torch
 
 from ..._checks import check_positive_int, check_prob, check_shape, check_tensor
 from .chunked import nam_scan_chunked
+from .fla_backend import fla_reasons, nam_scan_fla
 from .reference import nam_scan_reference, nam_step_reference
 
 __all__ = ["nam_scan", "nam_step", "supports", "resolve_impl", "IMPLS"]
 
-IMPLS = ("reference", "chunked")
+IMPLS = ("reference", "chunked", "fla")
 Prob = Union[torch.Tensor, float, int, None]
 
 
@@ -31,12 +33,18 @@ def supports(impl: str, q: torch.Tensor, *, chunk_size: int = 64) -> list[str]:
             reasons.append(f"chunk_size must be a positive int, got {chunk_size!r}")
         if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
             reasons.append(f"dtype {q.dtype} has no triangular solve")
+    if impl == "fla":
+        reasons.extend(fla_reasons(q))
     return reasons
 
 
 def resolve_impl(impl: str, q: torch.Tensor, *, chunk_size: int = 64) -> str:
     """The implementation ``nam_scan`` would run for ``impl`` on these inputs."""
     if impl == "auto":
+        # fla's chunked Triton kernels on CUDA in float16 / bfloat16 (in float32 fla has only
+        # step-by-step kernels; our chunked path keeps float32 matmuls there).
+        if q.dtype in (torch.float16, torch.bfloat16) and q.device.type == "cuda" and not supports("fla", q):
+            return "fla"
         # The time loop wins only for very short sequences.
         if q.shape[1] > 4 and not supports("chunked", q, chunk_size=chunk_size):
             return "chunked"
@@ -146,8 +154,12 @@ def nam_scan(
         p_e: erase probabilities ``[B, T, H]`` (or a Python float).
         p_r: read probabilities ``[B, T, H]``, a float, or ``None`` (= 1).
         initial_state: ``[B, H, dv, dk]``; zeros when ``None``.
-        impl: ``"auto"``, ``"reference"`` or ``"chunked"``.
-        chunk_size: chunk length of the chunked implementation.
+        impl: ``"auto"``, ``"reference"``, ``"chunked"`` or ``"fla"``. ``"auto"`` takes fla's
+            chunked kernels for float16 / bfloat16 CUDA tensors when fla imports, else
+            ``"chunked"`` (``"reference"`` for T <= 4). ``"fla"`` uses the delta-rule kernels when
+            ``p_e`` is ``p_w`` (the same object, or equal floats) and the generalised delta rule
+            otherwise; in float32 it runs fla's step-by-step fused kernels.
+        chunk_size: chunk length of the chunked implementation (fla: its own default).
         validate: also check values (probabilities in [0, 1], finite q, k, v and state);
             off by default because it forces a device sync.
     Returns:
@@ -155,8 +167,13 @@ def nam_scan(
     """
     if impl == "chunked":
         check_positive_int("chunk_size", chunk_size)
+    same = p_e is p_w or (
+        isinstance(p_e, (float, int)) and isinstance(p_w, (float, int)) and float(p_e) == float(p_w))
+    given_state = initial_state
     pw, pe, pr, initial_state = _prepare(q, k, v, p_w, p_e, p_r, initial_state, True, validate)
     which = resolve_impl(impl, q, chunk_size=chunk_size)
+    if which == "fla":
+        return nam_scan_fla(q, k, v, pw, None if same else pe, pr, given_state, delta=same)
     if which == "chunked":
         return nam_scan_chunked(q, k, v, pw, pe, pr, initial_state, chunk_size)
     return nam_scan_reference(q, k, v, pw, pe, pr, initial_state)
