@@ -7,7 +7,9 @@ as ``optim.lr=3e-4`` or ``model.options.num_heads=2``. Values are parsed as TOML
 (``3e-4``, ``true``, ``[5, 10]``, ``"x"``; a bare word is taken as a string) and checked
 against the field's type; an unknown key is rejected with the closest known key.
 
-Defaults are the authors' training settings (SPEC §12): AdamW lr 1e-4, weight decay 5e-5,
+Defaults are the authors' training settings (SPEC §12) except the optimiser: AdamW (the
+authors used Adam with L2 weight decay, ``optim.kind = "adam"``, as the ``paper/*`` presets do),
+lr 1e-4, weight decay 5e-5,
 lr × 0.98 per epoch, gradient clip 0.5, batch 128, 25,600 fresh samples per epoch, model
 selection by the best OD-easy sequence accuracy (ties: ID accuracy, then validation loss).
 """
@@ -64,13 +66,18 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW settings; ``grad_clip`` is a global-norm bound (0 disables).
+    """Optimiser settings; ``grad_clip`` is a global-norm bound (0 disables).
+
+    ``kind``: ``adamw`` (:class:`torch.optim.AdamW`, decoupled weight decay) or ``adam``
+    (:class:`torch.optim.Adam`, ``weight_decay`` as an L2 penalty added to the gradient, as the
+    authors trained); built by :func:`memnets.train.optim.make_optimizer`.
 
     ``nan_policy``: what a non-finite loss or gradient does to a training step: ``raise``
     (stop with :class:`~memnets.train.nan_guard.NonFiniteError` naming the step and the
     tensor; the last checkpoint stays) or ``skip`` (drop that update and go on).
     """
 
+    kind: str = "adamw"
     lr: float = 1e-4
     weight_decay: float = 5e-5
     betas: tuple[float, float] = (0.9, 0.999)
@@ -135,6 +142,7 @@ _CHOICES = {
     ("select_ties",): ("first", "last"),
     ("task", "name"): ("fib", "addition", "palindrome", "reduce"),
     ("optim", "nan_policy"): ("raise", "skip"),
+    ("optim", "kind"): ("adamw", "adam"),
 }
 
 _DEVICE = re.compile(r"(auto|cpu|mps|cuda(:\d+)?)")
