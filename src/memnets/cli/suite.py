@@ -9,6 +9,8 @@ presets) or given as a path::
     overrides = ["threads=1"]                             # optional, applied to every run
     [seeds_for]                                           # optional, per-preset seeds
     "cpu/fib-transformer" = [0]
+    [overrides_for]                                       # optional, per-preset overrides
+    "cpu/fib-nam_tm" = ["time_limit_min=15"]              # (after `overrides`, so they win)
 
 Each run goes to ``<runs-dir>/<preset with / as ->-s<seed>`` (default runs dir:
 ``runs/<suite name>``). A run whose ``results.json`` exists is skipped; any other run is
@@ -33,7 +35,7 @@ from pathlib import Path
 __all__ = ["add_parser", "Suite", "SuiteRun", "load_suite", "list_suites", "suite_runs", "run_status", "run_name",
            "runs_table"]
 
-SUITE_KEYS = ("description", "presets", "seeds", "overrides", "seeds_for")
+SUITE_KEYS = ("description", "presets", "seeds", "overrides", "seeds_for", "overrides_for")
 
 EPILOG = """examples:
   memnets suite ls
@@ -56,6 +58,7 @@ class Suite:
     description: str = ""
     overrides: list[str] = field(default_factory=list)
     seeds_for: dict[str, list[int]] = field(default_factory=dict)
+    overrides_for: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -119,8 +122,15 @@ def load_suite(source: str | Path) -> Suite:
             raise ConfigError(f"{path}: `seeds_for` names {k!r}, which is not in `presets`")
         if not isinstance(v, list) or not v or not all(isinstance(s, int) for s in v):
             raise ConfigError(f"{path}: `seeds_for.{k}` expected a non-empty list of integers, got {v!r}")
+    overrides_for = data.get("overrides_for", {})
+    for k, v in overrides_for.items():
+        if k not in presets:
+            raise ConfigError(f"{path}: `overrides_for` names {k!r}, which is not in `presets`")
+        if not isinstance(v, list) or not all(isinstance(o, str) for o in v):
+            raise ConfigError(f"{path}: `overrides_for.{k}` expected a list of \"key=value\" strings, got {v!r}")
     return Suite(name=path.stem, path=path, presets=list(presets), seeds=list(seeds),
-                 description=str(data.get("description", "")), overrides=list(overrides), seeds_for=dict(seeds_for))
+                 description=str(data.get("description", "")), overrides=list(overrides), seeds_for=dict(seeds_for),
+                 overrides_for={k: list(v) for k, v in overrides_for.items()})
 
 
 def run_name(preset: str, seed: int) -> str:
@@ -132,13 +142,13 @@ def run_name(preset: str, seed: int) -> str:
 def suite_runs(suite: Suite, runs_dir: str | Path, *, seeds: list[int] | None = None,
                overrides: list[str] | None = None, threads: int | None = 1) -> list[SuiteRun]:
     """The runs of ``suite`` in order (preset-major). ``seeds`` replaces every preset's seeds;
-    ``overrides`` come after the suite's own (so they win); ``threads`` (unless None) is set
-    first, so an override ``threads=N`` wins over it."""
+    ``overrides`` come after the suite's own and its per-preset ``overrides_for`` (so they win);
+    ``threads`` (unless None) is set first, so an override ``threads=N`` wins over it."""
     out = []
     for p in suite.presets:
         for s in (seeds if seeds is not None else suite.seeds_for.get(p, suite.seeds)):
             ov = ([f"threads={threads}"] if threads is not None else []) + [f"seed={s}"] \
-                + suite.overrides + list(overrides or [])
+                + suite.overrides + suite.overrides_for.get(p, []) + list(overrides or [])
             name = run_name(p, s)
             out.append(SuiteRun(p, s, name, Path(runs_dir) / name, ov))
     return out
