@@ -14,6 +14,7 @@ The initial state is all zeros (memory, usage, link, precedence, weightings, rea
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_input_dtype, check_positive_int, check_shape
+from ..ops._amp import autocast_device, to_float32
 from ..ops.addressing import content_weights, erase_add_write, weighted_read
 from ..ops.dnc import (dnc_allocation, dnc_directional_weights, dnc_link, dnc_precedence, dnc_read_weights,
                        dnc_retention, dnc_usage, dnc_write_weighting)
@@ -301,11 +303,16 @@ class DNC(nn.Module):
         check_input_dtype(name, x, next(self.parameters()).dtype)
 
     def _scan_applies(self, x: torch.Tensor, state: DNCState) -> bool:
-        """The whole-sequence Function runs in one dtype: the parameters', no autocast (else the
-        per-step path, which mixes dtypes as autocast and type promotion do)."""
+        """The whole-sequence Function runs in one dtype, the parameters' (``forward`` has turned
+        autocast off by then); a state of another dtype takes the per-step path, with a warning
+        once."""
         dtype = self.interface.weight.dtype
-        return (not torch.is_autocast_enabled(x.device.type) and x.dtype == dtype
-                and all(t.dtype == dtype for t in (*state.controller, *state.access, state.reads)))
+        ok = x.dtype == dtype and all(t.dtype == dtype for t in (*state.controller, *state.access, state.reads))
+        if not ok and not getattr(self, "_warned_slow", False):
+            self._warned_slow = True
+            warnings.warn(f"DNC: the state's dtype differs from the parameters' ({dtype}); running the "
+                          "per-step path instead of the fast one (convert the state with .to)", stacklevel=3)
+        return ok
 
     def _forward_scan(self, x: torch.Tensor, state: DNCState):
         """The whole sequence through :class:`~memnets.memories.dnc_scan.DNCRecurrence` (fast path)."""
@@ -326,7 +333,12 @@ class DNC(nn.Module):
         return y, state
 
     def step(self, x_t: torch.Tensor, state: DNCState | None = None):
-        """One time step: ``x_t [B, input_size] -> (y_t [B, output_size], state)``."""
+        """One time step: ``x_t [B, input_size] -> (y_t [B, output_size], state)`` (float32 under
+        autocast, as :meth:`forward`)."""
+        dev = autocast_device(x_t, state)
+        if dev is not None:
+            with torch.autocast(dev, enabled=False):
+                return self.step(to_float32(x_t), to_float32(state))
         check_shape("x_t", x_t, ["B", "input_size"], [None, self.config.input_size])
         self._check_dtype("x_t", x_t)
         B = x_t.shape[0]
@@ -336,7 +348,15 @@ class DNC(nn.Module):
         return self._readout(h, state.reads), state
 
     def forward(self, x: torch.Tensor, state: DNCState | None = None, return_aux: bool = False):
-        """Run a sequence ``x [B, T, input_size]``; returns ``(y [B, T, output_size], state[, aux])``."""
+        """Run a sequence ``x [B, T, input_size]``; returns ``(y [B, T, output_size], state[, aux])``.
+
+        Under autocast the whole recurrence runs in float32 with autocast off (``x`` and the
+        state cast up, :mod:`memnets.ops._amp`), so the fast path applies there too; outputs
+        and state are float32."""
+        dev = autocast_device(x, state)
+        if dev is not None:
+            with torch.autocast(dev, enabled=False):
+                return self.forward(to_float32(x), to_float32(state), return_aux)
         cfg = self.config
         check_shape("x", x, ["B", "T", "input_size"], [None, None, cfg.input_size])
         self._check_dtype("x", x)

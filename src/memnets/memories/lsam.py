@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from .._checks import check_input_dtype, check_positive_int, check_shape, check_tensor
 from ..ops import merge_heads, nam_read, nam_write, split_heads, unit
+from ..ops._amp import float32_under_autocast
 from ..registry import register_model
 from . import _lsam_loops
 
@@ -129,6 +130,7 @@ class _LSAMRecurrence(torch.autograd.Function):
         return dgx, dw, dM, dh.view(dirs, B, Dp), None
 
 
+@float32_under_autocast
 def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor, bias: torch.Tensor,
               memory: torch.Tensor, h: torch.Tensor, num_heads: int, compiled: bool = True):
     """Run one LSAM layer (all its directions at once) over a sequence — the fast path.
@@ -143,7 +145,8 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
             loops as plain Python).
     Returns:
         ``(out [T, B, dirs*D'], memory [dirs, B, H', d, d], h [dirs, B, D'])``; direction 1
-        runs from t = T-1 down to 0.
+        runs from t = T-1 down to 0. Under autocast the whole layer runs in float32 with
+        autocast off (inputs cast up; :mod:`memnets.ops._amp`) and returns float32.
 
     The input projection of every step and direction is one matmul; per step only
     ``h_{t-1} W_hhᵀ`` (one batched matmul over directions) and the NAM update remain, with a
@@ -368,10 +371,12 @@ class LSAM(nn.Module):
         T, B = xt.shape[0], xt.shape[1]
         if T == 0 or B == 0:
             raise ValueError(f"`x` expected non-empty batch and time dims, got {list(x.shape)}")
+        # under autocast the state is kept in the parameters' dtype (the scans run in float32)
+        sdtype = self.weight_ih_l0.dtype if torch.is_autocast_enabled(x.device.type) else x.dtype
         if state is None:
-            state = self.init_state(B, x.device, x.dtype)
+            state = self.init_state(B, x.device, sdtype)
         else:
-            self._check_state(state, B, x.dtype)
+            self._check_state(state, B, sdtype)
         dirs, Hp = self.num_directions, self.num_heads // self.num_directions
         mems, hs = [], []
         inp = xt

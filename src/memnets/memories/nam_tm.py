@@ -31,6 +31,7 @@ from ..ops import nam_read, nam_scan, nam_write, unit
 from ..ops.gru import gru_module_forward
 from ..ops.nam_tm_heads import nam_tm_heads
 from ..registry import register_model
+from ..ops._amp import run_rnn
 
 __all__ = ["NAMTuringMachine", "NAMTMState", "NAMTMAux", "nam_tm_step", "move_head", "ACTIONS"]
 
@@ -162,7 +163,7 @@ class _NAMTMLayer(nn.Module):
         if fused and isinstance(self.controller, nn.GRU):
             hc = gru_module_forward(self.controller, x)
         else:
-            hc = self.controller(x)[0]
+            hc = run_rnn(self.controller, x)[0]
         ctrl = self.control(hc).view(B, T, Tn, self.n_ctrl)  # [B, T, Tn, n_ctrl]
         act = F.softmax(ctrl[..., : 2 * A].unflatten(-1, (2, A)), dim=-1)  # [B, T, Tn, 2, A]
         n_p = 3 if self.separate_erase else 2

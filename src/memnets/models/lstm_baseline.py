@@ -27,6 +27,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from .._checks import check_positive_int, check_shape
 from ..attention import check_mask
 from ..registry import register_model
+from ..ops._amp import run_rnn
 
 __all__ = ["DotProductSelfAttention", "LSTMAttentionBaseline"]
 
@@ -91,9 +92,9 @@ class LSTMAttentionBaseline(nn.Module):
     @staticmethod
     def _run(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
         if lengths is None:
-            return lstm(x)[0]
+            return run_rnn(lstm, x)[0]
         packed = pack_padded_sequence(x, lengths.clamp_min(1).cpu(), batch_first=True, enforce_sorted=False)
-        return pad_packed_sequence(lstm(packed)[0], batch_first=True, total_length=x.shape[1])[0]
+        return pad_packed_sequence(run_rnn(lstm, packed)[0], batch_first=True, total_length=x.shape[1])[0]
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         check_shape("x", x, ["B", "S", "d_model"], [None, None, self.d_model])

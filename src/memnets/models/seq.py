@@ -16,6 +16,7 @@ from torch import nn
 
 from .._checks import check_tensor
 from ..registry import register_model
+from ..ops._amp import run_rnn
 
 __all__ = ["SequenceTaskModel", "BACKBONES", "SIZES", "backbone_available", "build_backbone"]
 
@@ -115,7 +116,7 @@ class _BiLSTM(nn.Module):
                             bidirectional=True, dropout=dropout if num_layers > 1 else 0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lstm(x)[0]
+        return run_rnn(self.lstm, x)[0]
 
 
 def build_backbone(name: str, d_model: int, **kwargs: Any) -> nn.Module:

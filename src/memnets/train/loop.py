@@ -106,9 +106,11 @@ def _tie_level(evals: list[dict], chosen: tuple, select_split: str) -> str:
 
 
 def _autocast(cfg: RunConfig, device: torch.device):
+    """bf16 autocast for ``amp = "bf16"`` (CPU or CUDA) and for ``"auto"`` on CUDA; else none.
+    The recurrences with hand-written loops run in float32 inside it (memnets.ops._amp)."""
     use = cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda")
-    if use and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    if use and device.type in ("cuda", "cpu"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -303,7 +305,9 @@ def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> di
         run_dir.mkdir(parents=True, exist_ok=True)
         ck.atomic_write_text(run_dir / "config.json", json.dumps(config_to_dict(cfg), indent=2))
         env = run_env(device, info.world)
-        env.update(params=n_params, resumed_from_step=step if has_ckpt else None)
+        ac = _autocast(cfg, device)
+        env.update(params=n_params, resumed_from_step=step if has_ckpt else None,
+                   autocast=str(ac.fast_dtype).replace("torch.", "") if isinstance(ac, torch.autocast) else None)
         ck.atomic_write_text(run_dir / "env.json", json.dumps(env, indent=2))
     metrics = _Metrics(run_dir / "metrics.jsonl", info.is_main, keep_lines)
     tb = None

@@ -13,6 +13,7 @@ from typing import Union
 import torch
 
 from ..._checks import check_positive_int, check_prob, check_shape, check_tensor
+from .._amp import autocast_device, to_float32
 from .chunked import nam_scan_chunked
 from .fla_backend import fla_reasons, nam_scan_fla
 from .reference import nam_scan_reference, nam_step_reference
@@ -163,10 +164,20 @@ def nam_scan(
         validate: also check values (probabilities in [0, 1], finite q, k, v and state);
             off by default because it forces a device sync.
     Returns:
-        ``(outputs [B, T, H, dv], final_state [B, H, dv, dk])``.
+        ``(outputs [B, T, H, dv], final_state [B, H, dv, dk])``. Under autocast (CPU or CUDA)
+        the chunked and reference scans run in float32 with autocast off, inputs cast up, and
+        return float32; fla's kernels take the bfloat16 / float16 tensors as they are.
     """
     if impl == "chunked":
         check_positive_int("chunk_size", chunk_size)
+    dev = autocast_device(q, k, v, p_w, p_e, p_r, initial_state)
+    if dev is not None and resolve_impl(impl, q, chunk_size=chunk_size) != "fla":
+        # under autocast the chunked and reference scans run in float32, autocast off (ops/_amp.py)
+        q32, k32, v32, pw32, pr32, s32 = to_float32((q, k, v, p_w, p_r, initial_state))
+        pe32 = pw32 if p_e is p_w else to_float32(p_e)
+        with torch.autocast(dev, enabled=False):
+            return nam_scan(q32, k32, v32, pw32, pe32, pr32, initial_state=s32, impl=impl,
+                            chunk_size=chunk_size, validate=validate)
     same = p_e is p_w or (
         isinstance(p_e, (float, int)) and isinstance(p_w, (float, int)) and float(p_e) == float(p_w))
     given_state = initial_state
