@@ -1,7 +1,8 @@
 """Where real datasets live, and checking that their files are intact.
 
 The data directory comes from an explicit argument (``--data-dir``), else ``$MEMNETS_DATA``,
-else ``../shared/data`` relative to the working directory. Paths inside it are resolved with
+else ``../shared/data`` relative to the working directory (``memnets data where`` shows which,
+and ``memnets data download`` fills one). Paths inside it are resolved with
 :func:`data_file`, which refuses paths that escape the directory. :func:`verify_file` checks a
 file against the directory's ``SHA256SUMS`` once and remembers the result (keyed by path, size
 and modification time) in a small cache file, so later runs do not hash again.
@@ -11,10 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import tempfile
 from pathlib import Path
 
-__all__ = ["resolve_data_dir", "data_file", "verify_file", "expected_sha256", "cache_dir", "DataError"]
+__all__ = ["resolve_data_dir", "locate_data_dir", "data_file", "verify_file", "expected_sha256", "cache_dir",
+           "DataError"]
 
 CHECKSUMS = "SHA256SUMS"
 
@@ -31,19 +34,30 @@ def cache_dir() -> Path:
     return Path(base) / "memnets"
 
 
+def locate_data_dir(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
+    """``(path, origin)`` of the data directory, whether or not it exists.
+
+    ``origin`` says where the path came from: ``"data_dir argument"``,
+    ``"MEMNETS_DATA environment variable"`` or ``"default ../shared/data"``.
+    """
+    if data_dir is not None:
+        return Path(data_dir), "data_dir argument"
+    if os.environ.get("MEMNETS_DATA"):
+        return Path(os.environ["MEMNETS_DATA"]), "MEMNETS_DATA environment variable"
+    return Path.cwd() / ".." / "shared" / "data", "default ../shared/data"
+
+
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     """The data directory: ``data_dir``, else ``$MEMNETS_DATA``, else ``../shared/data``.
 
-    Raises FileNotFoundError naming the path and where it came from if it does not exist.
+    Raises FileNotFoundError naming the path, where it came from, and the command that
+    downloads the datasets into it, if it does not exist.
     """
-    if data_dir is not None:
-        path, origin = Path(data_dir), "data_dir argument"
-    elif os.environ.get("MEMNETS_DATA"):
-        path, origin = Path(os.environ["MEMNETS_DATA"]), "MEMNETS_DATA environment variable"
-    else:
-        path, origin = Path.cwd() / ".." / "shared" / "data", "default ../shared/data"
+    path, origin = locate_data_dir(data_dir)
     if not path.is_dir():
-        raise FileNotFoundError(f"data directory {str(path)!r} (from the {origin}) does not exist")
+        raise FileNotFoundError(
+            f"data directory {str(path)!r} (from the {origin}) does not exist; download the datasets "
+            f"into it with `memnets data download --to {shlex.quote(str(path))}`")
     return path.resolve()
 
 

@@ -2,8 +2,11 @@
 
 The data directory comes from ``data_dir``, else the ``MEMNETS_DATA`` environment variable,
 else ``../shared/data`` relative to the current working directory (:func:`resolve_data_dir`).
-Files are read straight out of ``<data>/babi/tasks_1-20_v1-2_en_en-10k.tar.gz`` (no unpacking),
-members ``tasks_1-20_v1-2/{en,en-10k}/qa{N}_{name}_{train,test}.txt``. Used by the MemN2N
+The task files ``tasks_1-20_v1-2/{en,en-10k}/qa{N}_{name}_{train,test}.txt`` are read from the
+first of these found in ``<data>/babi/`` (:data:`SOURCES`): the official archive
+``tasks_1-20_v1-2.tar.gz`` (what ``memnets data download babi --to <data>`` fetches), the
+repacked ``tasks_1-20_v1-2_en_en-10k.tar.gz`` (``en`` and ``en-10k`` only), or the unpacked
+folder ``tasks_1-20_v1-2/``. Archives are read without unpacking. Used by the MemN2N
 experiments (SPEC §9, §11).
 
 Worked example (task 1, first story)::
@@ -28,6 +31,7 @@ import functools
 import os
 import random
 import re
+import shlex
 import tarfile
 import warnings
 import zlib
@@ -37,10 +41,11 @@ from typing import Iterable, NamedTuple, Sequence
 
 import torch
 
+from ..data_download import BABI_ARCHIVE, BABI_FOLDER, BABI_REPACK, missing_message
 from ..datadir import resolve_data_dir, verify_file
 
 __all__ = [
-    "TASK_NAMES", "ARCHIVE", "PAD", "BabiExample", "BabiTensors", "Vocabulary",
+    "TASK_NAMES", "ARCHIVE", "OFFICIAL_ARCHIVE", "FOLDER", "SOURCES", "PAD", "BabiExample", "BabiTensors", "Vocabulary",
     "resolve_data_dir", "archive_path", "member_name", "tokenize", "parse_babi", "load_task",
     "load_tasks", "load_joint", "split_validation", "build_vocab", "vectorize",
 ]
@@ -53,10 +58,14 @@ TASK_NAMES: dict[int, str] = {
     16: "basic-induction", 17: "positional-reasoning", 18: "size-reasoning", 19: "path-finding",
     20: "agents-motivations",
 }
-ARCHIVE = "babi/tasks_1-20_v1-2_en_en-10k.tar.gz"
+ARCHIVE = BABI_REPACK                # "babi/tasks_1-20_v1-2_en_en-10k.tar.gz": en + en-10k, repacked
+OFFICIAL_ARCHIVE = BABI_ARCHIVE      # "babi/tasks_1-20_v1-2.tar.gz": the official archive
+FOLDER = BABI_FOLDER                 # "babi/tasks_1-20_v1-2": either archive, unpacked
+SOURCES = (OFFICIAL_ARCHIVE, ARCHIVE, FOLDER)  # in the order they are looked for
 PAD = "<pad>"
 _ROOT = "tasks_1-20_v1-2"
-_MISSING_10K = {(3, "train")}  # absent from the shared copy (see the data README)
+_MISSING_10K = {(3, "train")}  # absent from the repacked archive (ARCHIVE); the official one has it
+_MEMBER = re.compile(r"^tasks_1-20_v1-2/(en|en-10k)/qa\d+_[a-z-]+_(train|test)\.txt$")
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
@@ -91,13 +100,19 @@ class BabiTensors(NamedTuple):
 
 
 def archive_path(data_dir: str | os.PathLike | None = None) -> Path:
-    """Path of the bAbI archive inside the data directory (checked to exist)."""
-    path = resolve_data_dir(data_dir) / ARCHIVE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"bAbI archive not found: expected the file {str(path)!r} "
-            "(tasks_1-20_v1-2 packed as a .tar.gz, see the data README)")
-    return path
+    """Where the bAbI files are read from: the first of :data:`SOURCES` present in the data
+    directory (an archive file, or the unpacked folder ``babi/tasks_1-20_v1-2``).
+
+    Raises FileNotFoundError naming the accepted names and the command that downloads them.
+    """
+    root = resolve_data_dir(data_dir)
+    for rel in SOURCES:
+        path = root / rel
+        if path.is_dir() if rel == FOLDER else path.is_file():
+            return path
+    raise FileNotFoundError(missing_message(
+        "babi", f"bAbI archive not found in the data directory {str(root)!r}: expected {OFFICIAL_ARCHIVE} "
+        f"(the official archive), {ARCHIVE}, or the unpacked folder {FOLDER}/", root))
 
 
 def member_name(task: int, split: str, ten_k: bool = False) -> str:
@@ -111,22 +126,30 @@ def member_name(task: int, split: str, ten_k: bool = False) -> str:
 
 @functools.lru_cache(maxsize=4)
 def _read_archive(path: str, mtime_ns: int, size: int) -> dict[str, str]:
-    """All text members of the archive, keyed by name (cached per file version)."""
+    """The ``en`` and ``en-10k`` task files of the archive, keyed by member name (cached per
+    file version; the official archive's other folders are skipped)."""
     try:
         with tarfile.open(path, "r:gz") as tar:
             return {m.name: tar.extractfile(m).read().decode("ascii")  # type: ignore[union-attr]
-                    for m in tar.getmembers() if m.isfile() and m.name.endswith(".txt")}
+                    for m in tar if m.isfile() and _MEMBER.match(m.name)}
     except (tarfile.TarError, EOFError, zlib.error, UnicodeDecodeError, OSError) as e:
         raise ValueError(
             f"bAbI archive {path!r} is corrupt or truncated: expected a complete gzip-compressed "
             f"tar of tasks_1-20_v1-2 ({type(e).__name__}: {e})") from e
 
 
-def _archive_texts(data_dir: str | os.PathLike | None) -> tuple[Path, dict[str, str]]:
+def _member_text(data_dir: str | os.PathLike | None, name: str) -> tuple[Path, str | None]:
+    """``(source, text)`` of member ``name`` (text None when the source lacks it)."""
     path = archive_path(data_dir)
+    if path.is_dir():  # the unpacked folder: member names are relative to its parent
+        f = path.parent / name
+        try:
+            return path, f.read_text(encoding="ascii") if f.is_file() else None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"bAbI file {str(f)!r} could not be read: {e}") from e
     verify_file(path, path.parents[1])  # against the data directory's SHA256SUMS, once
     st = path.stat()
-    return path, _read_archive(str(path), st.st_mtime_ns, st.st_size)
+    return path, _read_archive(str(path), st.st_mtime_ns, st.st_size).get(name)
 
 
 def tokenize(sentence: str) -> tuple[str, ...]:
@@ -176,23 +199,23 @@ def load_task(task: int, split: str = "train", data_dir: str | os.PathLike | Non
               ten_k: bool = False) -> list[BabiExample]:
     """Examples of one task file (``en`` = 1k, ``en-10k`` when ``ten_k``).
 
-    Raises FileNotFoundError when the archive or the member is absent (for en-10k task 3
-    train, absent from the shared copy, with a message saying so) and ValueError when the
-    archive is corrupt.
+    Raises FileNotFoundError when the data or the member is absent (for en-10k task 3 train,
+    absent from the repacked archive, with a message saying so), naming the command that
+    downloads the official archive, and ValueError when the archive is corrupt.
     """
     name = member_name(task, split, ten_k)
-    if ten_k and (task, split) in _MISSING_10K:
-        path = resolve_data_dir(data_dir) / ARCHIVE
-        texts = _archive_texts(data_dir)[1] if path.is_file() else {}
-        if name not in texts:
+    path, text = _member_text(data_dir, name)
+    if text is None:
+        root = path.parents[1]
+        if ten_k and (task, split) in _MISSING_10K:
             raise FileNotFoundError(
-                f"{name} is missing from {str(path)!r}: the en-10k task 3 train file is not in "
-                "this copy of bAbI (see the data README); use the 1k file instead "
-                "(load_joint(..., fallback_1k=True)) or skip task 3")
-    path, texts = _archive_texts(data_dir)
-    if name not in texts:
-        raise FileNotFoundError(f"member {name!r} not found in bAbI archive {str(path)!r}")
-    return parse_babi(texts[name].splitlines(), task, source=f"{path}:{name}")
+                f"{name} is missing from {str(path)!r}: the en-10k task 3 train file is not in this copy "
+                f"of bAbI; the official archive has it (`memnets data download babi --to "
+                f"{shlex.quote(str(root))}`), or use the 1k file instead (load_joint(..., fallback_1k=True)) "
+                "or skip task 3")
+        raise FileNotFoundError(missing_message(
+            "babi", f"member {name!r} not found in the bAbI data {str(path)!r}", root))
+    return parse_babi(text.splitlines(), task, source=f"{path}:{name}")
 
 
 def load_tasks(tasks: Sequence[int], split: str = "train", data_dir: str | os.PathLike | None = None,

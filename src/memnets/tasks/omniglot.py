@@ -4,6 +4,8 @@ The data directory comes from ``data_dir``, else ``MEMNETS_DATA``, else ``../sha
 relative to the current working directory. Images are read straight out of
 ``<data>/omniglot/images_{background,evaluation}.zip`` (members
 ``images_background/<Alphabet>/characterNN/<id>_<drawer>.png``, 105×105, 1-bit, 1 = background),
+or, for a zip that is absent, from its unpacked folder ``<data>/omniglot/images_background/``
+(``memnets data download omniglot --to <data>`` fetches the zips and the split lists),
 inverted (stroke = 1), resized to 28×28 (bilinear) and stored as ``uint8`` in ``[0, 255]``.
 The decoded tensor is cached under ``cache_dir`` (default ``~/.cache/memnets/omniglot``) with an
 atomic write (temp file + ``os.replace``), so later loads take well under a second.
@@ -35,6 +37,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
+from ..data_download import missing_message
 from ..datadir import cache_dir, resolve_data_dir, verify_file
 
 __all__ = [
@@ -85,8 +88,13 @@ def _decode_png(data: bytes, size: int) -> np.ndarray:
 
 
 def _decode_zip(path: Path, alphabets: set[str] | None, size: int) -> dict[str, np.ndarray]:
+    """Decode the zip ``path``, or its unpacked folder (``path`` without ``.zip``) when the zip is absent."""
+    folder = path.with_suffix("")
+    if not path.is_file() and folder.is_dir():
+        return _decode_folder(folder, alphabets, size)
     if not path.is_file():
-        raise FileNotFoundError(f"Omniglot archive not found: {path}")
+        raise FileNotFoundError(missing_message(
+            "omniglot", f"Omniglot archive not found: {path} (nor the unpacked folder {folder}/)", path.parents[1]))
     verify_file(path, path.parents[1])  # against the data directory's SHA256SUMS, once
     out: dict[str, list[tuple[str, np.ndarray]]] = {}
     try:
@@ -101,6 +109,24 @@ def _decode_zip(path: Path, alphabets: set[str] | None, size: int) -> dict[str, 
                 out.setdefault(f"{alphabet}/{char}", []).append((fname, _decode_png(zf.read(name), size)))
     except (zipfile.BadZipFile, OSError, ValueError) as e:
         raise ValueError(f"Omniglot archive {path} is corrupt or unreadable: {e}") from e
+    return _stack(path, out)
+
+
+def _decode_folder(folder: Path, alphabets: set[str] | None, size: int) -> dict[str, np.ndarray]:
+    """Decode an unpacked ``images_*`` folder: ``<Alphabet>/characterNN/*.png``."""
+    out: dict[str, list[tuple[str, np.ndarray]]] = {}
+    try:
+        for png in sorted(folder.glob("*/*/*.png")):
+            char, alphabet = png.parent.name, png.parent.parent.name
+            if alphabets is not None and alphabet not in alphabets:
+                continue
+            out.setdefault(f"{alphabet}/{char}", []).append((png.name, _decode_png(png.read_bytes(), size)))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"Omniglot folder {folder} holds an unreadable image: {e}") from e
+    return _stack(folder, out)
+
+
+def _stack(path: Path, out: dict[str, list[tuple[str, np.ndarray]]]) -> dict[str, np.ndarray]:
     result = {}
     for char, items in out.items():
         if len(items) != DRAWERS:
@@ -132,7 +158,9 @@ def load_images(
     """Decode both Omniglot zips (or only ``alphabets``) into ``uint8 [C, 20, size, size]``.
 
     The result is cached as ``<cache_dir>/omniglot<size>_<key>.pt`` (``key`` = ``all`` or a hash
-    of the alphabet subset). A missing or corrupt zip raises an error naming the file.
+    of the alphabet subset). A zip that is absent is read from its unpacked folder
+    (``omniglot/images_background/``) when that exists. A missing or corrupt zip raises an error
+    naming the file (and, when missing, the command that downloads it).
     """
     root = resolve_data_dir(data_dir) / "omniglot"
     subset = None if alphabets is None else sorted(set(alphabets))
@@ -161,9 +189,10 @@ def read_split(name: str, data_dir: str | os.PathLike | None = None) -> list[str
     """Lines of ``splits/vinyals/<name>.txt`` (``"Alphabet/characterNN/rotDDD"``)."""
     if name not in SPLITS:
         raise ValueError(f"`name` expected one of {SPLITS}, got {name!r}")
-    path = resolve_data_dir(data_dir) / "omniglot" / "splits" / "vinyals" / f"{name}.txt"
+    root = resolve_data_dir(data_dir)
+    path = root / "omniglot" / "splits" / "vinyals" / f"{name}.txt"
     if not path.is_file():
-        raise FileNotFoundError(f"Omniglot split file not found: {path}")
+        raise FileNotFoundError(missing_message("omniglot", f"Omniglot split file not found: {path}", root))
     return [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
 
 
