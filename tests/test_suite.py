@@ -19,7 +19,7 @@ import pytest
 from memnets.cli.main import main
 from memnets.cli.suite import list_suites, load_suite, run_name, run_status, suite_runs
 from memnets.cli.table import MODEL_ORDER, PAPER_TABLE1, format_table1_vs_paper
-from memnets.train import list_presets, load_config
+from memnets.train import ConfigError, list_presets, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["task.train_size=64", "task.eval_size=32", "model.d_model=16", "batch_size=16", "time_limit_min=0"]
@@ -135,7 +135,7 @@ def test_table1_cpu_suite_covers_the_papers_seven_columns(capsys):
     assert len(runs) == 42 and runs[0].name == "cpu-palindrome-transformer-s0"
     assert runs[1].overrides[:2] == ["threads=1", "seed=1"]
     assert main(["suite", "ls"]) == 0
-    assert "table1-cpu  42 runs" in capsys.readouterr().out
+    assert re.search(r"^table1-cpu +42 runs", capsys.readouterr().out, re.M)
 
 
 def test_suite_options_and_bad_input(tmp_path, capsys):
@@ -160,6 +160,30 @@ def test_suite_options_and_bad_input(tmp_path, capsys):
     bad.write_text('preset = ["cpu/fib-nam_tm"]\n')
     assert main(["suite", "run", str(bad)]) == 2
     assert "did you mean `presets`" in capsys.readouterr().err
+
+
+def test_suite_overrides_for_one_preset(tmp_path):
+    suite = _suite(tmp_path, ["cpu/fib-nam_tm", "demo/reduce-lstm"], [0], ["time_limit_min=4"],
+                   '[overrides_for]\n"cpu/fib-nam_tm" = ["time_limit_min=0", "epochs=2"]\n')
+    runs = suite_runs(load_suite(str(suite)), tmp_path / "r", overrides=["epochs=3"])
+    fib, lstm = (load_config(r.preset, r.overrides) for r in runs)
+    assert fib.time_limit_min == 0 and lstm.time_limit_min == 4  # per preset, after the suite's
+    assert fib.epochs == 3  # the command line's overrides still win
+    bad = tmp_path / "bad.toml"
+    bad.write_text('presets = ["cpu/fib-nam_tm"]\n[overrides_for]\n"cpu/fib-dnc" = ["epochs=1"]\n')
+    with pytest.raises(ConfigError, match="not in `presets`"):
+        load_suite(str(bad))
+    bad.write_text('presets = ["cpu/fib-nam_tm"]\n[overrides_for]\n"cpu/fib-nam_tm" = "epochs=1"\n')
+    with pytest.raises(ConfigError, match="overrides_for.cpu/fib-nam_tm"):
+        load_suite(str(bad))
+
+
+def test_table1_cpu_2h_suite_is_table1_cpu_with_shorter_caps():
+    full, short = load_suite("table1-cpu"), load_suite("table1-cpu-2h")
+    assert sorted(full.presets) == sorted(short.presets) and full.seeds == short.seeds == [0, 1]
+    caps = {r.preset: load_config(r.preset, r.overrides).time_limit_min for r in suite_runs(short, "r")}
+    assert caps.pop("cpu/fib-nam_tm") == 0 and caps.pop("cpu/fib-nam_tm_nojmp") == 10
+    assert set(caps.values()) == {4}
 
 
 def _fake_run(d: Path, backbone: str, task: str, seed: int, accs: tuple[float, float, float], params=1000):
