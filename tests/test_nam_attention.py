@@ -89,3 +89,59 @@ def test_bad_input(args, name):
         nam_attention(*args)
     with pytest.raises(ValueError, match="same length"):
         nam_attention(torch.zeros(3, 4), torch.zeros(5, 4), torch.zeros(5, 4), causal=True)
+
+
+# ----------------------------------------------------------------------------- SDPA's keywords
+
+SDPA_LIKE = [nam_attention, nam_attention_quadratic]
+
+
+def test_sdpa_call_is_a_one_word_change():
+    q, k, v = qkv(2, 3, L=70, S=70, seed=7)
+    sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    nam = nam_attention(q, k, v, is_causal=True)  # the same call, one word changed
+    assert nam.shape == sdpa.shape
+    torch.testing.assert_close(nam, nam_attention_quadratic(q, k, v, is_causal=True), rtol=0, atol=1e-10)
+    # SDPA's positional order: attn_mask, dropout_p, is_causal, scale
+    torch.testing.assert_close(nam_attention(q, k, v, None, 0.0, True, 0.5),
+                               nam_attention_quadratic(q, k, v, None, 0.0, True, 0.5), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("fn", SDPA_LIKE)
+@pytest.mark.parametrize("causal", [False, True])
+def test_scale_multiplies_the_scores(fn, causal):
+    q, k, v = qkv(2, L=20, S=20, seed=8)
+    base = fn(q, k, v, is_causal=causal)
+    torch.testing.assert_close(fn(q, k, v, is_causal=causal, scale=None), base, rtol=0, atol=0)  # None: 1
+    torch.testing.assert_close(fn(q, k, v, is_causal=causal, scale=0.25), 0.25 * base, rtol=1e-12, atol=1e-12)
+    with pytest.raises(TypeError, match="`scale` expected a number or None"):
+        fn(q, k, v, scale="0.5")
+
+
+@pytest.mark.parametrize("fn", SDPA_LIKE)
+def test_causal_is_an_alias_of_is_causal(fn):
+    q, k, v = qkv(1, L=12, S=12, seed=9)
+    want = fn(q, k, v, is_causal=True)
+    for call in (lambda: fn(q, k, v, causal=True), lambda: fn(q, k, v, True),
+                 lambda: fn(q, k, v, is_causal=True, causal=True)):
+        torch.testing.assert_close(call(), want, rtol=0, atol=0)
+    torch.testing.assert_close(fn(q, k, v, causal=False), fn(q, k, v), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"`causal`=False and `is_causal`=True conflict"):
+        fn(q, k, v, is_causal=True, causal=False)
+    with pytest.raises(ValueError, match="conflicts"):
+        fn(q, k, v, True, causal=False)
+
+
+@pytest.mark.parametrize("fn", SDPA_LIKE)
+def test_refuses_attn_mask_and_dropout(fn):
+    q, k, v = qkv(1, L=6, S=6)
+    name = fn.__name__
+    for mask in (torch.ones(6, 6, dtype=torch.bool), torch.zeros(6, 6, dtype=D64)):
+        with pytest.raises(ValueError, match=rf"^{name}: `attn_mask` is not supported: NAM attention is "
+                                             r"linear-time .* supports only the causal mask, is_causal=True"):
+            fn(q, k, v, attn_mask=mask)
+    for p in (0.1, 1, -0.5):
+        with pytest.raises(ValueError, match=rf"^{name}: `dropout_p` expected 0.0, got {p!r}"):
+            fn(q, k, v, dropout_p=p)
+    fn(q, k, v, attn_mask=None, dropout_p=0.0)  # SDPA's defaults are accepted
+    fn(q, k, v, dropout_p=0)

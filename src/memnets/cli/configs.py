@@ -1,4 +1,9 @@
-"""``memnets configs ls|show <preset> [key=value ...]``: list and print the shipped presets."""
+"""``memnets configs ls|show|keys``: list and print the shipped presets, and every config key.
+
+    memnets configs ls [PREFIX]
+    memnets configs show PRESET|FILE.toml [key=value ...] [--toml]
+    memnets configs keys [--markdown]
+"""
 from __future__ import annotations
 
 import json
@@ -7,15 +12,23 @@ __all__ = ["add_parser"]
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("configs", help="list or show training presets", description=__doc__)
+    import argparse
+
+    p = sub.add_parser("configs", help="list or show training presets and config keys", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     cs = p.add_subparsers(dest="configs_cmd", metavar="ACTION")
     ls = cs.add_parser("ls", help="list presets with their descriptions")
     ls.add_argument("prefix", nargs="?", default="", help="only presets starting with this (e.g. cpu/)")
     ls.set_defaults(func=_ls)
-    sh = cs.add_parser("show", help="print a preset's resolved config as JSON")
-    sh.add_argument("preset", help="preset name or .toml path")
+    sh = cs.add_parser("show", help="print a preset's resolved config as JSON (or TOML)")
+    sh.add_argument("preset", nargs="?", help="preset name (see `memnets configs ls`) or .toml path")
     sh.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides to apply first")
+    sh.add_argument("--toml", action="store_true",
+                    help="print TOML that `memnets train FILE.toml` accepts, instead of JSON")
     sh.set_defaults(func=_show)
+    ks = cs.add_parser("keys", help="every config key with its type, default and meaning")
+    ks.add_argument("--markdown", action="store_true", help="a Markdown table (the one in docs/config.md)")
+    ks.set_defaults(func=_keys)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -30,12 +43,25 @@ def _ls(args) -> int:
 
 
 def _show(args) -> int:
-    from ..train.config import ConfigError, config_to_dict, load_config
+    from ..train.config import ConfigError, config_to_dict, config_to_toml, load_config
     from .main import UsageError
 
+    if not args.preset:
+        raise UsageError("expected a preset name or a .toml path, e.g. `memnets configs show cpu/reduce-nam_tm` "
+                         "(`memnets configs ls` lists the presets, `memnets configs keys` the keys)")
     try:
         cfg = load_config(args.preset, args.overrides)
     except ConfigError as e:
         raise UsageError(str(e)) from e
-    print(json.dumps(config_to_dict(cfg), indent=2))
+    if args.toml:
+        print(config_to_toml(cfg), end="")
+    else:
+        print(json.dumps(config_to_dict(cfg), indent=2))
+    return 0
+
+
+def _keys(args) -> int:
+    from ..train.config import keys_markdown, keys_text
+
+    print(keys_markdown() if args.markdown else keys_text())
     return 0

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
 SUBCOMMANDS = (
     "demo", "train", "eval", "table", "configs", "bench", "viz", "report", "capacity", "experiment",
-    "suite",
+    "suite", "data",
 )
 
 
@@ -22,10 +23,20 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("memnets")
+    except PackageNotFoundError:  # a source tree on sys.path without installed metadata
+        import memnets
+
+        ver = getattr(memnets, "__version__", "unknown")
     parser = argparse.ArgumentParser(
         prog="memnets",
         description="Differentiable neural memories: train, evaluate, benchmark, visualise.",
     )
+    parser.add_argument("--version", action="version", version=f"memnets {ver}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         try:
@@ -46,6 +57,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         rc = args.func(args)
+        sys.stdout.flush()  # a closed pipe surfaces here rather than at interpreter exit
+    except BrokenPipeError:
+        # the reader went away (`memnets configs ls | head -2`): stop quietly; stdout is pointed
+        # at devnull so that the interpreter's final flush does not raise again
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):  # stdout is not a file descriptor
+            pass
+        return 141  # 128 + SIGPIPE, what a shell reports for a command ended by it
     except (UsageError, ValueError, FileNotFoundError) as e:
         print(f"memnets {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@ results table, the learning curves and the memory figures of every run (images e
 base64 data URIs, inline CSS, no scripts; opens from disk without a server)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 __all__ = ["add_parser"]
@@ -17,6 +18,25 @@ def add_parser(sub) -> None:
     p.set_defaults(func=_run)
 
 
+def _not_a_run(d: Path) -> str | None:
+    """Why directory ``d`` holds no run the report can show (None when it holds one): a run has
+    ``config.json`` (``memnets train``) or a ``results.json`` naming its ``task`` (the NTM copy
+    experiment)."""
+    if (d / "config.json").is_file():
+        return None
+    expected = 'expected config.json (memnets train) or a results.json with a "task" (NTM copy experiment)'
+    f = d / "results.json"
+    if not f.is_file():
+        return f"{d} is not a run directory: {expected}"
+    try:
+        res = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        return f"cannot read {f}: {e}"
+    if not isinstance(res, dict) or "task" not in res:
+        return f'{d} is not a run directory: its results.json has no "task"; {expected}'
+    return None
+
+
 def _run(args) -> int:
     from ..viz.report import build_report
     from .main import UsageError
@@ -24,6 +44,10 @@ def _run(args) -> int:
     missing = [d for d in args.run_dirs if not Path(d).is_dir()]
     if missing:
         raise UsageError(f"not a directory: {', '.join(missing)}")
+    for d in args.run_dirs:
+        problem = _not_a_run(Path(d))
+        if problem:  # checked before anything is written, so an existing report stays as it is
+            raise UsageError(problem)
     path = build_report(args.run_dirs, args.out, seed=args.task_sample, title=args.title)
     print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)")
     return 0

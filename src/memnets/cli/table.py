@@ -146,7 +146,8 @@ def format_table1_vs_paper(results: list[dict], metric: str = "seq_acc") -> str:
 
 def load_results(run_dirs, warn: bool = True) -> list[dict]:
     """The ``results.json`` of each of ``run_dirs`` that has one, with ``seed`` (from
-    ``config.json``) and ``run_dir`` added; the others are skipped (with a note on stderr)."""
+    ``config.json``) and ``run_dir`` added; the others are skipped (with a note on stderr).
+    ValueError naming the file for a ``results.json`` that is not a JSON object."""
     results = []
     for d in run_dirs:
         f = Path(d) / "results.json"
@@ -154,7 +155,12 @@ def load_results(run_dirs, warn: bool = True) -> list[dict]:
             if warn:
                 print(f"memnets table: skipping {d}: no results.json (unfinished run?)", file=sys.stderr)
             continue
-        r = json.loads(f.read_text())
+        try:
+            r = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read {f}: {e}") from e
+        if not isinstance(r, dict):
+            raise ValueError(f"{f} is not a results table (expected a JSON object)")
         try:
             r.setdefault("seed", json.loads((Path(d) / "config.json").read_text()).get("seed", 0))
         except (OSError, ValueError):
@@ -176,6 +182,21 @@ def _paper() -> str:
     return "\n".join(lines)
 
 
+def _task_run_problem(res: dict, metric: str) -> str | None:
+    """Why the ``results.json`` dict ``res`` cannot be a cell of Table 1 (None when it can)."""
+    tasks = ", ".join(sorted(TASK_LABEL))
+    if "task" not in res:
+        return f'its results.json has no "task" (expected an algorithmic-task run of {tasks})'
+    if res["task"] not in TASK_LABEL:
+        return f"its results.json is a {res['task']!r} run (expected an algorithmic-task run of {tasks})"
+    if not isinstance(res.get("params"), int) or not isinstance(res.get("splits") or {}, dict):
+        return 'its results.json lacks "params" or "splits" (expected one written by `memnets train`)'
+    for split, m in (res.get("splits") or {}).items():
+        if not isinstance(m, dict) or not isinstance(m.get(metric), (int, float)):
+            return f'its results.json has no {metric!r} for split {split!r}'
+    return None
+
+
 def _run(args) -> int:
     from .main import UsageError
 
@@ -184,9 +205,21 @@ def _run(args) -> int:
     else:
         if not args.run_dirs:
             raise UsageError("give one or more run directories (or --paper)")
-        results = load_results(args.run_dirs)
+        try:
+            results = load_results(args.run_dirs, warn=False)
+        except ValueError as e:
+            raise UsageError(str(e)) from e
         if not results:
-            raise UsageError("none of the run directories has a results.json")
+            raise UsageError(f"no results.json in {', '.join(map(str, args.run_dirs))} (expected run "
+                             "directories of finished `memnets train` runs)")
+        for r in results:
+            problem = _task_run_problem(r, args.metric)
+            if problem:
+                raise UsageError(f"{r['run_dir']} is not an algorithmic-task run: {problem}")
+        for d in args.run_dirs:
+            if not (Path(d) / "results.json").is_file():
+                why = "no results.json (unfinished run?)" if Path(d).is_dir() else "no such directory"
+                print(f"memnets table: skipping {d}: {why}", file=sys.stderr)
         text = format_table1_vs_paper(results, args.metric) if args.paper else format_table1(results, args.metric)
     print(text)
     if args.out:

@@ -39,8 +39,11 @@ def _run(args) -> int:
     from ..viz.runs import RunDirError, quick_figures, run_figures, write_figures
     from .main import UsageError
 
-    if bool(args.run_dir) == bool(args.model):
-        raise UsageError("give either a run directory or --model NAME (not both)")
+    if not args.run_dir and not args.model:
+        raise UsageError("expected either a run directory or --model NAME: `memnets viz runs/NAME` (a trained "
+                         "run) or `memnets viz --model ntm` (an untrained small model)")
+    if args.run_dir and args.model:
+        raise UsageError("give a run directory or --model NAME, not both")
     if args.model:
         try:
             figs = quick_figures(args.model, seed=args.task_sample)

@@ -1,4 +1,5 @@
-"""Normalized outer-product attention (SPEC §5), a drop-in for SDPA that is linear in S.
+"""Normalized outer-product attention (SPEC §5), a drop-in for SDPA that is linear in S
+(SDPA's keywords ``is_causal`` and ``scale``; ``attn_mask`` and ``dropout_p`` are refused).
 
     NAMAttn(Q, K, V) = μ(Q) · (μ(K)ᵀ V)                 (bidirectional, the paper's form)
     causal: o_t = Σ_{s<=t} (μ(q_t)·μ(k_s)) v_s           (chunked prefix states)
@@ -58,24 +59,78 @@ def _causal_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: in
     return out.flatten(-3, -2)[..., :S, :]  # [..., S, dv]
 
 
+def _sdpa_keywords(fn: str, attn_mask, dropout_p, is_causal, causal) -> bool:
+    """Check the keywords shared with SDPA; returns whether the attention is causal.
+
+    ``causal`` is the older spelling of ``is_causal``; a bool in ``attn_mask``'s position is
+    that older positional ``causal`` (``nam_attention(q, k, v, True)``).
+    """
+    if isinstance(attn_mask, bool):
+        if causal is not None and causal != attn_mask:
+            raise ValueError(f"{fn}: the positional `causal`={attn_mask} conflicts with causal={causal}")
+        attn_mask, causal = None, attn_mask
+    if attn_mask is not None:
+        raise ValueError(
+            f"{fn}: `attn_mask` is not supported: NAM attention is linear-time (no L×S score matrix to mask) "
+            "and supports only the causal mask, is_causal=True"
+        )
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0:
+        raise ValueError(
+            f"{fn}: `dropout_p` expected 0.0, got {dropout_p!r}: NAM attention forms no attention-weight matrix "
+            "to drop entries from (apply dropout to the output instead)"
+        )
+    if is_causal and causal is not None and not causal:  # is_causal=False is the default: no conflict
+        raise ValueError(f"{fn}: `causal`={causal} and `is_causal`={is_causal} conflict; give one of them "
+                         "(`causal` is the older name of `is_causal`)")
+    return bool(is_causal) or bool(causal)
+
+
+def _scale(fn: str, scale) -> float | None:
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"{fn}: `scale` expected a number or None, got {type(scale).__name__} {scale!r}")
+    return float(scale)
+
+
 def nam_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
     *,
+    causal: bool | None = None,
     chunk_size: int = 64,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Normalized outer-product attention ``μ(Q) (μ(K)ᵀ V)`` (SPEC §5).
+    """Normalized outer-product attention ``scale · μ(Q) (μ(K)ᵀ V)`` (SPEC §5).
 
-    Same layout as :func:`torch.nn.functional.scaled_dot_product_attention`:
-    query ``[..., L, dk]``, key ``[..., S, dk]``, value ``[..., S, dv]`` → ``[..., L, dv]``.
-    Cost is linear in the sequence length (no ``L×S`` matrix). With ``causal=True``
-    (requires ``L == S``) each position sees only itself and earlier positions.
+    Same layout and keywords as :func:`torch.nn.functional.scaled_dot_product_attention`:
+    query ``[..., L, dk]``, key ``[..., S, dk]``, value ``[..., S, dv]`` → ``[..., L, dv]``, so
+    ``F.scaled_dot_product_attention(q, k, v, is_causal=True)`` becomes
+    ``nam_attention(q, k, v, is_causal=True)``. Cost is linear in the sequence length (no
+    ``L×S`` matrix).
+
+    - ``is_causal=True`` (requires ``L == S``): each position sees only itself and earlier
+      positions. ``causal`` is the older name of the same switch (and a bool as the fourth
+      positional argument is taken as it); giving ``causal=False`` with ``is_causal=True``
+      raises ValueError.
+    - ``scale`` multiplies the scores ``μ(q)·μ(k)`` (so the output). Default ``None`` means 1,
+      not SDPA's ``1/sqrt(dk)``: the scores are cosine similarities in ``[-1, 1]`` already, and
+      the output is not a softmax average that a temperature would sharpen.
+    - ``attn_mask`` must be None and ``dropout_p`` 0: there is no score matrix to mask or to drop
+      entries from; both raise ValueError otherwise.
     """
-    _check_qkv(query, key, value, "nam_attention")
+    fn = "nam_attention"
+    causal = _sdpa_keywords(fn, attn_mask, dropout_p, is_causal, causal)
+    s = _scale(fn, scale)
+    _check_qkv(query, key, value, fn)
     qn, kn = unit(query, eps=eps), unit(key, eps=eps)
+    if s is not None:
+        qn = qn * s
     if not causal:
         return qn @ (kn.transpose(-1, -2) @ value)  # [..., L, dk] @ [..., dk, dv]
     if query.shape[-2] != key.shape[-2]:
@@ -87,11 +142,29 @@ def nam_attention(
 
 
 def nam_attention_quadratic(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool = False, eps: float = 1e-6
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    causal: bool | None = None,
+    eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Reference form ``(μ(Q) μ(K)ᵀ [masked lower-triangular]) V``, quadratic in S."""
-    _check_qkv(query, key, value, "nam_attention_quadratic")
+    """Reference form ``scale · (μ(Q) μ(K)ᵀ [masked lower-triangular]) V``, quadratic in S.
+
+    Takes the keywords of :func:`nam_attention` (``attn_mask``, ``dropout_p``, ``is_causal``,
+    ``scale``, ``causal``) with the same meaning and the same refusals.
+    """
+    fn = "nam_attention_quadratic"
+    causal = _sdpa_keywords(fn, attn_mask, dropout_p, is_causal, causal)
+    s = _scale(fn, scale)
+    _check_qkv(query, key, value, fn)
     scores = unit(query, eps=eps) @ unit(key, eps=eps).transpose(-1, -2)  # [..., L, S]
+    if s is not None:
+        scores = scores * s
     if causal:
         scores = scores.tril()
     return scores @ value

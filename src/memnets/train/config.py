@@ -34,7 +34,8 @@ else:  # pragma: no cover
 __all__ = [
     "ModelConfig", "TaskConfig", "OptimConfig", "ScheduleConfig", "RunConfig", "ConfigError",
     "load_config", "apply_overrides", "config_to_dict", "config_from_dict", "list_presets",
-    "preset_path", "flatten",
+    "preset_path", "flatten", "suggest_key", "to_toml", "config_to_toml", "describe_keys", "keys_markdown",
+    "keys_text",
 ]
 
 
@@ -42,26 +43,37 @@ class ConfigError(ValueError):
     """A bad config file, preset name, key or value (the message names it)."""
 
 
+def _field(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, help: str) -> Any:
+    """A dataclass field with a one-line ``help``: its meaning in ``memnets configs keys`` and
+    docs/config.md (:func:`describe_keys`)."""
+    return field(default=default, default_factory=factory, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The task model: :class:`memnets.models.seq.SequenceTaskModel` ``(backbone, d_model, **options)``."""
 
-    backbone: str = "transformer"
-    d_model: int = 64
-    options: dict[str, Any] = field(default_factory=dict)
+    backbone: str = _field("transformer", help="sequence backbone: transformer, universal_transformer, "
+                           "lstm_attention, lstm, lsam, lsam_encdec, nam_tm, nam_tm_nojmp, ntm or dnc "
+                           "(memnets.models.seq.BACKBONES)")
+    d_model: int = _field(64, help="model width: embedding and backbone input/output size")
+    options: dict[str, Any] = _field(factory=dict, help="keyword arguments of the backbone, free-form "
+                                     "(e.g. model.options.num_heads=2)")
 
 
 @dataclass(frozen=True)
 class TaskConfig:
     """Masked-completion task (:mod:`memnets.tasks.nsp`) and its splits (digit ranges, inclusive)."""
 
-    name: str = "reduce"
-    train_digits: tuple[int, int] = (1, 10)
-    train_size: int = 25600
-    eval_size: int = 2048
-    splits: dict[str, tuple[int, int]] = field(
-        default_factory=lambda: {"id": (5, 10), "od_easy": (11, 13), "od_hard": (14, 16)})
-    fresh_each_epoch: bool = True
+    name: str = _field("reduce", help="algorithmic task: fib, addition, palindrome or reduce")
+    train_digits: tuple[int, int] = _field((1, 10), help="[lo, hi] digit counts of the training samples (inclusive)")
+    train_size: int = _field(25600, help="training samples per epoch (at least batch_size)")
+    eval_size: int = _field(2048, help="samples in each evaluation split")
+    splits: dict[str, tuple[int, int]] = _field(
+        factory=lambda: {"id": (5, 10), "od_easy": (11, 13), "od_hard": (14, 16)},
+        help="evaluation splits: name = [lo, hi] digit counts (inclusive)")
+    fresh_each_epoch: bool = _field(True, help="draw new training samples every epoch; false: the same "
+                                    "train_size samples every epoch (in a new order)")
 
 
 @dataclass(frozen=True)
@@ -77,12 +89,14 @@ class OptimConfig:
     tensor; the last checkpoint stays) or ``skip`` (drop that update and go on).
     """
 
-    kind: str = "adamw"
-    lr: float = 1e-4
-    weight_decay: float = 5e-5
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 0.5
-    nan_policy: str = "raise"
+    kind: str = _field("adamw", help="optimiser: adamw (decoupled weight decay) or adam (weight_decay as an "
+                       "L2 penalty added to the gradient, as the authors trained)")
+    lr: float = _field(1e-4, help="learning rate before the schedule's factor")
+    weight_decay: float = _field(5e-5, help="weight decay (decoupled for adamw, L2 for adam)")
+    betas: tuple[float, float] = _field((0.9, 0.999), help="Adam's [beta1, beta2]")
+    grad_clip: float = _field(0.5, help="bound on the global gradient norm (0: no clipping)")
+    nan_policy: str = _field("raise", help="a non-finite loss or gradient: raise (stop, naming the step and "
+                             "the tensor; the last checkpoint stays) or skip (drop that update and go on)")
 
 
 @dataclass(frozen=True)
@@ -90,9 +104,10 @@ class ScheduleConfig:
     """Learning-rate schedule: ``exp`` (lr × gamma^epoch), ``constant`` or ``cosine`` (over all steps),
     after ``warmup_steps`` of linear warm-up."""
 
-    kind: str = "exp"
-    gamma: float = 0.98
-    warmup_steps: int = 0
+    kind: str = _field("exp", help="learning-rate schedule: exp (lr × gamma^epoch), constant or cosine "
+                       "(over all steps)")
+    gamma: float = _field(0.98, help="exp: learning-rate factor per epoch")
+    warmup_steps: int = _field(0, help="optimiser steps of linear warm-up before the schedule (0: none)")
 
 
 @dataclass(frozen=True)
@@ -107,30 +122,38 @@ class RunConfig:
     (:func:`memnets.train.loop.selection_key`); ``select_ties``: which of several evaluations
     equal in all three is reported, the ``first`` or the ``last`` (the most trained model).
     ``amp``: ``auto`` (bf16 autocast on CUDA
-    only), ``bf16`` or ``none``. ``threads``: torch intra-op threads (0: torch's default).
+    only), ``bf16`` (bf16 autocast on CUDA and on the CPU) or ``none``. ``threads``: torch intra-op threads (0: torch's default).
     ``time_limit_min``: stop at the first epoch end past this wall time (0: no limit; a run
     stopped this way is not reproducible step for step).
     """
 
-    name: str = "run"
-    description: str = ""
-    seed: int = 0
-    epochs: int = 100
-    batch_size: int = 128
-    select_split: str = "od_easy"
-    select_ties: str = "first"
-    eval_every: int = 1
-    checkpoint_every: int = 0
-    log_every: int = 20
-    device: str = "auto"
-    amp: str = "auto"
-    threads: int = 0
-    tensorboard: bool = False
-    time_limit_min: float = 0.0
-    model: ModelConfig = field(default_factory=ModelConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    name: str = _field("run", help="run name; the run directory defaults to runs/NAME (a preset's or "
+                       "file's name by default)")
+    description: str = _field("", help="one line shown by `memnets configs ls`")
+    seed: int = _field(0, help="seed of the initial weights, the training samples and their order")
+    epochs: int = _field(100, help="training epochs")
+    batch_size: int = _field(128, help="global batch size (split across DDP processes)")
+    select_split: str = _field("od_easy", help="split whose sequence accuracy selects the reported epoch "
+                               "(ties: the ID sequence accuracy, then the lower loss on this split)")
+    select_ties: str = _field("first", help="which of several evaluations equal on all the selection criteria "
+                              "is reported: first, or last (the most trained model)")
+    eval_every: int = _field(1, help="evaluate every that many epochs (and after the last one)")
+    checkpoint_every: int = _field(0, help="also checkpoint every that many optimiser steps (0: at epoch "
+                                   "ends only)")
+    log_every: int = _field(20, help="optimiser steps between training records in metrics.jsonl")
+    device: str = _field("auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:N or mps")
+    amp: str = _field("auto", help="mixed precision: auto (bf16 autocast on CUDA only), bf16 (bf16 autocast "
+                      "on CUDA and on the CPU) or none")
+    threads: int = _field(0, help="torch intra-op CPU threads (0: torch's default)")
+    tensorboard: bool = _field(False, help="also write TensorBoard event files to RUN_DIR/tb (needs the "
+                               "tensorboard package, `pip install memnets[tensorboard]`; without it the run "
+                               "goes on without them)")
+    time_limit_min: float = _field(0.0, help="stop at the first epoch end past this many minutes of wall time "
+                                   "(0: no limit; a run stopped so is not reproducible step for step)")
+    model: ModelConfig = _field(factory=ModelConfig, help="the model")
+    task: TaskConfig = _field(factory=TaskConfig, help="the task and its splits")
+    optim: OptimConfig = _field(factory=OptimConfig, help="the optimiser")
+    schedule: ScheduleConfig = _field(factory=ScheduleConfig, help="the learning-rate schedule")
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -235,9 +258,57 @@ def _plain_value(key: str, v: Any) -> Any:
     raise ConfigError(f"`{key}` expected a number, string, boolean, list or table, got {type(v).__name__} {v!r}")
 
 
-def _unknown(key: str, known: list[str]) -> ConfigError:
+# common names from other training libraries for a field of these configs (last key component)
+_ALIASES = {
+    "learning_rate": "lr", "learningrate": "lr", "base_lr": "lr", "max_lr": "lr",
+    "wd": "weight_decay", "decay": "weight_decay", "l2": "weight_decay",
+    "clip": "grad_clip", "clip_grad": "grad_clip", "grad_norm": "grad_clip", "max_grad_norm": "grad_clip",
+    "gradient_clip": "grad_clip", "clip_norm": "grad_clip",
+    "optimizer": "kind", "optimiser": "kind", "scheduler": "kind", "type": "kind",
+    "beta": "betas", "lr_decay": "gamma", "decay_rate": "gamma", "warmup": "warmup_steps",
+    "batch": "batch_size", "bs": "batch_size", "num_epochs": "epochs", "n_epochs": "epochs",
+    "max_epochs": "epochs", "random_seed": "seed", "precision": "amp", "mixed_precision": "amp",
+    "num_threads": "threads", "hidden_size": "d_model", "dim": "d_model", "model_dim": "d_model",
+    "arch": "backbone", "architecture": "backbone", "task": "name", "n_train": "train_size",
+}
+
+
+def suggest_key(key: str, known: list[str]) -> str | None:
+    """The known dotted key that unknown ``key`` most likely meant, or None.
+
+    Tried in order: a common alias of the last component (``optim.learning_rate`` →
+    ``optim.lr``), the same last component under another table (``lr`` → ``optim.lr``), a
+    last component containing or contained in it under the same table (``schedule.warmup`` →
+    ``schedule.warmup_steps``), then the closest spelling of the whole key (difflib); an
+    unknown ``model.X`` close to ``model.options`` becomes ``model.options.X``.
+    """
+    known = list(dict.fromkeys(known))
+
+    def split(k: str) -> tuple[str, str]:  # "optim.lr" -> ("optim.", "lr")
+        table, _, name = k.rpartition(".")
+        return (table + "." if table else ""), name
+
+    table, last = split(key)
+    last = last.lower()
+    for name in filter(None, (_ALIASES.get(last), last)):
+        hits = [k for k in known if split(k) == (table, name)] or [k for k in known if split(k)[1] == name]
+        hits = [k for k in hits if k != key]
+        if hits:
+            return hits[0]
+    if len(last) >= 2:
+        subs = [k for k in known if split(k)[0] == table and len(split(k)[1]) >= 2
+                and (split(k)[1] in last or last in split(k)[1])]
+        if subs:
+            return max(subs, key=lambda k: difflib.SequenceMatcher(None, last, split(k)[1]).ratio())
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
-    hint = f"; did you mean `{close[0]}`?" if close else ""
+    if close and close[0] == "model.options" and table == "model.":
+        return f"model.options.{key.rpartition('.')[2]}"  # a backbone option (free-form table)
+    return close[0] if close else None
+
+
+def _unknown(key: str, known: list[str]) -> ConfigError:
+    close = suggest_key(key, known)
+    hint = f"; did you mean `{close}`?" if close else ""
     return ConfigError(f"unknown config key `{key}`{hint}")
 
 
@@ -290,6 +361,128 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[prefix + k] = v
     return out
+
+
+# ----------------------------------------------------------------------------- TOML and key docs
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _toml_str(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch in "\b\t\n\f\r":
+            out.append({"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_key(k: str) -> str:
+    return k if _BARE_KEY.fullmatch(k) else _toml_str(k)
+
+
+def _toml_value(v: Any) -> str:
+    """A TOML literal of plain ``v`` (bool, int, float, str, list/tuple, dict as an inline table)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)  # always has a "." or an exponent: a TOML float
+    if isinstance(v, str):
+        return _toml_str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_key(str(k))} = {_toml_value(x)}" for k, x in v.items()) + " }" if v else "{}"
+    raise TypeError(f"cannot write {type(v).__name__} {v!r} as TOML")
+
+
+def _toml_table(d: dict, path: tuple[str, ...], lines: list[str]) -> None:
+    if path:
+        if lines:
+            lines.append("")
+        lines.append("[" + ".".join(_toml_key(p) for p in path) + "]")
+    tables = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            tables.append((k, v))
+        else:
+            lines.append(f"{_toml_key(str(k))} = {_toml_value(v)}")
+    for k, v in tables:
+        _toml_table(v, path + (str(k),), lines)
+
+
+def to_toml(data: dict) -> str:
+    """TOML text of nested plain ``data`` (tables become ``[a.b]`` sections); ``tomllib``
+    reads it back to the same values (tuples as lists)."""
+    lines: list[str] = []
+    _toml_table(data, (), lines)
+    return "\n".join(lines) + "\n"
+
+
+def config_to_toml(cfg: RunConfig) -> str:
+    """``cfg`` as a TOML config file that :func:`load_config` (and ``memnets train FILE.toml``)
+    reads back to an equal :class:`RunConfig`."""
+    return to_toml(config_to_dict(cfg))
+
+
+def _type_name(tp: Any) -> str:
+    names = {str: "string", int: "integer", float: "float", bool: "boolean"}
+    if tp in names:
+        return names[tp]
+    if tp is Any:
+        return "any"
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        return "[" + ", ".join(_type_name(a) for a in typing.get_args(tp)) + "]"
+    if origin is dict:
+        vt = typing.get_args(tp)[1]
+        return "table" if vt is Any else f"table of {_type_name(vt)}"
+    return getattr(tp, "__name__", str(tp))  # pragma: no cover
+
+
+def describe_keys(cls: type | None = None, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """``(dotted key, type, default as TOML, meaning)`` of every setting of :class:`RunConfig`
+    (nested tables flattened: ``optim.lr``), in declaration order."""
+    cls = RunConfig if cls is None else cls
+    hints = _hints(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows += describe_keys(tp, prefix + f.name + ".")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        rows.append((prefix + f.name, _type_name(tp), _toml_value(_plain(default)), f.metadata.get("help", "")))
+    return rows
+
+
+def keys_markdown() -> str:
+    """The Markdown table of :func:`describe_keys` (the one in docs/config.md)."""
+    def cell(x: str, code: bool = False) -> str:  # a table cell: no bare "|", no HTML outside code
+        x = x.replace("|", "\\|")
+        return f"`{x}`" if code else x.replace("<", "&lt;")
+
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    lines += [f"| {cell(k, True)} | {cell(t)} | {cell(d, True)} | {cell(h)} |" for k, t, d, h in describe_keys()]
+    return "\n".join(lines)
+
+
+def keys_text() -> str:
+    """:func:`describe_keys` as aligned plain-text columns."""
+    rows = [("KEY", "TYPE", "DEFAULT", "MEANING"), *describe_keys()]
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{k.ljust(w[0])}  {t.ljust(w[1])}  {d.ljust(w[2])}  {h}".rstrip() for k, t, d, h in rows)
 
 
 # ----------------------------------------------------------------------------- presets
