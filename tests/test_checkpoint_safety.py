@@ -114,7 +114,7 @@ def test_pickle_payload_in_checkpoint_is_not_executed(reference, tmp_path):
     _only_last(run_dir)
     marker = tmp_path / "PWNED"
     _plant_payload(run_dir, marker)
-    with pytest.raises(Exception) as e:
+    with pytest.raises(ck.CorruptCheckpointError) as e:
         train(_cfg(tmp_path), run_dir, resume=True, quiet=True)
     assert "weights_only" in str(e.value) or "Unsupported global" in str(e.value), str(e.value)[:500]
     assert not marker.exists()
@@ -277,7 +277,7 @@ def test_corrupt_checkpoint_is_refused_and_the_best_weights_stay_loadable(refere
     _only_last(run_dir)
     for which in ("truncated-state", "tampered-weights"):
         _corrupt(run_dir, which)
-        with pytest.raises(Exception):
+        with pytest.raises(ck.CorruptCheckpointError, match="is corrupt or truncated"):
             train(_cfg(tmp_path), run_dir, resume=True, quiet=True)
         assert not (run_dir / "results.json").exists()
         assert not (run_dir / "lock").exists()  # the failed process released the directory

@@ -167,6 +167,11 @@ CASES = {
     "nam_scan-device-mix": lambda p: ops.nam_scan(t(2, 3, 1, 4), t(2, 3, 1, 4), torch.empty(2, 3, 1, 4, device="meta"),
                                                   1.0, 1.0),
     "nam_attention-causal-L": lambda p: ops.nam_attention(t(2, 3, 4), t(2, 5, 4), t(2, 5, 4), causal=True),
+    "nam_attention-attn_mask": lambda p: ops.nam_attention(t(2, 3, 4), t(2, 3, 4), t(2, 3, 4),
+                                                           attn_mask=torch.ones(3, 3, dtype=torch.bool)),
+    "nam_attention-dropout": lambda p: ops.nam_attention(t(2, 3, 4), t(2, 3, 4), t(2, 3, 4), dropout_p=0.1),
+    "nam_attention-causal-conflict": lambda p: ops.nam_attention(t(2, 3, 4), t(2, 3, 4), t(2, 3, 4), is_causal=True,
+                                                                 causal=False),
     "linear_attention-causal-L": lambda p: ops.linear_attention(t(2, 3, 4), t(2, 5, 4), t(2, 5, 4), causal=True),
     # ops.addressing (NTM)
     "content_weights-strength": lambda p: ops.content_weights(t(2, 8, 4), t(2, 1, 4), t(2, 3)),
@@ -272,6 +277,11 @@ CASES = {
     "cli-eval-corrupt-weights": ["eval", "{run}"],
     "cli-train-device": ["train", "cpu/reduce-lstm", "device=tpu"],
     "cli-bench-suite": ["bench", "zzz"],
+    "cli-train-override-alias": ["train", "cpu/reduce-lstm", "optim.learning_rate=1"],
+    "cli-configs-show-no-preset": ["configs", "show"],
+    "cli-viz-no-args": ["viz"],
+    "cli-table-not-run": ["table", "{tmp}"],
+    "cli-report-not-run": ["report", "{tmp}", "--out", "{tmp}/report.html"],
 }
 
 import memnets.tasks.babi  # noqa: E402  (for the lambdas above)
@@ -359,8 +369,12 @@ def test_ntm_dnc_input_dtype_is_checked(name, dtype):
 @pytest.mark.parametrize("name", ["ntm", "dnc"])
 def test_ntm_dnc_accept_another_float_dtype_under_autocast(name):
     model = _ntm() if name == "ntm" else _dnc()
+    x = torch.ones(2, 3, 3, dtype=torch.bfloat16, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        y, _ = model(torch.ones(2, 3, 3, dtype=torch.bfloat16))
+        y, _ = model(x)
     assert y.shape == (2, 3, 3) and torch.isfinite(y.float()).all()
+    y.float().sum().backward()  # backward too: gradients reach the bf16 input and every parameter
+    assert x.grad is not None and x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match="`x`"):
         model(torch.ones(2, 3, 3, dtype=torch.long))

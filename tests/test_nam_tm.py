@@ -236,3 +236,24 @@ def test_moves_without_jump_keep_a_distribution(L, seed):
     torch.testing.assert_close(h2.sum(-1), torch.ones(3, dtype=DT))
     e = move_head(onehot(0, L, 3), a, None, acts)
     torch.testing.assert_close(e[:, 1], a[:, 2] + (a[:, 0] if L == 2 else 0))
+
+
+def test_stacked_state_tape_of_every_layer_is_used():
+    torch.manual_seed(0)
+    m = NAMTuringMachine(3, 8, num_tapes=2, num_layers=2).double()
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    # a fresh start hands layer 0's final value tape to layer 1 (the authors' stacking)
+    y0, s0 = m(x)
+    st = m.init_state(2, dtype=torch.float64)
+    l0 = m.layers[0](x, st.tape[0], st.key_tape[0], st.h_r[0], st.h_w[0])[1]
+    st_handed = st._replace(tape=torch.stack([st.tape[0], l0[0]]))
+    y1, _ = m(x, st_handed)
+    torch.testing.assert_close(y1, y0, rtol=1e-12, atol=1e-12)
+    # a given state: layer 1 starts from state.tape[1], not ignored
+    y2, _ = m(x, st_handed._replace(tape=st_handed.tape + torch.stack([torch.zeros_like(st.tape[0]),
+                                                                        0.5 * torch.ones_like(st.tape[1])])))
+    assert (y2 - y0).abs().max() > 1e-3
+    # and running in pieces continues every layer from its own tape
+    ya, sa = m(x[:, :3], st_handed)
+    yb, sb = m(x[:, 3:], sa)
+    assert torch.isfinite(yb).all() and sb.tape.shape == s0.tape.shape

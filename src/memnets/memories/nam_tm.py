@@ -239,8 +239,11 @@ class NAMTuringMachine(nn.Module):
             the key tape, never read, stays as given).
         controller: "gru" or "lstm"; bidirectional_controller: run it in both directions
             (hidden_size/2 per direction).
-        num_layers: layer l > 0 re-reads the same input and starts from layer l-1's final
-            value tape (SPEC §12); the output is the last layer's (only it has ``W_o``).
+        num_layers: layer l > 0 re-reads the same input and, from a fresh start
+            (``state=None``), starts from layer l-1's final value tape (SPEC §12); the output
+            is the last layer's (only it has ``W_o``). A given ``state`` sets every layer's
+            starting tape: layer l continues from ``state.tape[l]``, its own final tape of the
+            previous call, so a long input can run in pieces layer by layer.
         normalize_heads: value tape accessed with μ(H) (later option of the authors' code).
         separate_erase: a separate erase gate p_e (else p_e = p_w).
         key_tape_mode: "position" (SPEC §3) or "transposed" (``WR(Kᵀ, k, H_w, p_w, p_e)``,
@@ -314,6 +317,7 @@ class NAMTuringMachine(nn.Module):
         B = x.shape[0]
         if B == 0 or x.shape[1] == 0:
             raise ValueError(f"`x` expected non-empty batch and time dims, got {list(x.shape)}")
+        handed = state is None  # a fresh start: each later layer takes its predecessor's tape
         if state is None:
             state = self.init_state(B, x.device, x.dtype, tape_length)
         else:
@@ -329,6 +333,8 @@ class NAMTuringMachine(nn.Module):
             check_shape("state.h_w", state.h_w, ["Ly", "B", "Tn", "L"], [Ly, B, Tn, L])
         finals, tape = [], state.tape[0]
         for l, layer in enumerate(self.layers):
+            if l and not handed:
+                tape = state.tape[l]  # a given state: every layer continues from its own tape
             y, fin, aux = layer(x, tape, state.key_tape[l], state.h_r[l], state.h_w[l])
             finals.append(fin)
             tape = fin[0]  # the next layer starts from this layer's value tape
