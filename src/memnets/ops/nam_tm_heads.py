@@ -34,6 +34,8 @@ from typing import List, Optional
 import torch
 from torch.autograd.function import once_differentiable
 
+from ._workspace import WorkspacePool
+
 __all__ = ["nam_tm_heads", "forward_loop", "backward_loop", "loops"]
 
 LEFT, NOOP, RIGHT, JUMP = 0, 1, 2, 3
@@ -167,44 +169,67 @@ def _action_grads(Hs: torch.Tensor, J: Optional[torch.Tensor], DH: torch.Tensor,
     return torch.stack(cols, -1)
 
 
+_POOL = WorkspacePool()  # the per-step key tapes, reused across calls (memnets.ops._workspace)
+
+
+def _jump_space(T: int, N: int, L: int, C: int, transposed: bool, like: torch.Tensor):
+    new = like.new_empty
+    Aa = new(T, N, L if transposed else C)
+    return new(T + 1, N, L, C), Aa, torch.empty_like(Aa), new(T, N, L)  # Ks, Aa, U, J
+
+
 class _HeadScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, act, q, k, pw, pe, H0, K0, order, transposed, compiled):
-        fwd, _, _ = loops(compiled)
-        T, N, _, L = act.shape[0], act.shape[1], act.shape[2], H0.shape[-1]
+        T, N, L = act.shape[0], act.shape[1], H0.shape[-1]
         has_jump = JUMP in order
-        new = act.new_empty
-        Hs = new(T + 1, N, 2, L)
-        Hs[0].copy_(H0)
+        Hs = act.new_empty(T + 1, N, 2, L)  # returned: never a pooled buffer
+        lease = None
         if has_jump:
             C = K0.shape[1]
-            Ks = new(T + 1, N, L, C)
+            key = (T, N, L, C, transposed, act.dtype, act.device)
+            lease = _POOL.lease(key, lambda: _jump_space(T, N, L, C, transposed, act))
+        _HeadScan._run(act, q, k, pw, pe, H0, K0, Hs, lease, order, transposed, compiled)
+        ctx.save_for_backward(act, q, k, pw, pe, H0, K0, Hs)
+        ctx.order, ctx.transposed, ctx.compiled, ctx.has_jump = order, transposed, compiled, has_jump
+        ctx.lease = lease
+        K_T = lease.space[0][T].transpose(1, 2).contiguous() if has_jump else K0.clone()
+        return Hs, K_T
+
+    @staticmethod
+    def _run(act, q, k, pw, pe, H0, K0, Hs, lease, order, transposed, compiled):
+        fwd, _, _ = loops(compiled)
+        Hs[0].copy_(H0)
+        if lease is not None:
+            Ks, Aa, U, J = lease.space
             Ks[0].copy_(K0.transpose(1, 2))
-            Aa = new(T, N, L if transposed else C)
-            U = torch.empty_like(Aa)
-            J = new(T, N, L)
         else:
             Ks = Aa = U = J = act.new_empty(0)
-        fwd(act, q, k, pw, pe, Hs, Ks, Aa, U, J, order, has_jump, transposed)
-        ctx.save_for_backward(act, q, k, pw, pe, Hs, Ks, Aa, U, J)
-        ctx.order, ctx.transposed, ctx.compiled, ctx.has_jump = order, transposed, compiled, has_jump
-        K_T = Ks[T].transpose(1, 2).contiguous() if has_jump else K0.clone()
-        return Hs, K_T
+        fwd(act, q, k, pw, pe, Hs, Ks, Aa, U, J, order, lease is not None, transposed)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, gH, gK):
-        act, q, k, pw, pe, Hs, Ks, Aa, U, J = ctx.saved_tensors
+        act, q, k, pw, pe, H0, K0, Hs = ctx.saved_tensors
         order, transposed, has_jump = ctx.order, ctx.transposed, ctx.has_jump
         _, bwd, _ = loops(ctx.compiled)
-        T, N = act.shape[0], act.shape[1]
+        T, N, L = act.shape[0], act.shape[1], Hs.shape[-1]
+        lease = ctx.lease
+        if has_jump and lease.space is None:  # a second backward through the graph: recompute
+            C = K0.shape[1]
+            lease.space = _POOL.take(lease.key, lambda: _jump_space(T, N, L, C, transposed, act))
+            _HeadScan._run(act, q, k, pw, pe, H0, K0, Hs.clone(), lease, order, transposed, ctx.compiled)
+        if has_jump:
+            Ks, Aa, U, J = lease.space
+        else:
+            Ks = Aa = U = J = act.new_empty(0)
         gH = torch.zeros_like(Hs) if gH is None else gH.contiguous()
         C = Ks.shape[3] if has_jump else 0
-        dK = (torch.zeros(N, Hs.shape[-1], C, dtype=Hs.dtype, device=Hs.device) if gK is None
+        dK = (torch.zeros(N, L, C, dtype=Hs.dtype, device=Hs.device) if gK is None
               else gK.transpose(1, 2).contiguous()) if has_jump else act.new_empty(0)  # of Kᵀ
         new = act.new_empty
-        DH = new(T, N, 2, Hs.shape[-1])
-        DJ = new(T, N, Hs.shape[-1]) if has_jump else act.new_empty(0)
+        DH = new(T, N, 2, L)
+        DJ = new(T, N, L) if has_jump else act.new_empty(0)
         DU = torch.empty_like(U) if has_jump else act.new_empty(0)
         DK = new(T, N, C) if has_jump and transposed else act.new_empty(0)
         dH0 = bwd(act, q, k, pw, pe, Hs, Ks, U, gH, dK, DH, DJ, DU, DK, order, has_jump, transposed)
@@ -221,6 +246,7 @@ class _HeadScan(torch.autograd.Function):
                 dpw = (k * DU).sum(-1, keepdim=True)
             dpe = -(Aa * DU).sum(-1, keepdim=True)
             dK0 = dK.transpose(1, 2)
+            lease.release()  # every use of the workspace is above
         else:
             dK0 = gK
         return dact, dq, dk, dpw, dpe, dH0, dK0, None, None, None
