@@ -1,4 +1,4 @@
-"""NTM addressing ops (SPEC §7): worked example, hand loops, simplex, degenerate input, gradcheck."""
+"""NTM addressing ops (docs/maths.md §7): worked example, hand loops, simplex, degenerate input, gradcheck."""
 import math
 
 import pytest

@@ -39,7 +39,7 @@ def test_zero_inputs_give_no_nan():
 
 
 def test_nam_adapter_matches_step_by_step_reference():
-    """Fast path (chunked scan + read) == a plain loop of WR / RD with unit keys (SPEC §1)."""
+    """Fast path (chunked scan + read) == a plain loop of WR / RD with unit keys (docs/maths.md §1)."""
     torch.manual_seed(0)
     a = NAMAdapter(6, 4, 3, separate_erase=True).double()
     x, xq = torch.randn(2, 9, 6, dtype=torch.float64), torch.randn(2, 2, 6, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""DNC module (SPEC §8): fast == reference, state round trip, aux ranges, bad input, tiny learning run."""
+"""DNC module (docs/maths.md §8): fast == reference, state round trip, aux ranges, bad input, tiny learning run."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""DNC memory-access ops (SPEC §8): worked example, hand loops, ranges, gradcheck, bad input."""
+"""DNC memory-access ops (docs/maths.md §8): worked example, hand loops, ranges, gradcheck, bad input."""
 import pytest
 import torch
 

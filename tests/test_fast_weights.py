@@ -1,4 +1,4 @@
-"""FastWeightMemory (SPEC §6): reference loop, state passing, hand-built recall, training."""
+"""FastWeightMemory (docs/maths.md §6): reference loop, state passing, hand-built recall, training."""
 from __future__ import annotations
 
 import pytest
@@ -15,7 +15,7 @@ def _mem(rule="delta", fmap="elu", seed=0, **kw):
 
 
 def reference(mem, x, w=None):
-    """Plain loop over batch, head and time straight from SPEC §6."""
+    """Plain loop over batch, head and time straight from docs/maths.md §6."""
     B, T, _ = x.shape
     H, dk, dv = mem.num_heads, mem.key_size, mem.value_size
     phi = get_feature_map(mem.feature_map)

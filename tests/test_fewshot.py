@@ -1,4 +1,4 @@
-"""NAM few-shot classifier (SPEC §4, Algorithm 1): loop of nam_write == batched weights,
+"""NAM few-shot classifier (docs/maths.md §4, Algorithm 1): loop of nam_write == batched weights,
 reduction to the cosine classifier, erase behaviour, training, bad input."""
 import pytest
 import torch

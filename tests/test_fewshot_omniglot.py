@@ -89,7 +89,7 @@ def test_pretraining_resumes_from_its_checkpoint(tmp_path, monkeypatch):
 
 
 def _reference_nam(w_base, support, p_w, p_e):
-    """Algorithm 1 written as the SPEC's double loop: W' = W + Σ_nk ΔW_nk / K, ΔW from the initial W."""
+    """Algorithm 1 written as the double loop of docs/maths.md §4: W' = W + Σ_nk ΔW_nk / K, ΔW from the initial W."""
     n, k, f = support.shape
     b = w_base.shape[0]
     w = torch.cat([w_base, w_base.new_zeros(n, f)])

@@ -1,4 +1,4 @@
-"""Byte-level IMDB (LRA Text) on the real archive (SPEC §11; data README §3)."""
+"""Byte-level IMDB (LRA Text) on the real archive (docs/maths.md §11; data README §3)."""
 from __future__ import annotations
 
 import pytest

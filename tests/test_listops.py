@@ -1,4 +1,4 @@
-"""LRA ListOps generator, evaluator, encoding and text form (SPEC §11; data README §4)."""
+"""LRA ListOps generator, evaluator, encoding and text form (docs/maths.md §11; data README §4)."""
 from __future__ import annotations
 
 import random

@@ -1,4 +1,4 @@
-"""LSAM (SPEC §2, §12): the fast layer against a loop of reference cells, state carrying,
+"""LSAM (docs/maths.md §2, §12): the fast layer against a loop of reference cells, state carrying,
 special cases, bad input, training, and the encoder–decoder."""
 import pytest
 import torch

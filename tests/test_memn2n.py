@@ -1,4 +1,4 @@
-"""End-to-End Memory Networks (SPEC §9): encodings, tying, attention, masking, LS, RN, learning."""
+"""End-to-End Memory Networks (docs/maths.md §9): encodings, tying, attention, masking, LS, RN, learning."""
 from __future__ import annotations
 
 import os

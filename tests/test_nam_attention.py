@@ -1,4 +1,4 @@
-"""nam_attention (SPEC §5) and linear_attention: chunked/linear forms vs quadratic references."""
+"""nam_attention (docs/maths.md §5) and linear_attention: chunked/linear forms vs quadratic references."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""nam_scan / nam_step (SPEC §1): chunked == reference (values and every gradient, float64),
+"""nam_scan / nam_step (docs/maths.md §1): chunked == reference (values and every gradient, float64),
 state carrying, gradcheck, degenerate inputs, bfloat16 and input checks."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The NAM → fla mapping of ``nam_scan_fla`` (SPEC §1), checked on the CPU against fla's own
+"""The NAM → fla mapping of ``nam_scan_fla`` (docs/maths.md §1), checked on the CPU against fla's own
 step-by-step reference recurrences (``fla/ops/delta_rule/naive.py``,
 ``fla/ops/generalized_delta_rule/{iplr,dplr}/naive.py``), loaded from their files so that fla's
 Triton kernels are never imported. Skipped when flash-linear-attention is not installed; the

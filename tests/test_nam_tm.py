@@ -1,4 +1,4 @@
-"""NAM Turing Machine (SPEC §3, §12): hand-set head moves, write/read, jump, the fused step
+"""NAM Turing Machine (docs/maths.md §3, §12): hand-set head moves, write/read, jump, the fused step
 against the nam_write/nam_read step, tape-length independence, training, bad input."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""NSP / Reduce masked-completion tasks (SPEC §11, §12)."""
+"""NSP / Reduce masked-completion tasks (docs/maths.md §11, §12)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""NTM module (SPEC §7): shapes, state round trip, stabilisers, bad input, a tiny learning run."""
+"""NTM module (docs/maths.md §7): shapes, state round trip, stabilisers, bad input, a tiny learning run."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""NTM algorithmic tasks (SPEC §11): determinism, layouts, targets, masks and the bits metric."""
+"""NTM algorithmic tasks (docs/maths.md §11): determinism, layouts, targets, masks and the bits metric."""
 import math
 
 import pytest

@@ -88,7 +88,7 @@ def test_nam_scan_extreme(dtype, impl, key_scale, beta):
     p = torch.full((B, T, H), beta, dtype=dtype)
     o, S = _run(lambda q, k, v, p: ops.nam_scan(q, k, v, p, p, impl=impl, chunk_size=3),
                 {"q": q, "k": k, "v": v, "p": p})
-    # with unit keys and β ∈ [0, 1] the delta rule keeps every value bounded (SPEC §1)
+    # with unit keys and β ∈ [0, 1] the delta rule keeps every value bounded (docs/maths.md §1)
     assert S.abs().max() <= v.abs().max() * T + 1e-6
 
 

@@ -1,4 +1,4 @@
-"""NAM primitives (SPEC §1): the paper's theorems as property tests, and input checks."""
+"""NAM primitives (docs/maths.md §1): the paper's theorems as property tests, and input checks."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Run configs, presets, overrides and a tiny end-to-end training run (SPEC §12)."""
+"""Run configs, presets, overrides and a tiny end-to-end training run (docs/maths.md §12)."""
 from __future__ import annotations
 
 import json

@@ -14,17 +14,17 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    # NAM family (SPEC §2-§5)
+    # NAM family (docs/maths.md §2-§5)
     "LSAM": "memnets.memories.lsam",
     "LSAMCell": "memnets.memories.lsam",
     "NAMTuringMachine": "memnets.memories.nam_tm",
     "NAMFewShotClassifier": "memnets.memories.fewshot",
     "CosineClassifier": "memnets.memories.fewshot",
-    # attention family and baselines (SPEC §5, §6, §10)
+    # attention family and baselines (docs/maths.md §5, §6, §10)
     "TransformerEncoder": "memnets.models.transformer",
     "UniversalTransformer": "memnets.models.transformer",
     "LSTMAttentionBaseline": "memnets.models.lstm_baseline",
-    # classic memory-augmented networks (SPEC §7-§9)
+    # classic memory-augmented networks (docs/maths.md §7-§9)
     "NTM": "memnets.memories.ntm",
     "DNC": "memnets.memories.dnc",
     "MemN2N": "memnets.memories.memn2n",

@@ -1,4 +1,4 @@
-"""Attention layers with one interface (SPEC §5, §6, §10).
+"""Attention layers with one interface (docs/maths.md §5, §6, §10).
 
 ``layer(x [B, S, d_model], mask=None) -> [B, S, d_model]``, ``mask`` a key-padding mask
 ``[B, S]`` of booleans (True = keep). Kinds:

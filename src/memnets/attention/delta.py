@@ -1,4 +1,4 @@
-"""Delta-rule fast-weight programmer (SPEC §6, Schlag et al. 2021) as an attention layer.
+"""Delta-rule fast-weight programmer (docs/maths.md §6, Schlag et al. 2021) as an attention layer.
 
 Per head, with a sum-normalised feature map φ and ``β_t = σ(W_β x_t)``::
 
@@ -7,7 +7,7 @@ Per head, with a sum-normalised feature map φ and ``β_t = σ(W_β x_t)``::
     W_t  = W_{t-1} + v_t ⊗ φ(k_t)                       (update_rule="sum")
     y_t  = W_t φ(q_t)
 
-The delta write is the NAM write with ``p_w = p_e = β`` (SPEC §1), so the whole sequence
+The delta write is the NAM write with ``p_w = p_e = β`` (docs/maths.md §1), so the whole sequence
 runs through :func:`memnets.ops.nam_scan` (chunkwise-parallel by default); the sum rule is
 ``p_w = 1, p_e = 0``. Fast weights are ``[B, H, dv, dφ]``.
 """
@@ -55,7 +55,7 @@ def fast_weight_scan(
     impl: str = "auto",
     chunk_size: int = 32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run fast weights over a sequence (SPEC §6), read after write.
+    """Run fast weights over a sequence (docs/maths.md §6), read after write.
 
     Args:
         q, k: raw queries / keys ``[B, T, H, dk]`` (φ is applied here).
@@ -105,7 +105,7 @@ class DeltaAttentionState(NamedTuple):
 
 
 class DeltaRuleAttention(MultiHeadBase):
-    """Delta-rule fast-weight attention layer (SPEC §6), causal only.
+    """Delta-rule fast-weight attention layer (docs/maths.md §6), causal only.
 
     ``forward(x [B, S, d_model], mask=None, state=None, return_state=False)`` returns
     ``y [B, S, d_model]`` (or ``(y, DeltaAttentionState)`` with ``return_state=True``).

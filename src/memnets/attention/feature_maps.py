@@ -1,4 +1,4 @@
-"""Feature maps φ for fast-weight / linear attention (SPEC §6, Schlag et al. 2021).
+"""Feature maps φ for fast-weight / linear attention (docs/maths.md §6, Schlag et al. 2021).
 
 All maps act on the last dimension and return non-negative features:
 

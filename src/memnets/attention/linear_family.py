@@ -1,6 +1,6 @@
 """Linear-cost attention layers: NAM (normalized outer product) and the Linear Transformer.
 
-    NAM:    Y = μ(Q) (μ(K)ᵀ V)                               (SPEC §5, no scaling, no normaliser)
+    NAM:    Y = μ(Q) (μ(K)ᵀ V)                               (docs/maths.md §5, no scaling, no normaliser)
     Linear: Y = φ(Q)(φ(K)ᵀ V) / (φ(Q) Σ_s φ(k_s)),  φ = elu + 1   (Katharopoulos et al. 2020)
 
 Both never build an ``S × S`` tensor (the causal forms use chunked prefix states).
@@ -23,7 +23,7 @@ def _chunk_size(head_dim: int) -> int:
 
 
 class NAMAttention(MultiHeadBase):
-    """Multi-head normalized outer-product attention ``μ(Q)(μ(K)ᵀV)`` (SPEC §5).
+    """Multi-head normalized outer-product attention ``μ(Q)(μ(K)ᵀV)`` (docs/maths.md §5).
 
     ``forward(x [B, S, d_model], mask [B, S] bool (True = keep) or None) -> [B, S, d_model]``.
     Bidirectional (the paper's form) or causal (prefix sums of ``μ(k_s) v_sᵀ``). Padding is
@@ -31,7 +31,7 @@ class NAMAttention(MultiHeadBase):
     is applied to the mixed values before the output projection (there are no attention
     weights to drop). Cost ``O(S·dh²)`` per head.
 
-    ``length_norm=True`` (not in SPEC §5, off by default) divides each output by the number
+    ``length_norm=True`` (not in docs/maths.md §5, off by default) divides each output by the number
     of keys it sums over (the valid keys; position t's t + 1 in the causal form), so the
     output scale no longer grows with the sequence length: without it the output norm is
     about 30× that of softmax attention at length 200 and 300× at length 2000.

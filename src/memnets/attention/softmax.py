@@ -1,6 +1,6 @@
 """Softmax (scaled dot-product) multi-head attention via ``F.scaled_dot_product_attention``.
 
-    Attn(Q, K, V) = softmax(Q Kᵀ / √dh + mask) V            (SPEC §5 / §10 baseline)
+    Attn(Q, K, V) = softmax(Q Kᵀ / √dh + mask) V            (docs/maths.md §5 / §10 baseline)
 
 This is the quadratic baseline the linear-cost layers are compared against.
 """

@@ -1,4 +1,4 @@
-"""Associative-memory capacity lab (SPEC §1, §6; Schlag, Irie & Schmidhuber 2021, Sec. 4).
+"""Associative-memory capacity lab (docs/maths.md §1, §6; Schlag, Irie & Schmidhuber 2021, Sec. 4).
 
 Trains every memory of memnets with the same projection widths on key–value retrieval
 (setting 1: capacity; setting 2: edits) and on multi-query associative recall, and reports

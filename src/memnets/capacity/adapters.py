@@ -30,7 +30,7 @@ __all__ = ["MEMORIES", "DEFAULT_MEMORIES", "RECURRENT", "build_adapter", "unavai
 
 
 class SoftmaxAdapter(nn.Module):
-    """Softmax attention over the written pairs (SPEC §5 baseline): ``softmax(q Kᵀ/√d) V``."""
+    """Softmax attention over the written pairs (docs/maths.md §5 baseline): ``softmax(q Kᵀ/√d) V``."""
 
     def __init__(self, in_size: int, d_key: int, d_value: int):
         super().__init__()
@@ -51,7 +51,7 @@ class SoftmaxAdapter(nn.Module):
 
 
 class FastWeightAdapter(nn.Module):
-    """Fast-weight programmer (SPEC §6) through :class:`~memnets.memories.FastWeightMemory`:
+    """Fast-weight programmer (docs/maths.md §6) through :class:`~memnets.memories.FastWeightMemory`:
     sum rule (linear attention when ``feature_map="elu"``; DPFP-ν) or delta rule."""
 
     def __init__(self, in_size: int, d_key: int, d_value: int, update_rule: str, feature_map: str):
@@ -68,7 +68,7 @@ class FastWeightAdapter(nn.Module):
 
 
 class NAMAdapter(nn.Module):
-    """NAM memory (SPEC §1): unit keys/queries, ``WR(M, μ(k), v, p_w, p_e)``, ``RD(M, μ(q), 1)``.
+    """NAM memory (docs/maths.md §1): unit keys/queries, ``WR(M, μ(k), v, p_w, p_e)``, ``RD(M, μ(q), 1)``.
 
     ``separate_erase=False``: ``p_e = p_w = σ(W_w x)`` (the delta rule on unit keys);
     ``True``: an independent erase gate ``p_e = σ(W_e x)``.

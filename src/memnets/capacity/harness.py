@@ -1,4 +1,4 @@
-"""Train a memory end to end on a retrieval task and measure its recall (SPEC §6).
+"""Train a memory end to end on a retrieval task and measure its recall (docs/maths.md §6).
 
 As in Schlag et al. (2021, Sec. 4.1): only the projections are trained (the key-symbol
 embedding, the memory's key/query/value/gate projections and the read-out); the memory is

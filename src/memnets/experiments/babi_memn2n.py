@@ -1,4 +1,4 @@
-"""Train End-to-End Memory Networks on bAbI 1k (SPEC §9, §11) and write a test-error table.
+"""Train End-to-End Memory Networks on bAbI 1k (docs/maths.md §9, §11) and write a test-error table.
 
     python -m memnets.experiments.babi_memn2n --tasks 1 --out runs/memn2n_t1
     python -m memnets.experiments.babi_memn2n --tasks all --joint --out runs/memn2n_joint

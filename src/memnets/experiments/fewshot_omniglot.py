@@ -1,4 +1,4 @@
-"""Few-shot Omniglot: cosine classifier vs NAM few-shot (SPEC §4, §11; the NAM paper's Table 2).
+"""Few-shot Omniglot: cosine classifier vs NAM few-shot (docs/maths.md §4, §11; the NAM paper's Table 2).
 
     python -m memnets.experiments.fewshot_omniglot [--data-dir D] [--epochs N] [--episodes 1000]
                                                    [--out DIR] [--seed S]
@@ -209,7 +209,7 @@ def mean_ci(values: torch.Tensor) -> tuple[float, float]:
 
 
 def make_gates(feature_dim: int, num_base_classes: int, hidden: int = 512) -> NAMFewShotClassifier:
-    """NAM few-shot gates ``f_rw`` (SPEC §4, §12) as a :class:`NAMFewShotClassifier`.
+    """NAM few-shot gates ``f_rw`` (docs/maths.md §4, §12) as a :class:`NAMFewShotClassifier`.
 
     The output biases of its two MLPs start at ``+4`` (``p_w ≈ 0.98``) and ``−4``
     (``p_e ≈ 0.02``), i.e. close to the feature-averaging cosine classifier (``p_w = 1, p_e = 0``).

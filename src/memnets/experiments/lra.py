@@ -1,5 +1,5 @@
 """Long Range Arena classification with softmax, Linear Transformer and NAM attention
-(seed 000 Table 3; SPEC §5, §11, §12).
+(seed 000 Table 3; docs/maths.md §5, §11, §12).
 
     python -m memnets.experiments.lra --task listops|text --attention softmax,linear,nam
         [--preset cpu|paper] [--max-len 2000] [--steps N] [--max-minutes M]

@@ -1,4 +1,4 @@
-"""Train the NTM on the copy task (Graves et al. 2014, §4.1; SPEC §7, §11).
+"""Train the NTM on the copy task (Graves et al. 2014, §4.1; docs/maths.md §7, §11).
 
     python -m memnets.experiments.ntm_copy [--steps N --batch-size B --out DIR --seed S]
 

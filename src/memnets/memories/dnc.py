@@ -1,7 +1,7 @@
-"""Differentiable Neural Computer (SPEC §8; Graves et al. 2016).
+"""Differentiable Neural Computer (docs/maths.md §8; Graves et al. 2016).
 
 An LSTM controller (``controller_layers`` stacked cells) reads ``[x_t ; r^1_{t-1} … r^R_{t-1}]``
-and emits the interface vector, split as in SPEC §8: R read keys, R read strengths
+and emits the interface vector, split as in docs/maths.md §8: R read keys, R read strengths
 ``oneplus``, write key, write strength ``oneplus``, erase ``σ``, write vector, R free gates
 ``σ``, allocation gate ``σ``, write gate ``σ``, R read modes ``softmax`` over
 (backward, content, forward). The memory access per step is, in order: retention, usage,
@@ -80,12 +80,12 @@ class DNCAux(NamedTuple):
 
 
 def oneplus(x: torch.Tensor) -> torch.Tensor:
-    """``1 + softplus(x)`` ∈ [1, ∞) (SPEC §8)."""
+    """``1 + softplus(x)`` ∈ [1, ∞) (docs/maths.md §8)."""
     return 1 + F.softplus(x)
 
 
 class _WriteLink(torch.autograd.Function):
-    """Fused erase/add write, temporal link, precedence and directional weightings (SPEC §8).
+    """Fused erase/add write, temporal link, precedence and directional weightings (docs/maths.md §8).
 
     One autograd node with a hand-derived backward instead of ~40 small ones; the per-equation
     reference is :meth:`DNC._access` (tests hold both equal in values and gradients).
@@ -138,7 +138,7 @@ class _WriteLink(torch.autograd.Function):
 
 @register_model("dnc")
 class DNC(nn.Module):
-    """Differentiable Neural Computer (SPEC §8).
+    """Differentiable Neural Computer (docs/maths.md §8).
 
     Args:
         input_size, output_size: features of ``x_t`` and ``y_t`` (logits).
@@ -230,7 +230,7 @@ class DNC(nn.Module):
         return inp, DNCControllerState(torch.stack(hs, 1), torch.stack(cs, 1))
 
     def _access(self, xi: torch.Tensor, a: DNCAccessState):
-        """Memory access for one step from the interface vector ``xi [B, |interface|]`` (SPEC §8)."""
+        """Memory access for one step from the interface vector ``xi [B, |interface|]`` (docs/maths.md §8)."""
         cfg = self.config
         B, R, W = xi.shape[0], cfg.read_heads, cfg.word_size
         (k_r, b_r, k_w, b_w, erase, v, free, g_a, g_w, modes) = torch.split(xi, self._sizes, dim=-1)

@@ -1,4 +1,4 @@
-"""The DNC recurrence over a whole sequence as one autograd Function (SPEC §8; the fast path).
+"""The DNC recurrence over a whole sequence as one autograd Function (docs/maths.md §8; the fast path).
 
 :class:`DNCRecurrence` runs every time step of the LSTM controller (all layers) and of the
 memory access — retention, usage, sort-based allocation, content weightings, write weighting,
@@ -56,7 +56,7 @@ def interface_layout(R: int, W: int) -> dict[str, int]:
 
 
 def interface_permutation(R: int, W: int, device=None) -> torch.Tensor:
-    """Row indices taking the DNC interface layer (SPEC §8 order: read keys, read strengths,
+    """Row indices taking the DNC interface layer (docs/maths.md §8 order: read keys, read strengths,
     write key, write strength, erase, write vector, free gates, allocation gate, write gate,
     read modes) to the layout of :func:`interface_layout`."""
     sizes = [R * W, R, W, 1, W, W, R, 1, 1, 3 * R]
@@ -407,7 +407,7 @@ def _backward_space(T, B, C, N, W, R, Lc, dtype, device) -> SimpleNamespace:
 
 
 def _allocation_jacobian(g, su: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:
-    """``g.JS[..., j, k] = ∂a_k/∂s_j`` of the sort-based allocation (SPEC §8) in sorted order
+    """``g.JS[..., j, k] = ∂a_k/∂s_j`` of the sort-based allocation (docs/maths.md §8) in sorted order
     (s = the usage sorted ascending, ex = ``Π_{i<j} s_i``; the permutation is held constant):
     ``(1 − s_k) Π_{i<k, i≠j} s_i`` for j < k, ``−Π_{i<j} s_i`` for j = k, 0 for j > k
     (products, not quotients: usages are often exactly 0)."""

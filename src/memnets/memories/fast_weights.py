@@ -1,4 +1,4 @@
-"""Fast-weight memory (SPEC §6, Schlag et al. 2021) as a recurrent-state module.
+"""Fast-weight memory (docs/maths.md §6, Schlag et al. 2021) as a recurrent-state module.
 
 Per head, from the input ``x_t``: ``k_t = W_k x_t``, ``v_t = W_v x_t``, ``q_t = W_q x_t``,
 ``β_t = σ(W_β x_t)`` and a sum-normalised feature map φ::
@@ -39,7 +39,7 @@ class FastWeightState(NamedTuple):
 
 @register_model("fast_weights")
 class FastWeightMemory(nn.Module):
-    """Multi-head fast-weight memory with the delta or the sum update rule (SPEC §6).
+    """Multi-head fast-weight memory with the delta or the sum update rule (docs/maths.md §6).
 
     Args:
         input_size: size of ``x_t``.

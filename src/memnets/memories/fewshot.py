@@ -1,4 +1,4 @@
-"""NAM few-shot learning (SPEC §4, Algorithm 1, with the §12 fix) and the cosine classifier.
+"""NAM few-shot learning (docs/maths.md §4, Algorithm 1, with the §12 fix) and the cosine classifier.
 
 Classifier ``W ∈ R^{(Bc+N)×F}`` = base rows ``W_base`` stacked on N zero rows. For every
 support feature ``x_nk`` (novel class n, shot k), with ``x̂ = μ(x_nk)`` and
@@ -33,7 +33,7 @@ def _check_support(support: torch.Tensor, F: int) -> None:
 
 def nam_fewshot_weights(base_weight: torch.Tensor, support: torch.Tensor, p_w: torch.Tensor,
                         p_e: torch.Tensor) -> torch.Tensor:
-    """Algorithm 1 of SPEC §4: row-normalised classifier weights after writing the support.
+    """Algorithm 1 of docs/maths.md §4: row-normalised classifier weights after writing the support.
 
     Args:
         base_weight: ``[Bc, F]`` base-class weights.
@@ -105,9 +105,9 @@ class _FewShotBase(nn.Module):
 
 @register_model("cosine_classifier")
 class CosineClassifier(_FewShotBase):
-    """Feature-averaging cosine classifier (the baseline of SPEC §4, Thm 3.5).
+    """Feature-averaging cosine classifier (the baseline of docs/maths.md §4, Thm 3.5).
 
-    Args: feature_dim F; num_base_classes Bc; scale: multiplies the cosine scores (1 = SPEC).
+    Args: feature_dim F; num_base_classes Bc; scale: multiplies the cosine scores (1 = docs/maths.md §4).
     ``weights(support [N, K, F], base_weight=None) -> [Bc+N, F]``; ``forward(x, support)``.
     """
 
@@ -124,14 +124,14 @@ def _mlp(F: int, hidden: int) -> nn.Sequential:
 
 @register_model("nam_fewshot")
 class NAMFewShotClassifier(_FewShotBase):
-    """NAM few-shot classifier (SPEC §4, Algorithm 1; §12: p_w and p_e from two MLPs).
+    """NAM few-shot classifier (docs/maths.md §4, Algorithm 1; §12: p_w and p_e from two MLPs).
 
     Args:
         feature_dim: F. num_base_classes: Bc (``weight_base [Bc, F]`` is a parameter;
             ``base_weight`` given to ``forward``/``weights`` overrides it).
         hidden: width of the two MLPs ``f_w``, ``f_e`` (F → hidden → 1, then σ) applied
             to unit-normalised support features.
-        scale: multiplies the cosine scores (1 = SPEC).
+        scale: multiplies the cosine scores (1 = docs/maths.md §4).
     """
 
     def __init__(self, feature_dim: int, num_base_classes: int, hidden: int = 512, scale: float = 1.0):

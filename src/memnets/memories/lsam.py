@@ -1,4 +1,4 @@
-"""LSAM — Long Short-term Attention Memory (SPEC §2, §12).
+"""LSAM — Long Short-term Attention Memory (docs/maths.md §2, §12).
 
 Per head, with ``z_t = [x_t : h_{t-1}]``::
 
@@ -70,7 +70,7 @@ _SEGMENT = 32  # steps between exact memory copies kept for the backward pass
 
 
 class _LSAMRecurrence(torch.autograd.Function):
-    """The per-step part of :func:`lsam_scan` with a hand-written backward (SPEC §2).
+    """The per-step part of :func:`lsam_scan` with a hand-written backward (docs/maths.md §2).
 
     Forward, per step (N = dirs·B·H' memories, rows of ``g`` in per-head blocks)::
 
@@ -176,7 +176,7 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
 
 
 def lsam_cell_step(x_t, memory, h, weight_ih, weight_hh, bias, num_heads):
-    """One LSAM step (SPEC §2) with :func:`nam_write` / :func:`nam_read`, plain autograd.
+    """One LSAM step (docs/maths.md §2) with :func:`nam_write` / :func:`nam_read`, plain autograd.
 
     x_t ``[B, F]``, memory ``[B, H, d, d]``, h ``[B, D]``, weight_ih ``[3D+2H, F]``,
     weight_hh ``[3D+2H, D]``, bias ``[3D+2H]`` -> ``(memory, h)`` after the step.
@@ -216,7 +216,7 @@ def _init_uniform(t: torch.Tensor, fan_in: int) -> None:
 
 
 class LSAMCell(nn.Module):
-    """One LSAM step straight from SPEC §2 (the reference for :class:`LSAM`).
+    """One LSAM step straight from docs/maths.md §2 (the reference for :class:`LSAM`).
 
     Args:
         input_size: width of ``x_t``.
@@ -279,7 +279,7 @@ class LSAMCell(nn.Module):
 
 @register_model("lsam")
 class LSAM(nn.Module):
-    """Multi-layer (bi)directional LSAM shaped like ``torch.nn.LSTM`` (SPEC §2, §12).
+    """Multi-layer (bi)directional LSAM shaped like ``torch.nn.LSTM`` (docs/maths.md §2, §12).
 
     Args:
         input_size: width of the input features.

@@ -1,4 +1,4 @@
-"""End-to-End Memory Networks (SPEC §9; Sukhbaatar et al. 2015; seed 004 §4).
+"""End-to-End Memory Networks (docs/maths.md §9; Sukhbaatar et al. 2015; seed 004 §4).
 
 Per hop k: memories ``m_i = Σ_j l_j ∘ A^k x_ij + T_A^k(i)``, outputs
 ``c_i = Σ_j l_j ∘ C^k x_ij + T_C^k(i)``, attention ``p = softmax(uᵀ m)``, response
@@ -240,7 +240,7 @@ def random_noise(stories: torch.Tensor, mask: torch.Tensor, rate: float = 0.1,
 
 @register_model("memn2n")
 class MemN2N(nn.Module):
-    """End-to-End Memory Network over bAbI-style stories (SPEC §9).
+    """End-to-End Memory Network over bAbI-style stories (docs/maths.md §9).
 
     Args:
         vocab_size: number of word ids ``V`` (id 0 = padding / nil word).

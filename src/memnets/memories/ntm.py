@@ -1,4 +1,4 @@
-"""Neural Turing Machine (SPEC §7; Graves et al. 2014) with the stabilisers of seed 002.
+"""Neural Turing Machine (docs/maths.md §7; Graves et al. 2014) with the stabilisers of seed 002.
 
 A controller (LSTM or feed-forward) reads ``[x_t ; r_{t-1}]``; from its output ``h_t`` each
 head emits key ``k = tanh(·)``, strength ``β = softplus(·)``, gate ``g = σ(·)``, shift
@@ -74,7 +74,7 @@ class NTMAux(NamedTuple):
 
 @register_model("ntm")
 class NTM(nn.Module):
-    """Neural Turing Machine (SPEC §7).
+    """Neural Turing Machine (docs/maths.md §7).
 
     Args:
         input_size: features of ``x_t``.
@@ -170,7 +170,7 @@ class NTM(nn.Module):
 
     # ------------------------------------------------------------------ one step
     def _address(self, memory: torch.Tensor, p: torch.Tensor, w_prev: torch.Tensor) -> torch.Tensor:
-        """Heads' weightings from their parameters ``p [B, H, P]`` (SPEC §7, in order)."""
+        """Heads' weightings from their parameters ``p [B, H, P]`` (docs/maths.md §7, in order)."""
         W = self.config.word_size
         key = torch.tanh(p[..., :W])
         beta = F.softplus(p[..., W])

@@ -1,4 +1,4 @@
-"""Conv-4 feature extractor and a cosine classifier head for few-shot Omniglot (SPEC §4, §11).
+"""Conv-4 feature extractor and a cosine classifier head for few-shot Omniglot (docs/maths.md §4, §11).
 
 Conv-4 (Vinyals et al. 2016; Snell et al. 2017): four blocks of
 ``conv 3×3 (64 channels, padding 1) → BatchNorm → ReLU → max-pool 2×2``. On ``[B, 1, 28, 28]``
@@ -22,7 +22,7 @@ __all__ = ["Conv4Config", "Conv4", "CosineHead", "l2_normalize"]
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    """``μ(x) = x / max(‖x‖₂, eps)`` over the last dimension (SPEC notation)."""
+    """``μ(x) = x / max(‖x‖₂, eps)`` over the last dimension (docs/maths.md §1)."""
     return x / x.norm(dim=-1, keepdim=True).clamp_min(eps)
 
 

@@ -1,4 +1,4 @@
-"""The paper's LSAM encoder–decoder feature extractor (SPEC §12, "The table's LSAM model").
+"""The paper's LSAM encoder–decoder feature extractor (docs/maths.md §12, "The table's LSAM model").
 
     e  = x + BLSAM(x)                   BLSAM = bidirectional LSAM → Linear → Dropout → ReLU
     e  = LayerNorm(e + FFN(e))          FFN = Linear(d, F) → ReLU → Dropout → Linear(F, d)
@@ -45,7 +45,7 @@ class LSAMEncDecState(NamedTuple):
 
 @register_model("lsam_encdec")
 class LSAMEncoderDecoder(nn.Module):
-    """Bidirectional LSAM encoder layer + forward LSAM decoder (SPEC §12).
+    """Bidirectional LSAM encoder layer + forward LSAM decoder (docs/maths.md §12).
 
     Args:
         d_model: feature width D (divisible by ``num_heads``).

@@ -1,4 +1,4 @@
-"""biLSTM → dot-product self-attention → biLSTM baseline (SPEC §10, §12).
+"""biLSTM → dot-product self-attention → biLSTM baseline (docs/maths.md §10, §12).
 
 As the authors ran it (Luong-style global attention over the encoder's own outputs)::
 
@@ -58,7 +58,7 @@ class DotProductSelfAttention(nn.Module):
 
 @register_model("lstm_attention")
 class LSTMAttentionBaseline(nn.Module):
-    """The paper's LSTM baseline: biLSTM → dot-product self-attention → biLSTM (SPEC §12).
+    """The paper's LSTM baseline: biLSTM → dot-product self-attention → biLSTM (docs/maths.md §12).
 
     Args:
         d_model: width (even); each LSTM direction has ``d_model // 2`` units.

@@ -1,4 +1,4 @@
-"""Token-sequence model for the masked-completion tasks of Table 1 (SPEC §10-§12).
+"""Token-sequence model for the masked-completion tasks of Table 1 (docs/maths.md §10-§12).
 
 ``tokens [B, W] → Embedding → backbone → head → logits [B, W, vocab]`` (head: one Linear, or
 with ``head="mlp"`` LayerNorm → Dropout → ReLU → Linear); every position is
@@ -47,7 +47,7 @@ BACKBONES: dict[str, tuple[str, str, Callable[[int, dict], dict], str]] = {
     "lstm": ("torch.nn", "LSTM", _kw(), "biLSTM"),
 }
 
-# Backbone sizes: "tiny" (tests, < 0.1 M), "small" (CPU presets, ~0.1-1 M), "paper" (SPEC §12).
+# Backbone sizes: "tiny" (tests, < 0.1 M), "small" (CPU presets, ~0.1-1 M), "paper" (docs/maths.md §12).
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {
         "lsam": {"d_model": 32, "num_heads": 4, "num_layers": 1, "bidirectional": True},
@@ -74,7 +74,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "ntm": {"d_model": 64, "memory_slots": 32, "word_size": 32, "controller_size": 128},
         "lstm": {"d_model": 128, "num_layers": 2},
     },
-    "paper": {  # the paper/* presets: SPEC §12 sizes, free widths set to Table 1's counts (memnets.paper)
+    "paper": {  # the paper/* presets: docs/maths.md §12 sizes, free widths set to Table 1's counts (memnets.paper)
         "lsam": {"d_model": 1024, "num_heads": 8, "num_layers": 2, "bidirectional": True},
         "lsam_encdec": {"d_model": 1024, "num_heads": 8, "dim_feedforward": 6656},
         "nam_tm": {"d_model": 1200, "num_tapes": 8, "tape_length": 32, "num_layers": 2},
@@ -141,10 +141,10 @@ class SequenceTaskModel(nn.Module):
 
     Args:
         backbone: a key of :data:`BACKBONES` (``"nam_tm"``, ``"transformer"``, ``"lstm"``, ...).
-        vocab_size: number of token ids (16 for the NSP tasks, SPEC §12).
+        vocab_size: number of token ids (16 for the NSP tasks, docs/maths.md §12).
         d_model: embedding width, also the backbone's input and output width.
         head: ``"linear"`` (default): one Linear to the vocabulary. ``"mlp"``: the authors'
-            NAM-TM output block (SPEC §12 code), LayerNorm → Dropout → ReLU → Linear. A NAM-TM's
+            NAM-TM output block (docs/maths.md §12 code), LayerNorm → Dropout → ReLU → Linear. A NAM-TM's
             output is linear in what it reads, and a linear head on it is additive in the
             digits read, which cannot give ``(a + b) mod 10``: Fib needs ``"mlp"`` (docs/fib.md).
         head_dropout: the Dropout probability of the ``"mlp"`` head (the authors': 0.1).

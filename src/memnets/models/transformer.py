@@ -1,4 +1,4 @@
-"""Transformer baselines (SPEC §5, §10, §12): an encoder with a choice of attention, and the
+"""Transformer baselines (docs/maths.md §5, §10, §12): an encoder with a choice of attention, and the
 Universal Transformer (one shared layer applied repeatedly, optional ACT halting).
 
 Both map ``x [B, S, d_model]`` (already embedded) to ``[B, S, d_model]``; ``mask [B, S]`` is
@@ -33,7 +33,7 @@ _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Hyper-parameters of :class:`TransformerEncoder` (SPEC §12 paper size: d 512, 8 layers,
+    """Hyper-parameters of :class:`TransformerEncoder` (docs/maths.md §12 paper size: d 512, 8 layers,
     8 heads, FFN 2048, post-LN, learned positions)."""
 
     d_model: int = 512
@@ -126,7 +126,7 @@ def _check_input(x: object, d_model: int, mask: object) -> torch.Tensor | None:
 
 @register_model("transformer")
 class TransformerEncoder(nn.Module):
-    """Stack of :class:`TransformerLayer` with a choice of attention (SPEC §10 baseline).
+    """Stack of :class:`TransformerLayer` with a choice of attention (docs/maths.md §10 baseline).
 
     Args:
         d_model, num_layers, num_heads: sizes; ``d_model`` divisible by ``num_heads``.
@@ -178,7 +178,7 @@ class TransformerEncoder(nn.Module):
 
 @register_model("universal_transformer")
 class UniversalTransformer(nn.Module):
-    """Universal Transformer encoder (Dehghani et al. 2019; SPEC §10, §12): one shared
+    """Universal Transformer encoder (Dehghani et al. 2019; docs/maths.md §10, §12): one shared
     :class:`TransformerLayer` applied ``num_steps`` times; before every step the state gets
     position embeddings (learned if ``max_len`` is given, else sinusoidal) plus a sinusoidal
     step embedding.

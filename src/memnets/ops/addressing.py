@@ -1,4 +1,4 @@
-"""NTM addressing ops (SPEC §7): content, interpolation, shift, sharpen, erase/add, read.
+"""NTM addressing ops (docs/maths.md §7): content, interpolation, shift, sharpen, erase/add, read.
 
 One function per equation of Graves et al. (2014), batch-first with any leading batch dims
 ``...``. Memory is ``[..., N, W]`` (N slots of width W); a weighting is ``[..., N]``.
@@ -61,7 +61,7 @@ def _check_memory(memory: torch.Tensor) -> None:
 
 
 def cosine_similarity(memory: torch.Tensor, key: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
-    """cos(k, M[i]) for every slot i (SPEC §7, §8).
+    """cos(k, M[i]) for every slot i (docs/maths.md §7, §8).
 
     Args:
         memory: ``[..., N, W]``.
@@ -82,7 +82,7 @@ def cosine_similarity(memory: torch.Tensor, key: torch.Tensor, eps: float = _EPS
 def content_weights(
     memory: torch.Tensor, key: torch.Tensor, strength: torch.Tensor, eps: float = _EPS
 ) -> torch.Tensor:
-    """Content weighting ``w_c[i] = softmax_i(β · cos(k, M[i]))`` (SPEC §7; DNC's C(M, k, β)).
+    """Content weighting ``w_c[i] = softmax_i(β · cos(k, M[i]))`` (docs/maths.md §7; DNC's C(M, k, β)).
 
     Args:
         memory: ``[..., N, W]``.
@@ -110,7 +110,7 @@ def _gate(name: str, g: torch.Tensor | float, w: torch.Tensor) -> torch.Tensor |
 
 
 def interpolate(w_c: torch.Tensor, w_prev: torch.Tensor, gate: torch.Tensor | float) -> torch.Tensor:
-    """Interpolation ``w_g = g w_c + (1 − g) w_prev`` (SPEC §7).
+    """Interpolation ``w_g = g w_c + (1 − g) w_prev`` (docs/maths.md §7).
 
     Args:
         w_c: content weighting ``[..., N]``.
@@ -128,7 +128,7 @@ def interpolate(w_c: torch.Tensor, w_prev: torch.Tensor, gate: torch.Tensor | fl
 
 
 def circular_shift(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """Circular convolution ``w̃(i) = Σ_k s(k) w(i − k)`` over shifts k = −n..+n (SPEC §7).
+    """Circular convolution ``w̃(i) = Σ_k s(k) w(i − k)`` over shifts k = −n..+n (docs/maths.md §7).
 
     Index j of ``s`` is the shift ``j − n``. Example: ``w = (1, 0, 0, 0)`` with
     P(−1) = 0.2, P(0) = 0.1, P(+1) = 0.7 (``s = (0.2, 0.1, 0.7)``) gives ``(0.1, 0.7, 0, 0.2)``.
@@ -155,7 +155,7 @@ def circular_shift(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 
 def sharpen(w: torch.Tensor, gamma: torch.Tensor | float, eps: float = 1e-12) -> torch.Tensor:
-    """Sharpening ``w(i) = w̃(i)^γ / Σ_j w̃(j)^γ`` (SPEC §7), γ ≥ 1.
+    """Sharpening ``w(i) = w̃(i)^γ / Σ_j w̃(j)^γ`` (docs/maths.md §7), γ ≥ 1.
 
     Computed as ``softmax(γ · log(w̃ + eps))``: the same values up to ``eps``, always on the
     simplex, and an all-zero ``w̃`` gives the uniform weighting with finite gradients.
@@ -172,7 +172,7 @@ def sharpen(w: torch.Tensor, gamma: torch.Tensor | float, eps: float = 1e-12) ->
 
 
 def weighted_read(memory: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Read ``r = Σ_i w(i) M[i] = Mᵀ w`` (SPEC §7, §8).
+    """Read ``r = Σ_i w(i) M[i] = Mᵀ w`` (docs/maths.md §7, §8).
 
     Args:
         memory: ``[..., N, W]``.
@@ -190,7 +190,7 @@ def weighted_read(memory: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def erase_add_write(
     memory: torch.Tensor, w: torch.Tensor, erase: torch.Tensor, add: torch.Tensor
 ) -> torch.Tensor:
-    """Erase then add: ``M' = M ∘ (1 − w eᵀ) + w aᵀ`` (SPEC §7; the DNC write of §8).
+    """Erase then add: ``M' = M ∘ (1 − w eᵀ) + w aᵀ`` (docs/maths.md §7; the DNC write of §8).
 
     In head form (``w [..., H, N]``, ``erase``/``add`` ``[..., H, W]``) the erases of all heads
     multiply and the adds sum, as in Graves et al. (2014):

@@ -1,4 +1,4 @@
-"""Normalized outer-product attention (SPEC §5), a drop-in for SDPA that is linear in S
+"""Normalized outer-product attention (docs/maths.md §5), a drop-in for SDPA that is linear in S
 (SDPA's keywords ``is_causal`` and ``scale``; ``attn_mask`` and ``dropout_p`` are refused).
 
     NAMAttn(Q, K, V) = μ(Q) · (μ(K)ᵀ V)                 (bidirectional, the paper's form)
@@ -106,7 +106,7 @@ def nam_attention(
     chunk_size: int = 64,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Normalized outer-product attention ``scale · μ(Q) (μ(K)ᵀ V)`` (SPEC §5).
+    """Normalized outer-product attention ``scale · μ(Q) (μ(K)ᵀ V)`` (docs/maths.md §5).
 
     Same layout and keywords as :func:`torch.nn.functional.scaled_dot_product_attention`:
     query ``[..., L, dk]``, key ``[..., S, dk]``, value ``[..., S, dv]`` → ``[..., L, dv]``, so

@@ -1,4 +1,4 @@
-"""DNC memory-access ops (SPEC §8; Graves et al. 2016): one function per equation.
+"""DNC memory-access ops (docs/maths.md §8; Graves et al. 2016): one function per equation.
 
 Batch-first with any leading batch dims ``...``; N memory slots, R read heads, one write
 head. Weightings are ``[..., N]`` (write) and ``[..., R, N]`` (read); the temporal link
@@ -40,7 +40,7 @@ def _same(name: str, x: torch.Tensor, shape: torch.Size, what: str) -> None:
 
 
 def dnc_retention(free_gates: torch.Tensor, read_weights_prev: torch.Tensor) -> torch.Tensor:
-    """Memory retention ``ψ = Π_i (1 − f^i w^{r,i}_{t-1})`` (SPEC §8).
+    """Memory retention ``ψ = Π_i (1 − f^i w^{r,i}_{t-1})`` (docs/maths.md §8).
 
     Args:
         free_gates: f in [0, 1], ``[..., R]``.
@@ -58,7 +58,7 @@ def dnc_retention(free_gates: torch.Tensor, read_weights_prev: torch.Tensor) -> 
 def dnc_usage(
     usage_prev: torch.Tensor, write_weights_prev: torch.Tensor, retention: torch.Tensor
 ) -> torch.Tensor:
-    """Usage ``u_t = (u_{t-1} + w^w_{t-1} − u_{t-1} ∘ w^w_{t-1}) ∘ ψ_t`` (SPEC §8).
+    """Usage ``u_t = (u_{t-1} + w^w_{t-1} − u_{t-1} ∘ w^w_{t-1}) ∘ ψ_t`` (docs/maths.md §8).
 
     Args:
         usage_prev: ``[..., N]`` in [0, 1].
@@ -74,7 +74,7 @@ def dnc_usage(
 
 
 def dnc_allocation(usage: torch.Tensor) -> torch.Tensor:
-    """Allocation weighting ``a[φ_j] = (1 − u[φ_j]) Π_{i<j} u[φ_i]`` (SPEC §8).
+    """Allocation weighting ``a[φ_j] = (1 − u[φ_j]) Π_{i<j} u[φ_i]`` (docs/maths.md §8).
 
     φ sorts the usage ascending (the free list); ties keep slot order. Differentiable in
     ``usage`` almost everywhere (the sort permutation is piecewise constant).
@@ -101,7 +101,7 @@ def dnc_write_weighting(
     write_gate: torch.Tensor,
     allocation_gate: torch.Tensor,
 ) -> torch.Tensor:
-    """Write weighting ``w^w = g^w [g^a a + (1 − g^a) c^w]`` (SPEC §8).
+    """Write weighting ``w^w = g^w [g^a a + (1 − g^a) c^w]`` (docs/maths.md §8).
 
     Args:
         write_content: content weighting c^w ``[..., N]``.
@@ -120,7 +120,7 @@ def dnc_write_weighting(
 
 
 def dnc_precedence(precedence_prev: torch.Tensor, write_weights: torch.Tensor) -> torch.Tensor:
-    """Precedence ``p_t = (1 − Σ_i w^w_t[i]) p_{t-1} + w^w_t`` (SPEC §8).
+    """Precedence ``p_t = (1 − Σ_i w^w_t[i]) p_{t-1} + w^w_t`` (docs/maths.md §8).
 
     Args:
         precedence_prev: ``[..., N]``.
@@ -138,7 +138,7 @@ def dnc_link(
 ) -> torch.Tensor:
     """Temporal link ``L[i,j] = (1 − w[i] − w[j]) L_{t-1}[i,j] + w[i] p_{t-1}[j]``, ``L[i,i] = 0``.
 
-    (SPEC §8.) ``L[i, j]`` is the degree to which slot i was written right after slot j.
+    (docs/maths.md §8.) ``L[i, j]`` is the degree to which slot i was written right after slot j.
 
     Args:
         link_prev: ``[..., N, N]``.
@@ -161,7 +161,7 @@ def dnc_link(
 def dnc_directional_weights(
     link: torch.Tensor, read_weights_prev: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward ``f^i = L w^{r,i}_{t-1}`` and backward ``b^i = Lᵀ w^{r,i}_{t-1}`` (SPEC §8).
+    """Forward ``f^i = L w^{r,i}_{t-1}`` and backward ``b^i = Lᵀ w^{r,i}_{t-1}`` (docs/maths.md §8).
 
     Args:
         link: ``[..., N, N]``.
@@ -190,7 +190,7 @@ def dnc_read_weights(
     backward: torch.Tensor,
     read_modes: torch.Tensor,
 ) -> torch.Tensor:
-    """Read weighting ``w^r = π[0] b + π[1] c^r + π[2] f`` (SPEC §8).
+    """Read weighting ``w^r = π[0] b + π[1] c^r + π[2] f`` (docs/maths.md §8).
 
     Args:
         read_content: c^r ``[..., R, N]``.

@@ -1,4 +1,4 @@
-"""NAM primitives (SPEC §1): the read RD, the write WR and the unit normalisation μ.
+"""NAM primitives (docs/maths.md §1): the read RD, the write WR and the unit normalisation μ.
 
 Shapes are batch-first with any number of leading batch dims ``...``:
 memory ``M`` is ``[..., dv, dk]``, keys/queries ``[..., dk]``, values ``[..., dv]``,
@@ -79,7 +79,7 @@ def nam_write(
 
     Args:
         M: memory ``[..., dv, dk]``.
-        k: key ``[..., dk]`` (unit norm for the theorems of SPEC §1 to hold).
+        k: key ``[..., dk]`` (unit norm for the theorems of docs/maths.md §1 to hold).
         v: value ``[..., dv]``.
         p_w, p_e: write and erase probabilities ``[...]`` or scalars.
     Returns:

@@ -7,7 +7,7 @@ first of these found in ``<data>/babi/`` (:data:`SOURCES`): the official archive
 ``tasks_1-20_v1-2.tar.gz`` (what ``memnets data download babi --to <data>`` fetches), the
 repacked ``tasks_1-20_v1-2_en_en-10k.tar.gz`` (``en`` and ``en-10k`` only), or the unpacked
 folder ``tasks_1-20_v1-2/``. Archives are read without unpacking. Used by the MemN2N
-experiments (SPEC §9, §11).
+experiments (docs/maths.md §9, §11).
 
 Worked example (task 1, first story)::
 

@@ -1,4 +1,4 @@
-"""Byte-level IMDB reviews: the Long Range Arena "Text" task (SPEC §11).
+"""Byte-level IMDB reviews: the Long Range Arena "Text" task (docs/maths.md §11).
 
 Reads the labelled reviews ``aclImdb/{train,test}/{pos,neg}/<id>_<rating>.txt`` from the first
 of these found in the data directory (:data:`SOURCES`): the official archive

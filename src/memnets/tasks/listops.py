@@ -1,4 +1,4 @@
-"""Long Range Arena ListOps, generated with the LRA rules (SPEC §11; data README §4).
+"""Long Range Arena ListOps, generated with the LRA rules (docs/maths.md §11; data README §4).
 
 A tree is either a digit ``0..9`` (a leaf) or a node ``(op, [child, ...])`` with ``op`` one of
 ``"[MIN" "[MAX" "[MED" "[SM"``. Its value is the minimum, maximum, ``int(numpy.median)`` (even

@@ -1,4 +1,4 @@
-"""Algorithmic masked-completion tasks of the NAM paper's Table 1 (SPEC §11, §12).
+"""Algorithmic masked-completion tasks of the NAM paper's Table 1 (docs/maths.md §11, §12).
 
 Every sample is a fixed-width window of token ids (vocabulary of 16, :data:`VOCAB_SIZE`),
 with the problem placed after a random left shift and padded with ``PAD``. The input holds
@@ -15,7 +15,7 @@ Tasks (digits little-endian, ``n`` = the sample's digit count):
   ``DELIM d DELIM MASK×n EOS``; the answer slots hold the non-zero digits in order, then
   ``PAD`` for the slots left over.
 
-Splits (SPEC §11): train 1–10 digits, ``id`` 5–10, ``od_easy`` 11–13, ``od_hard`` 14–16.
+Splits (docs/maths.md §11): train 1–10 digits, ``id`` 5–10, ``od_easy`` 11–13, ``od_hard`` 14–16.
 Each split's window width is set by its largest digit count, so longer splits have wider
 windows. Digit counts are stratified (equal numbers of samples per count).
 
@@ -192,7 +192,7 @@ def generate(task: str, digits: torch.Tensor, width: int, generator: torch.Gener
 
 @dataclass(frozen=True)
 class NSPSplit:
-    """A named digit range: ``lo..hi`` digits, ``size`` samples (SPEC §11)."""
+    """A named digit range: ``lo..hi`` digits, ``size`` samples (docs/maths.md §11)."""
 
     lo: int
     hi: int

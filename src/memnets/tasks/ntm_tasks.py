@@ -1,4 +1,4 @@
-"""The NTM algorithmic tasks of Graves et al. (2014) (SPEC §11): copy, repeat copy,
+"""The NTM algorithmic tasks of Graves et al. (2014) (docs/maths.md §11): copy, repeat copy,
 associative recall and priority sort, plus the paper's cost metric in bits per sequence.
 
 Every task is seeded and deterministic: ``task.make_batch(batch_size, generator)`` draws

@@ -1,4 +1,4 @@
-"""Omniglot (Lake et al. 2015) for N-way K-shot learning (SPEC §4, §11), read from the real zips.
+"""Omniglot (Lake et al. 2015) for N-way K-shot learning (docs/maths.md §4, §11), read from the real zips.
 
 The data directory comes from ``data_dir``, else ``MEMNETS_DATA``, else ``../shared/data``
 relative to the current working directory. Images are read straight out of

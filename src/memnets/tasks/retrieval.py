@@ -1,4 +1,4 @@
-"""Associative retrieval tasks (SPEC §6; Schlag, Irie & Schmidhuber 2021, Sec. 4.1-4.2) and
+"""Associative retrieval tasks (docs/maths.md §6; Schlag, Irie & Schmidhuber 2021, Sec. 4.1-4.2) and
 multi-query associative recall (MQAR; Arora et al. 2023 "Zoology", used in DeltaNet papers).
 
 Every generator is deterministic given its ``torch.Generator`` and returns a NamedTuple of

@@ -1,4 +1,4 @@
-"""Training engine: typed run configs and presets, the loop, atomic checkpoints, DDP (SPEC §12).
+"""Training engine: typed run configs and presets, the loop, atomic checkpoints, DDP (docs/maths.md §12).
 
 ``train(load_config("reduce-nam_tm"))`` trains a preset into ``runs/<name>/``; see
 :mod:`memnets.train.loop` for the files a run writes.

@@ -1,4 +1,4 @@
-"""Typed run configuration: frozen dataclasses, TOML presets and dotted overrides (SPEC §12).
+"""Typed run configuration: frozen dataclasses, TOML presets and dotted overrides (docs/maths.md §12).
 
 A run is described by :class:`RunConfig` (model, task, optimiser, schedule, loop settings).
 Presets are TOML files shipped in ``memnets/configs/`` (``memnets configs ls``); a preset
@@ -7,7 +7,7 @@ as ``optim.lr=3e-4`` or ``model.options.num_heads=2``. Values are parsed as TOML
 (``3e-4``, ``true``, ``[5, 10]``, ``"x"``; a bare word is taken as a string) and checked
 against the field's type; an unknown key is rejected with the closest known key.
 
-Defaults are the authors' training settings (SPEC §12) except the optimiser: AdamW (the
+Defaults are the authors' training settings (docs/maths.md §12) except the optimiser: AdamW (the
 authors used Adam with L2 weight decay, ``optim.kind = "adam"``, as the ``paper/*`` presets do),
 lr 1e-4, weight decay 5e-5,
 lr × 0.98 per epoch, gradient clip 0.5, batch 128, 25,600 fresh samples per epoch, model

@@ -3,7 +3,7 @@
 Everything is a pure function of the config and the epoch number, so a resumed run (or
 another process of a distributed run) regenerates exactly the same samples in the same order
 without saving any data. Evaluation splits do not depend on the run seed, so every model in
-one table is scored on the same samples (SPEC §10).
+one table is scored on the same samples (docs/maths.md §10).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The training loop for the masked-completion tasks (SPEC §12).
+"""The training loop for the masked-completion tasks (docs/maths.md §12).
 
 AdamW, per-epoch learning-rate decay (lr × 0.98 per epoch by default), global-norm gradient
 clipping, bf16 autocast on CUDA only, cross-entropy over every window position, evaluation

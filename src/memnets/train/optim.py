@@ -1,4 +1,4 @@
-"""The optimiser of a run, built from :class:`~memnets.train.config.OptimConfig` (SPEC §12).
+"""The optimiser of a run, built from :class:`~memnets.train.config.OptimConfig` (docs/maths.md §12).
 
 ``optim.kind`` picks it:
 

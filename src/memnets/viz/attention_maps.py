@@ -2,7 +2,7 @@
 
 Every layer mixes its values linearly: before the output projection, head ``h`` at query
 position ``t`` outputs ``Σ_s A[h, t, s] v_s``. The linear-cost layers never form ``A``; for a
-short sample it is computed here explicitly (SPEC §5, §6):
+short sample it is computed here explicitly (docs/maths.md §5, §6):
 
 * softmax:  ``A = softmax(Q Kᵀ / √dh)`` (causal: ``s ≤ t``);
 * NAM:      ``A = μ(Q) μ(K)ᵀ`` (signed, no normaliser);

@@ -123,7 +123,7 @@ def used_slots(weights: Sequence[np.ndarray], threshold: float = 0.1, margin: in
 def plot_read_write(inputs, outputs, write_weights, read_weights, *, model_name: str = "NTM",
                     input_labels: Sequence[str] | None = None, output_labels: Sequence[str] | None = None,
                     output_label: str = "output", title: str | None = None, crop: bool = True) -> Figure:
-    """The copy-task figure (Graves et al. 2014, Fig. 6; SPEC §7, §8): inputs, outputs, write
+    """The copy-task figure (Graves et al. 2014, Fig. 6; docs/maths.md §7, §8): inputs, outputs, write
     and read weightings of one sequence as heatmaps, time on x.
 
     Args:
@@ -161,7 +161,7 @@ def plot_read_write(inputs, outputs, write_weights, read_weights, *, model_name:
 
 
 def plot_dnc_memory(usage, link, *, read_modes=None, step: int | None = None, title: str | None = None) -> Figure:
-    """DNC memory allocation (SPEC §8): usage over time, the temporal link matrix, read modes.
+    """DNC memory allocation (docs/maths.md §8): usage over time, the temporal link matrix, read modes.
 
     Args:
         usage: ``[T, N]`` usage ``u_t`` in [0, 1].
@@ -194,7 +194,7 @@ def plot_dnc_memory(usage, link, *, read_modes=None, step: int | None = None, ti
 
 def plot_tape_heads(positions: dict, actions: dict | None = None, *, action_names: Sequence[str] | None = None,
                     model_name: str = "NAM-TM", title: str | None = None) -> Figure:
-    """NAM Turing Machine heads on the tape (SPEC §3): head position weights and action
+    """NAM Turing Machine heads on the tape (docs/maths.md §3): head position weights and action
     probabilities per tape over time.
 
     Args:
@@ -223,7 +223,7 @@ def plot_tape_heads(positions: dict, actions: dict | None = None, *, action_name
 
 
 def plot_gates(gates: dict, *, model_name: str = "LSAM", title: str | None = None) -> Figure:
-    """Read / write gates per head over time (SPEC §2 ``p_r, p_w``; SPEC §3 per tape).
+    """Read / write gates per head over time (docs/maths.md §2 ``p_r, p_w``; docs/maths.md §3 per tape).
 
     Args:
         gates: ``{label: [T, heads]}`` gate values in [0, 1], e.g.
@@ -242,7 +242,7 @@ def plot_gates(gates: dict, *, model_name: str = "LSAM", title: str | None = Non
 
 def plot_attention_maps(maps: dict, *, tokens: Sequence[str] | None = None, title: str | None = None,
                         max_cols: int = 4) -> Figure:
-    """Implied attention maps (SPEC §5, §6): ``{label: [S, S]}``, query on y, key on x.
+    """Implied attention maps (docs/maths.md §5, §6): ``{label: [S, S]}``, query on y, key on x.
 
     ``tokens``: optional per-position labels shown on both axes (short sequences).
     Returns a Figure with one square heatmap per entry.

@@ -206,7 +206,7 @@ def model_figures(model: torch.nn.Module, x: torch.Tensor) -> dict[str, Figure]:
     if isinstance(model, MultiHeadBase):
         figs = {"attention": _attention_figure({type(model).__name__: attention_map(model.eval(), x)})}
         beta = getattr(model, "beta", None)
-        if isinstance(beta, torch.nn.Module):  # delta rule: write strength β = σ(W_β x) per head (SPEC §6)
+        if isinstance(beta, torch.nn.Module):  # delta rule: write strength β = σ(W_β x) per head (docs/maths.md §6)
             figs["gates"] = plot_gates({"write strength β": torch.sigmoid(beta(x))[0]}, model_name="delta rule")
         return figs
     seq = hasattr(model, "backbone") and hasattr(model, "embed") and hasattr(model, "head")

@@ -4,7 +4,7 @@
 ``x [B, T, F]`` without gradients and returns its output with the per-step internals as a plain
 ``dict`` of tensors, batch first. NTM / DNC / NAM-TM traces come from their own
 ``forward(..., return_aux=True)``; the LSAM fast path keeps no per-step gates, so
-:func:`lsam_gates` replays it step by step from its parameters (SPEC §2) and returns the
+:func:`lsam_gates` replays it step by step from its parameters (docs/maths.md §2) and returns the
 gates together with the replayed output (which must equal ``LSAM.forward``).
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ def lsam_gates(lsam: torch.nn.Module, x: torch.Tensor, state=None) -> tuple[torc
     ``(output [B, T, D], gates)``.
 
     ``gates`` maps ``"layer l <dir> p_r"`` / ``"... p_w"`` (``dir`` = ``fwd`` or ``bwd``) to
-    ``[B, T, H']`` values in [0, 1], indexed by input time for both directions (SPEC §2:
+    ``[B, T, H']`` values in [0, 1], indexed by input time for both directions (docs/maths.md §2:
     ``(p_r, p_w) = σ(W_rw [x_t : h_{t-1}] + b_rw)``). ``state``: the module's initial
     ``LSAMState`` (default zeros). Dropout is not applied (evaluation mode).
     """
@@ -89,12 +89,12 @@ def memory_trace(memory: torch.nn.Module, x: torch.Tensor) -> dict[str, Any]:
 
     Traces (all batch first, ``[B, T, ...]``):
 
-    * NTM (SPEC §7): ``read_weights [B,T,R,N]``, ``write_weights [B,T,Hw,N]``, ``erase``, ``add``;
-    * DNC (SPEC §8): ``read_weights [B,T,R,N]``, ``write_weights [B,T,N]``, ``usage [B,T,N]``,
+    * NTM (docs/maths.md §7): ``read_weights [B,T,R,N]``, ``write_weights [B,T,Hw,N]``, ``erase``, ``add``;
+    * DNC (docs/maths.md §8): ``read_weights [B,T,R,N]``, ``write_weights [B,T,N]``, ``usage [B,T,N]``,
       ``link [B,T,N,N]``, ``read_modes [B,T,R,3]``;
-    * NAM-TM (SPEC §3): the fields of its aux record (head positions ``[B,T,tapes,L]``,
+    * NAM-TM (docs/maths.md §3): the fields of its aux record (head positions ``[B,T,tapes,L]``,
       action probabilities, gates);
-    * LSAM (SPEC §2): ``gates`` — see :func:`lsam_gates`.
+    * LSAM (docs/maths.md §2): ``gates`` — see :func:`lsam_gates`.
 
     Raises ValueError for a module that is none of these.
     """

@@ -137,7 +137,7 @@ def nam_scan(
     chunk_size: int = 64,
     validate: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run a multi-head NAM memory over a sequence (SPEC §1), read after write.
+    """Run a multi-head NAM memory over a sequence (docs/maths.md §1), read after write.
 
     For every batch element b, head h and step t::
 

@@ -1,6 +1,6 @@
 """NAM sequence scan on the Triton kernels of flash-linear-attention (``fla``), when installed.
 
-The NAM write of SPEC §1, in our layout (memory ``M`` is ``[dv, dk]``)::
+The NAM write of docs/maths.md §1, in our layout (memory ``M`` is ``[dv, dk]``)::
 
     M_t = M_{t-1} + p_w v_t k_tᵀ − p_e (M_{t-1} k_t) k_tᵀ = M_{t-1} (I − p_e k_t k_tᵀ) + (p_w v_t) k_tᵀ
     o_t = p_r M_t q_t                                                      (read after write)

@@ -1,4 +1,4 @@
-"""Reference NAM sequence scan: a plain time loop straight from SPEC §1.
+"""Reference NAM sequence scan: a plain time loop straight from docs/maths.md §1.
 
 For t = 1..T (per batch element and head):
     S_t = S_{t-1} + p_w,t v_t k_tᵀ − p_e,t (S_{t-1} k_t) k_tᵀ        (WR)
