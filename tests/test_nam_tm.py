@@ -130,13 +130,27 @@ def test_tape_length_is_per_call_and_trained_model_runs_at_4L():
     y64, s64 = m(x, tape_length=64)
     assert y16.shape == y64.shape == (2, 5, 8)
     assert s16.tape.shape == (1, 2, 2, 4, 16) and s64.tape.shape == (1, 2, 2, 4, 64)
-    # few steps of training at L = 8, then the same weights at 4L = 32
+    # train at L = 8 to output the previous input (a read of what was written one step ago),
+    # then run the same weights at 4L = 32: what was learned carries over
+    g = torch.Generator().manual_seed(1)
+    xs = torch.randn(16, 6, 3, generator=g)
+    target = torch.cat([torch.zeros(16, 1, 3), xs[:, :-1]], 1)
+
+    def loss_at(L):
+        return (m(xs, tape_length=L)[0][..., :3] - target).pow(2).mean()
+
+    with torch.no_grad():
+        before8, before32 = loss_at(8).item(), loss_at(32).item()
     opt = torch.optim.Adam(m.parameters(), lr=1e-2)
-    for _ in range(3):
-        loss = m(x)[0].pow(2).mean()
+    for _ in range(60):
+        loss = loss_at(8)
         opt.zero_grad()
         loss.backward()
         opt.step()
+    with torch.no_grad():
+        after8, after32 = loss_at(8).item(), loss_at(32).item()
+    assert after8 < 0.5 * before8, (before8, after8)
+    assert after32 < 0.5 * before32, (before32, after32)  # the 4L tape runs the learned program
     y, s = m(x, tape_length=32)
     assert s.h_r.shape[-1] == 32 and torch.isfinite(y).all()
     # carrying state continues on the state's tape
