@@ -179,3 +179,31 @@ def test_pooled_key_tapes_are_never_shared_between_live_graphs():
     y1.pow(2).sum().backward()  # the retained graph again: its workspace went back, it is recomputed
     for p, a in zip(m.parameters(), g1):
         torch.testing.assert_close(p.grad, a)
+
+
+def test_fused_unit_matches_unit():
+    """The fused path's μ (one-step backward) gives unit's values and gradients, zero and
+    clamped rows included, and passes gradcheck."""
+    from memnets.memories.nam_tm import _unit
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 4, 6, generator=g, dtype=DT)
+    x[0, 0] = 0.0  # zero vector
+    x[1, 2] *= 1e-8  # norm below eps: clamped
+    x.requires_grad_(True)
+    w = torch.randn(3, 4, 6, generator=g, dtype=DT)
+    y, y_ref = _unit(x), unit(x)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+    gx = torch.autograd.grad((y * w).sum(), x)[0]
+    gx_ref = torch.autograd.grad((y_ref * w).sum(), x)[0]
+    torch.testing.assert_close(gx, gx_ref, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(_unit, (torch.randn(2, 3, 5, generator=g, dtype=DT, requires_grad=True),))
+
+
+def test_value_tape_chunks_are_equal_and_short():
+    from memnets.memories.nam_tm import _scan_chunk
+
+    for T in range(1, 300):
+        c = _scan_chunk(T)
+        n = -(-T // c)
+        assert 1 <= c <= 32 and n == -(-T // 32) and n * c - T < n

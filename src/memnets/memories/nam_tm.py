@@ -1,4 +1,4 @@
-"""NAM Turing Machine (SPEC §3, §12): differentiable tapes read and written with NAM.
+"""NAM Turing Machine (docs/maths.md §3, §12): differentiable tapes read and written with NAM.
 
 Per tape (value tape ``T`` and key tape ``K``, ``[C, L]``, column i = cell i; read and
 write head positions ``H_r, H_w ∈ R^L``, starting at ``e₁``), one step does, in order::
@@ -10,7 +10,7 @@ write head positions ``H_r, H_w ∈ R^L``, starting at ``e₁``), one step does,
     H'     = Σ_a p_a · move_a(H)  for each head with its own action probabilities
              move: LEFT = roll⁻¹(H), NO-OP = H, RIGHT = roll(H) (e_i → e_{i+1}), JUMP = H_JUMP
 
-Each head moves itself (the **fix** of SPEC §12). The tape length L is chosen per call and
+Each head moves itself (the **fix** of docs/maths.md §12). The tape length L is chosen per call and
 no parameter depends on it. The controller (bidirectional GRU by default) reads the layer
 input and emits, for all steps up front, per tape: read and write action softmaxes,
 σ(p_r, p_w[, p_e]) and the unit jump query; values ``W_v x`` and keys ``μ(W_k x)`` come from
@@ -25,6 +25,7 @@ from typing import NamedTuple, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from .._checks import check_positive_int, check_shape, check_tensor
 from ..ops import nam_read, nam_scan, nam_write, unit
@@ -63,7 +64,7 @@ class NAMTMAux(NamedTuple):
 
 def move_head(h: torch.Tensor, act: torch.Tensor, jump: torch.Tensor | None,
               actions: Sequence[str] = ACTIONS) -> torch.Tensor:
-    """H' = Σ_a act_a · move_a(H) (SPEC §3). h, jump: ``[..., L]``; act: ``[..., A]``."""
+    """H' = Σ_a act_a · move_a(H) (docs/maths.md §3). h, jump: ``[..., L]``; act: ``[..., A]``."""
     if "JUMP" in actions and jump is None:
         raise ValueError("`jump` is required when `actions` include 'JUMP'")
     moves = {"LEFT": lambda: torch.roll(h, -1, -1), "NOOP": lambda: h,
@@ -82,9 +83,9 @@ def nam_tm_step(tape, key_tape, h_r, h_w, v, k, q_jump, p_r, p_w, p_e, act_r, ac
         p_r, p_w, p_e: ``[...]`` in [0, 1]; act_r, act_w: ``[..., A]`` action probabilities.
         actions: names of the A actions, a subset of ``ACTIONS`` in any order.
         normalize_heads: use μ(H) for the value tape's write and read.
-        key_tape_mode: "position" — ``K' = WR(K, H_w, k, p_w, p_e)`` (SPEC §3); "transposed" —
+        key_tape_mode: "position" — ``K' = WR(K, H_w, k, p_w, p_e)`` (docs/maths.md §3); "transposed" —
             ``K'ᵀ = WR(Kᵀ, k, H_w, p_w, p_e)``, the key tape as a NAM memory from keys to
-            positions (SPEC §12 option), so ``K'ᵀ k = H_w`` after a full write (Thm 3.1).
+            positions (docs/maths.md §12 option), so ``K'ᵀ k = H_w`` after a full write (Thm 3.1).
     Returns:
         ``(r [..., C], tape, key_tape, h_r, h_w)`` after the step.
     """
@@ -133,6 +134,42 @@ def _fused_step(tape, key_tape, heads, v, k, q, p, act, order, normalize_heads, 
     return r, tape, key_tape, heads
 
 
+class _Unit(torch.autograd.Function):
+    """:func:`memnets.ops.unit` (the same forward ops) with its backward in one step,
+    ``dx = (dy − y ⟨y, dy⟩) / max(‖x‖, eps)`` (the projection only where the norm is not
+    clamped): a few elementwise passes instead of the autograd graph of ``F.normalize``."""
+
+    @staticmethod
+    def forward(ctx, x, eps):
+        norm = torch.linalg.vector_norm(x, 2, -1, keepdim=True)
+        n = norm.clamp_min(eps)
+        y = x / n
+        ctx.save_for_backward(y, n, norm >= eps)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        y, n, free = ctx.saved_tensors
+        s = torch.linalg.vecdot(y, dy).unsqueeze(-1).mul_(free)
+        return torch.mul(y, s).neg_().add_(dy).div_(n), None  # (dy − y s) / n
+
+
+def _unit(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """μ(x) along the last dim (:func:`memnets.ops.unit`), by :class:`_Unit` outside autocast."""
+    if torch.is_autocast_enabled(x.device.type):
+        return unit(x, eps=eps)
+    return _Unit.apply(x, eps)
+
+
+def _scan_chunk(T: int) -> int:
+    """The value tape's chunk length: T split into equal chunks of at most 32 steps (on a
+    CPU the chunk's quadratic part costs more than the extra chunk-to-chunk steps beyond
+    that, and equal chunks need no padding)."""
+    n = -(-T // 32)
+    return -(-T // n)
+
+
 class _NAMTMLayer(nn.Module):
     """One NAM-TM layer: controller, value/key projections, tape loop and output W_o."""
 
@@ -165,12 +202,17 @@ class _NAMTMLayer(nn.Module):
         else:
             hc = run_rnn(self.controller, x)[0]
         ctrl = self.control(hc).view(B, T, Tn, self.n_ctrl)  # [B, T, Tn, n_ctrl]
-        act = F.softmax(ctrl[..., : 2 * A].unflatten(-1, (2, A)), dim=-1)  # [B, T, Tn, 2, A]
         n_p = 3 if self.separate_erase else 2
-        p = torch.sigmoid(ctrl[..., 2 * A: 2 * A + n_p])  # [B, T, Tn, n_p]
+        # one split (its backward is one cat, where each slice's would be a zero-filled copy)
+        z, p, q = ctrl.split([2 * A, n_p, self.n_ctrl - 2 * A - n_p], -1)
+        z = z.unflatten(-1, (2, A))
+        # the same softmax; on a CPU, over a leading dim of a few actions it is several times faster
+        act = F.softmax(z.movedim(-1, 0), 0).movedim(0, -1) if fused else F.softmax(z, dim=-1)  # [B, T, Tn, 2, A]
+        p = torch.sigmoid(p)  # [B, T, Tn, n_p]
         if not self.separate_erase:
             p = torch.cat([p, p[..., 1:2]], -1)  # p_e = p_w
-        q = unit(ctrl[..., 2 * A + n_p:]) if "JUMP" in self.actions else ctrl.new_zeros(B, T, Tn, C)  # [B, T, Tn, C]
+        unit_ = _unit if fused else unit
+        q = unit_(q) if "JUMP" in self.actions else ctrl.new_zeros(B, T, Tn, C)  # [B, T, Tn, C]
         v = self.value(x).view(B, T, Tn, C)
         heads = torch.stack([h_r, h_w], 2)  # [B, Tn, 2, L]
         if fused:
@@ -191,7 +233,9 @@ class _NAMTMLayer(nn.Module):
     def _forward_fused(self, x, tape, key_tape, heads, act, p, q, v):
         """The same step as :func:`_fused_step`, for all steps: heads and key tape by
         :func:`memnets.ops.nam_tm_heads.nam_tm_heads`, then the value tape, addressed by the
-        head sequence, by one :func:`memnets.ops.nam_scan` (read after write).
+        head sequence, by one :func:`memnets.ops.nam_scan` (read after write) in chunks of at
+        most 32 steps (:func:`_scan_chunk`). Keys, jump queries and normalised heads go through
+        :class:`_Unit` (μ with a one-step backward).
 
         Under autocast the tape recurrences run in float32 (autocast off, inputs cast up):
         their hand-written loops write into float32 buffers, and a tape summed over many
@@ -203,7 +247,7 @@ class _NAMTMLayer(nn.Module):
         dev = x.device.type
         f32 = torch.is_autocast_enabled(dev) and x.dtype != torch.float64
         jump = self.key is not None
-        k = unit(self.key(x).view(B, T, Tn, C)) if jump else None
+        k = _unit(self.key(x).view(B, T, Tn, C)) if jump else None
         if f32:
             act, p, q, v, tape, key_tape, heads = (z.float() for z in (act, p, q, v, tape, key_tape, heads))
             k = k.float() if jump else None
@@ -211,23 +255,25 @@ class _NAMTMLayer(nn.Module):
         def tmajor(z):  # [B, T, Tn, ...] -> [T, B*Tn, ...]
             return z.transpose(0, 1).reshape((T, N) + z.shape[3:])
 
+        p_r, p_w, p_e = p.unbind(-1)
         with torch.autocast(dev, enabled=False) if f32 else contextlib.nullcontext():
             Hs, key_tape = nam_tm_heads(tmajor(act), tmajor(q) if jump else None, tmajor(k) if jump else None,
-                                        tmajor(p[..., 1]), tmajor(p[..., 2]), heads.reshape(N, 2, L),
+                                        tmajor(p_w), tmajor(p_e), heads.reshape(N, 2, L),
                                         key_tape.reshape(N, C, L), self.order, self.transposed_keys)
-            pos = Hs[:T].view(T, B, Tn, 2, L).transpose(0, 1)  # [B, T, Tn, 2, L]: positions used at step t
-            hv = unit(pos) if self.normalize_heads else pos
-            r, tape = nam_scan(hv[..., 0, :], hv[..., 1, :], v, p[..., 1], p[..., 2], p[..., 0],
-                               initial_state=tape)
+            pos, final = Hs.split([T, 1])  # split and unbind: their backward is one cat, not zeros per part
+            pos = pos.view(T, B, Tn, 2, L).transpose(0, 1)  # [B, T, Tn, 2, L]: positions used at step t
+            hv = _unit(pos) if self.normalize_heads else pos
+            h_read, hv_w = hv.unbind(-2)
+            r, tape = nam_scan(h_read, hv_w, v, p_w, p_e, p_r, initial_state=tape, chunk_size=_scan_chunk(T))
         y = self.out(r.flatten(2)) if self.out is not None else None
-        final = Hs[T].view(B, Tn, 2, L)
+        final = final.view(B, Tn, 2, L)
         aux = NAMTMAux(pos[..., 0, :], pos[..., 1, :], act[..., 0, :], act[..., 1, :])
         return y, (tape, key_tape.view(B, Tn, C, L), final[:, :, 0], final[:, :, 1]), aux
 
 
 @register_model("nam_tm")
 class NAMTuringMachine(nn.Module):
-    """Multi-tape NAM Turing Machine (SPEC §3, §12).
+    """Multi-tape NAM Turing Machine (docs/maths.md §3, §12).
 
     Args:
         input_size: width of ``x``.
@@ -240,13 +286,13 @@ class NAMTuringMachine(nn.Module):
         controller: "gru" or "lstm"; bidirectional_controller: run it in both directions
             (hidden_size/2 per direction).
         num_layers: layer l > 0 re-reads the same input and, from a fresh start
-            (``state=None``), starts from layer l-1's final value tape (SPEC §12); the output
+            (``state=None``), starts from layer l-1's final value tape (docs/maths.md §12); the output
             is the last layer's (only it has ``W_o``). A given ``state`` sets every layer's
             starting tape: layer l continues from ``state.tape[l]``, its own final tape of the
             previous call, so a long input can run in pieces layer by layer.
         normalize_heads: value tape accessed with μ(H) (later option of the authors' code).
         separate_erase: a separate erase gate p_e (else p_e = p_w).
-        key_tape_mode: "position" (SPEC §3) or "transposed" (``WR(Kᵀ, k, H_w, p_w, p_e)``,
+        key_tape_mode: "position" (docs/maths.md §3) or "transposed" (``WR(Kᵀ, k, H_w, p_w, p_e)``,
             a later option of the authors' code); see :func:`nam_tm_step`.
         impl: "auto" or "fused" — the controller GRU, heads and key tape as hand-differentiated
             whole-sequence loops (:mod:`memnets.ops.gru`, :mod:`memnets.ops.nam_tm_heads`) and

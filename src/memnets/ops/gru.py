@@ -8,13 +8,19 @@ the recurrence of :class:`torch.nn.GRU` (same parameters, same equations)::
     n    = tanh(W_in x + b_in + r ⊙ (W_hn h + b_hn))
     h'   = (1 − z) ⊙ n + z ⊙ h
 
-with the input projections of every step in one matmul before the loop, both directions in
-one batched matmul per step, and in the backward pass every factor that depends on forward
-values only computed for all steps at once, so that the reverse loop is a few multiplies and
-one batched matmul per step. The weight gradients are one matmul each after the loop. The
-loops are TorchScript-compiled where available. tests/test_nam_tm_fused.py holds
-:func:`gru_scan` to ``torch.nn.GRU`` in float64 (outputs and every gradient) and runs
-``gradcheck``. Not twice differentiable.
+with the input projections of every step in one batched matmul before the loop, both
+directions in one batched matmul per step, and in the backward pass every factor that depends
+on forward values only computed for all steps at once, so that the reverse loop is a few
+multiplies and one batched matmul per step. The weight gradients are one matmul each after
+the loop. The loops are TorchScript-compiled where available.
+
+Layout: every per-step tensor is kept as ``[D, B, T, ·]`` in input time order, for both
+directions. The reverse direction's step t reads and writes time ``T − 1 − t``; both
+directions' slices of one step are still one strided view (:func:`step_view`: the direction
+stride is ``B·T·F + (T − 1 − 2t)·F > 0``), so nothing is ever flipped or restacked, and the
+output ``[B, T, D·h]`` is one copy. tests/test_nam_tm_fused.py holds :func:`gru_scan` and
+:func:`gru_module_forward` to ``torch.nn.GRU`` in float64 (outputs and every gradient) and
+runs ``gradcheck``. Not twice differentiable.
 """
 from __future__ import annotations
 
@@ -26,45 +32,62 @@ import torch
 import torch.nn as nn
 from torch.autograd.function import once_differentiable
 
-__all__ = ["gru_scan", "gru_module_forward", "forward_loop", "backward_loop"]
+from ._workspace import WorkspacePool
+
+__all__ = ["gru_scan", "gru_module_forward", "forward_loop", "backward_loop", "step_view"]
 
 
-def forward_loop(gx: torch.Tensor, w_hhT: torch.Tensor, b_hh: torch.Tensor, h0: torch.Tensor,
-                 hs: torch.Tensor, RZ: torch.Tensor, NN: torch.Tensor, GHN: torch.Tensor) -> None:
-    """gx ``[T, D, B, 3h]`` (input projections with b_ih), w_hhT ``[D, h, 3h]``, b_hh
-    ``[D, 1, 3h]``, h0 ``[D, B, h]``; writes hs ``[T, D, B, h]`` and the saved r, z (RZ),
-    n (NN) and W_hn h + b_hn (GHN)."""
-    T = gx.shape[0]
-    hd = h0.shape[-1]
-    h = h0
+def step_view(X: torch.Tensor, t: int, row0: int, reverse: bool) -> torch.Tensor:
+    """Step ``t`` of ``X [D, B, R, F]`` (rows = time, time 0 at row ``row0``) as ``[D, B, F]``:
+    time t for direction 0 and, with ``reverse``, time ``T − 1 − t`` for direction 1
+    (``T = R − 2·row0``)."""
+    sD, sB, sR, sF = X.stride(0), X.stride(1), X.stride(2), X.stride(3)
+    if reverse:
+        sD = sD + (X.shape[2] - 2 * row0 - 1 - 2 * t) * sR
+    return X.as_strided([X.shape[0], X.shape[1], X.shape[3]], [sD, sB, sF],
+                        X.storage_offset() + (row0 + t) * sR)
+
+
+def forward_loop(gx: torch.Tensor, w_hhT: torch.Tensor, b_hh: torch.Tensor, HS: torch.Tensor,
+                 RZ: torch.Tensor, NN: torch.Tensor, GHN: torch.Tensor, reverse: bool) -> None:
+    """gx ``[D, B, T, 3h]`` (input projections with b_ih), w_hhT ``[D, h, 3h]``, b_hh
+    ``[D, 1, 3h]``; HS ``[D, B, T+2, h]`` holds h0 at rows 0 and T+1 and receives the hidden
+    state of time τ at row τ+1; writes the saved r, z (RZ), n (NN) and W_hn h + b_hn (GHN),
+    ``[D, B, T, ·]``."""
+    T = gx.shape[2]
+    hd = HS.shape[-1]
+    h = step_view(HS, -1, 1, reverse)  # the initial state: row 0, and row T+1 for a reverse direction
     for t in range(T):
         gh = torch.baddbmm(b_hh, h, w_hhT)  # [D, B, 3h]
-        g = gx[t]
-        rz = torch.sigmoid(torch.add(g[:, :, : 2 * hd], gh[:, :, : 2 * hd]), out=RZ[t])
-        ghn = GHN[t]
-        ghn.copy_(gh[:, :, 2 * hd:])
-        n = torch.tanh(torch.addcmul(g[:, :, 2 * hd:], rz[:, :, :hd], ghn), out=NN[t])
-        h = torch.lerp(n, h, rz[:, :, hd:], out=hs[t])  # n + z (h − n)
+        g = step_view(gx, t, 0, reverse)
+        rz = torch.sigmoid(torch.add(g[:, :, : 2 * hd], gh[:, :, : 2 * hd]), out=step_view(RZ, t, 0, reverse))
+        ghn = step_view(GHN, t, 0, reverse).copy_(gh[:, :, 2 * hd:])
+        n = torch.tanh(torch.addcmul(g[:, :, 2 * hd:], rz[:, :, :hd], ghn), out=step_view(NN, t, 0, reverse))
+        h = torch.lerp(n, h, rz[:, :, hd:], out=step_view(HS, t, 1, reverse))  # n + z (h − n)
 
 
 def backward_loop(dout: torch.Tensor, w_hh: torch.Tensor, Z: torch.Tensor, R: torch.Tensor, AN: torch.Tensor,
                   AZ: torch.Tensor, AR: torch.Tensor, DGH: torch.Tensor, DN: torch.Tensor,
-                  dh: torch.Tensor) -> torch.Tensor:
-    """Reverse pass: fills DGH ``[T, D, B, 3h]`` (gradients of the recurrent pre-activations,
-    ``(dr, dz, dn ⊙ r)``) and DN (of the candidate's pre-activation); returns dh₀."""
-    T = dout.shape[0]
+                  dh: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """Reverse pass over ``[D, B, T, ·]`` tensors: fills DGH (gradients of the recurrent
+    pre-activations, ``(dr, dz, dn ⊙ r)``) and DN (of the candidate's pre-activation);
+    returns dh₀."""
+    T = dout.shape[2]
     hd = dh.shape[-1]
+    dh = dh + step_view(dout, T - 1, 0, reverse)  # the gradient of the state after step t
     for t in range(T - 1, -1, -1):
-        dh = dh + dout[t]
-        dg = DGH[t]
-        dn = torch.mul(dh, AN[t], out=DN[t])
-        torch.mul(dn, AR[t], out=dg[:, :, :hd])
-        torch.mul(dh, AZ[t], out=dg[:, :, hd: 2 * hd])
-        torch.mul(dn, R[t], out=dg[:, :, 2 * hd:])
-        dh = torch.baddbmm(torch.mul(dh, Z[t]), dg, w_hh)
+        dg = step_view(DGH, t, 0, reverse)
+        dn = torch.mul(dh, step_view(AN, t, 0, reverse), out=step_view(DN, t, 0, reverse))
+        torch.mul(dn, step_view(AR, t, 0, reverse), out=dg[:, :, :hd])
+        torch.mul(dh, step_view(AZ, t, 0, reverse), out=dg[:, :, hd: 2 * hd])
+        torch.mul(dn, step_view(R, t, 0, reverse), out=dg[:, :, 2 * hd:])
+        zt = step_view(Z, t, 0, reverse)
+        direct = torch.addcmul(step_view(dout, t - 1, 0, reverse), dh, zt) if t > 0 else torch.mul(dh, zt)
+        dh = torch.baddbmm(direct, dg, w_hh)
     return dh
 
 
+_POOL = WorkspacePool()  # the saved gates and the backward's temporaries (memnets.ops._workspace)
 _COMPILED: Optional[tuple] = None
 _LOCK = threading.Lock()
 
@@ -85,36 +108,52 @@ def _loops(compiled: bool):
 
 
 class _GRURecurrence(torch.autograd.Function):
+    """gx ``[D, B, T, 3h]`` (time order of the input) -> hidden states ``[B, T, D·h]``."""
+
     @staticmethod
-    def forward(ctx, gx, w_hh, b_hh, h0, compiled):
+    def forward(ctx, gx, w_hh, b_hh, h0, reverse, compiled):
         fwd, _ = _loops(compiled)
-        T, D, B, G = gx.shape
+        D, B, T, G = gx.shape
         hd = G // 3
-        hs = gx.new_empty(T, D, B, hd)
-        RZ, NN, GHN = gx.new_empty(T, D, B, 2 * hd), gx.new_empty(T, D, B, hd), gx.new_empty(T, D, B, hd)
-        fwd(gx, w_hh.transpose(1, 2), b_hh.unsqueeze(1), h0, hs, RZ, NN, GHN)
-        ctx.save_for_backward(w_hh, h0, hs, RZ, NN, GHN)
-        ctx.compiled = compiled
-        return hs
+        HS = gx.new_empty(D, B, T + 2, hd)
+        HS[:, :, 0].copy_(h0)
+        HS[:, :, T + 1].copy_(h0)
+        key = ("forward", D, B, T, hd, gx.dtype, gx.device)
+        # the saved gates: held by the node until the graph is freed, then reused
+        ctx.lease = _POOL.lease(key, lambda: (gx.new_empty(D, B, T, 2 * hd), gx.new_empty(D, B, T, hd),
+                                              gx.new_empty(D, B, T, hd)))
+        RZ, NN, GHN = ctx.lease.space
+        fwd(gx, w_hh.transpose(1, 2), b_hh.unsqueeze(1), HS, RZ, NN, GHN, reverse)
+        ctx.save_for_backward(w_hh, HS)
+        ctx.compiled, ctx.reverse = compiled, reverse
+        return HS[:, :, 1: T + 1].permute(1, 2, 0, 3).reshape(B, T, D * hd)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout):
-        w_hh, h0, hs, RZ, NN, GHN = ctx.saved_tensors
+        w_hh, HS = ctx.saved_tensors
+        RZ, NN, GHN = ctx.lease.space
         _, bwd = _loops(ctx.compiled)
-        T, D, B, hd = hs.shape
+        D, B, T, hd = NN.shape
         R, Z = RZ[..., :hd], RZ[..., hd:]
-        hprev = torch.cat([h0.unsqueeze(0), hs[:-1]], 0)
-        AN = (1 - Z) * (1 - NN * NN)  # dn_pre = dh · AN
-        AZ = (hprev - NN) * Z * (1 - Z)  # dz_pre = dh · AZ
-        AR = GHN * R * (1 - R)  # dr_pre = dn_pre · AR
-        DGH, DN = hs.new_empty(T, D, B, 3 * hd), hs.new_empty(T, D, B, hd)
-        dh0 = bwd(dout.contiguous(), w_hh, Z.contiguous(), R.contiguous(), AN, AZ, AR, DGH, DN,
-                  torch.zeros_like(h0))
-        dgx = torch.cat([DGH[..., : 2 * hd], DN], -1)
-        dw = torch.bmm(DGH.permute(1, 3, 0, 2).reshape(D, 3 * hd, T * B), hprev.transpose(0, 1).reshape(D, T * B, hd))
-        db = DGH.sum((0, 2))
-        return dgx, dw, db, dh0, None
+        # the state each step started from: time τ−1 (row τ), or τ+1 (row τ+2) for a reverse direction
+        sD = HS.stride(0) + (2 * HS.stride(2) if ctx.reverse and D > 1 else 0)
+        key = (D, B, T, hd, NN.dtype, NN.device)
+        space = _POOL.take(key, lambda: NN.new_empty(7, D, B, T, hd))  # the temporaries below
+        hprev, AN, AZ, AR, DN, dO, t1 = space.unbind(0)
+        hprev.copy_(HS.as_strided((D, B, T, hd), (sD, HS.stride(1), HS.stride(2), 1)))
+        torch.neg(Z, out=t1).add_(1)  # 1 − z
+        torch.mul(NN, NN, out=AN).neg_().add_(1).mul_(t1)  # dn_pre = dh · AN,  AN = (1 − z)(1 − n²)
+        torch.sub(hprev, NN, out=AZ).mul_(Z).mul_(t1)  # dz_pre = dh · AZ,  AZ = (h − n) z (1 − z)
+        torch.mul(GHN, R, out=AR).mul_(torch.neg(R, out=t1).add_(1))  # dr_pre = dn_pre · AR
+        DGH = NN.new_empty(D, B, T, 3 * hd)
+        dO.copy_(dout.view(B, T, D, hd).permute(2, 0, 1, 3))
+        dh0 = bwd(dO, w_hh, Z, R, AN, AZ, AR, DGH, DN, NN.new_zeros(D, B, hd), ctx.reverse)
+        dw = torch.bmm(DGH.view(D, B * T, 3 * hd).transpose(1, 2), hprev.view(D, B * T, hd))
+        db = DGH.sum((1, 2))
+        DGH[..., 2 * hd:].copy_(DN)  # the input projections' gradient: (dr, dz, dn)
+        _POOL.give(key, space)
+        return DGH, dw, db, dh0, None, None
 
 
 def gru_scan(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, h0: torch.Tensor,
@@ -129,33 +168,35 @@ def gru_scan(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, h0: torch
         hidden states ``[T, D, B, h]`` (float32 under autocast: the recurrence runs in float32
         there, inputs cast up and autocast off inside).
     """
+    T, D, B, G = gx.shape
+    hs = _gru(gx.permute(1, 2, 0, 3), w_hh, b_hh, h0, False, compiled)  # [B, T, D·h]
+    return hs.view(B, T, D, G // 3).permute(1, 2, 0, 3)
+
+
+def _gru(gx, w_hh, b_hh, h0, reverse: bool, compiled: bool):
     dev = gx.device.type
     if torch.is_autocast_enabled(dev) and gx.dtype != torch.float64:
         # the loops write into buffers of one dtype: run them in float32, autocast off
         with torch.autocast(dev, enabled=False):
             return _GRURecurrence.apply(gx.float().contiguous(), w_hh.float().contiguous(),
-                                        b_hh.float().contiguous(), h0.float().contiguous(), bool(compiled))
+                                        b_hh.float().contiguous(), h0.float().contiguous(), reverse,
+                                        bool(compiled))
     return _GRURecurrence.apply(gx.contiguous(), w_hh.contiguous(), b_hh.contiguous(), h0.contiguous(),
-                                bool(compiled))
+                                reverse, bool(compiled))
 
 
 def gru_module_forward(gru: nn.GRU, x: torch.Tensor, compiled: bool = True) -> torch.Tensor:
     """``gru(x)[0]`` for a one-layer, batch-first ``torch.nn.GRU`` (either direction count)
-    from a zero state, through :func:`gru_scan`: ``x [B, T, in] -> [B, T, D·h]``."""
+    from a zero state: ``x [B, T, in] -> [B, T, D·h]``."""
     if gru.num_layers != 1 or not gru.batch_first or not gru.bias:
         raise ValueError("gru_module_forward expects a one-layer, batch-first GRU with biases")
     D = 2 if gru.bidirectional else 1
     sfx = ["", "_reverse"][:D]
-    w_ih = torch.cat([getattr(gru, "weight_ih_l0" + s) for s in sfx], 0)  # [D·3h, in]
-    b_ih = torch.cat([getattr(gru, "bias_ih_l0" + s) for s in sfx], 0)
+    w_ih = torch.stack([getattr(gru, "weight_ih_l0" + s) for s in sfx], 0)  # [D, 3h, in]
+    b_ih = torch.stack([getattr(gru, "bias_ih_l0" + s) for s in sfx], 0)
     w_hh = torch.stack([getattr(gru, "weight_hh_l0" + s) for s in sfx], 0)  # [D, 3h, h]
     b_hh = torch.stack([getattr(gru, "bias_hh_l0" + s) for s in sfx], 0)
-    B, T = x.shape[0], x.shape[1]
+    B, T, F = x.shape
     hd = gru.hidden_size
-    gx = torch.nn.functional.linear(x.transpose(0, 1), w_ih, b_ih).view(T, B, D, 3 * hd).transpose(1, 2)  # [T, D, B, 3h]
-    if D == 2:
-        gx = torch.stack([gx[:, 0], gx[:, 1].flip(0)], 1)
-    hs = gru_scan(gx, w_hh, b_hh, x.new_zeros(D, B, hd), compiled)  # [T, D, B, h]
-    if D == 2:
-        hs = torch.stack([hs[:, 0], hs[:, 1].flip(0)], 1)
-    return hs.permute(2, 0, 1, 3).reshape(B, T, D * hd)
+    gx = torch.baddbmm(b_ih.unsqueeze(1), x.reshape(1, B * T, F).expand(D, B * T, F), w_ih.transpose(1, 2))
+    return _gru(gx.view(D, B, T, 3 * hd), w_hh, b_hh, x.new_zeros(D, B, hd), True, compiled)

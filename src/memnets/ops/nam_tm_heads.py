@@ -18,12 +18,16 @@ returned changed, and the heads move by the shifts alone.
 
 The loops (:func:`forward_loop`, :func:`backward_loop`) are written in the subset of Python
 that TorchScript compiles, as :mod:`memnets.memories._lsam_loops` is; the Function saves
-every step's key tape and walks the steps in reverse with a hand-derived backward. What
-depends on forward values only is batched over all steps after the loop: the action-weight
-gradients ``<move_a(H_t), dH_{t+1}>``, the jump-query gradients ``K_{t+1} dj_t`` and, for the
-position key tape, the gradients of ``k, p_w, p_e``. Held to the per-step reference
-(:func:`memnets.memories.nam_tm.nam_tm_step`) in float64 by tests/test_nam_tm_fused.py, with
-``gradcheck``. Not twice differentiable.
+every step's key tape and walks the steps in reverse with a hand-derived backward. They take
+lists of per-step views made once before the loop (no indexing or reshaping per step), and
+what depends on forward values only is prepared for all steps at once (``p_w k``, ``−p_e``).
+The jump-query gradient ``K_{t+1} dj_t`` is taken in the reverse loop, where ``K_{t+1}`` was
+just read (one pass over all the saved tapes afterwards costs more). What depends on forward
+values and the loop's results only is batched after the loop: the action-weight gradients
+``<move_a(H_t), dH_{t+1}>`` (a few steps at a time) and the gradients of ``k, p_w, p_e``.
+The saved key tapes and the backward's buffers come from a workspace pool. Held to the
+per-step reference (:func:`memnets.memories.nam_tm.nam_tm_step`) in float64 by
+tests/test_nam_tm_fused.py, with ``gradcheck``. Not twice differentiable.
 """
 from __future__ import annotations
 
@@ -41,98 +45,118 @@ __all__ = ["nam_tm_heads", "forward_loop", "backward_loop", "loops"]
 LEFT, NOOP, RIGHT, JUMP = 0, 1, 2, 3
 
 
-def _move(H: torch.Tensor, j: Optional[torch.Tensor], a: int) -> torch.Tensor:
-    if a == 0:
+def _move(H: torch.Tensor, a: int) -> torch.Tensor:
+    """A shift of the heads ``H [..., L]`` (LEFT, NOOP, RIGHT)."""
+    if a == LEFT:
         return torch.roll(H, -1, -1)
-    if a == 2:
+    if a == RIGHT:
         return torch.roll(H, 1, -1)
-    if a == 1:
-        return H
-    assert j is not None
-    return j.unsqueeze(1)
+    return H
 
 
-def forward_loop(act: torch.Tensor, q: torch.Tensor, k: torch.Tensor, pw: torch.Tensor, pe: torch.Tensor,
-                 Hs: torch.Tensor, Ks: torch.Tensor, Aa: torch.Tensor, U: torch.Tensor, J: torch.Tensor,
-                 order: List[int], has_jump: bool, transposed: bool) -> None:
-    """Fill ``Hs [T+1, N, 2, L]`` (``Hs[0]`` given) and, with JUMP, ``Ks [T+1, N, L, C]``
-    (the key tapes stored transposed, ``Kᵀ``, so that every product is a row vector times a
-    matrix; ``Ks[0]`` given), ``Aa`` (``a``), ``U`` (``u`` or ``w``) and ``J [T, N, L]``.
-    act ``[T, N, 2, A]``; q, k ``[T, N, C]``; pw, pe ``[T, N, 1]``."""
-    T = act.shape[0]
-    acts = act.unsqueeze(-1).unbind(0)  # [N, 2, A, 1] per step
-    hss = Hs.unbind(0)
+def forward_loop(W: List[List[torch.Tensor]], q1: List[torch.Tensor], k1: List[torch.Tensor],
+                 PK: List[torch.Tensor], PW: List[torch.Tensor], NPE: List[torch.Tensor],
+                 hs: List[torch.Tensor], Ks: List[torch.Tensor], Aa1: List[torch.Tensor],
+                 U1: List[torch.Tensor], J1: List[torch.Tensor], order: List[int], has_jump: bool,
+                 transposed: bool) -> None:
+    """Fill the heads ``hs[t + 1]`` (``[N, 2, L]``; ``hs[0]`` given) and, with JUMP, the key
+    tapes ``Ks[t + 1]`` (stored transposed, ``Kᵀ [N, L, C]``, so that every product is a row
+    vector times a matrix; ``Ks[0]`` given), ``Aa1[t]`` (``a``), ``U1[t]`` (``u`` or ``w``)
+    and ``J1[t]`` (the jump, ``[N, 1, L]``). Every argument is a list of per-step views:
+    ``W[i][t]`` the weights ``[N, 2, 1]`` of action ``order[i]``; ``q1``, ``k1`` ``[N, 1, C]``;
+    ``PK = p_w k`` ``[N, 1, C]`` (position key tape only); ``PW = p_w``, ``NPE = −p_e``
+    ``[N, 1, 1]``."""
+    T = len(W[0])
     for t in range(T):
-        H = hss[t]
-        j: Optional[torch.Tensor] = None
+        H = hs[t]
+        j = H  # replaced by the jump below when JUMP is an action
         if has_jump:
-            K, hw = Ks[t], H[:, 1]  # K = Kᵀ: [N, L, C]
+            K, Kn = Ks[t], Ks[t + 1]
+            hw1 = H[:, 1:2]  # [N, 1, L]
             if transposed:
-                a = torch.bmm(k[t].unsqueeze(1), K.transpose(1, 2), out=Aa[t].unsqueeze(1)).squeeze(1)  # Kᵀ k: [N, L]
-                w = torch.mul(hw, pw[t], out=U[t]).addcmul_(a, pe[t], value=-1.0)
-                torch.addcmul(K, w.unsqueeze(-1), k[t].unsqueeze(1), out=Ks[t + 1])  # K' = K + k wᵀ
+                a = torch.bmm(k1[t], K.transpose(1, 2), out=Aa1[t])  # Kᵀ k: [N, 1, L]
+                w = torch.mul(hw1, PW[t], out=U1[t]).addcmul_(a, NPE[t])
+                torch.addcmul(K, w.transpose(1, 2), k1[t], out=Kn)  # K' = K + k wᵀ
             else:
-                a = torch.bmm(hw.unsqueeze(1), K, out=Aa[t].unsqueeze(1)).squeeze(1)  # K H_w: [N, C]
-                u = torch.mul(k[t], pw[t], out=U[t]).addcmul_(a, pe[t], value=-1.0)
-                torch.addcmul(K, hw.unsqueeze(-1), u.unsqueeze(1), out=Ks[t + 1])  # K' = K + u H_wᵀ
-            j = torch.bmm(q[t].unsqueeze(1), Ks[t + 1].transpose(1, 2), out=J[t].unsqueeze(1)).squeeze(1)  # K'ᵀ q
-        at = acts[t]
-        out = hss[t + 1]
-        torch.mul(_move(H, j, order[0]), at[:, :, 0], out=out)
-        for i in range(1, len(order)):
-            out.addcmul_(_move(H, j, order[i]), at[:, :, i])
+                a = torch.bmm(hw1, K, out=Aa1[t])  # K H_w: [N, 1, C]
+                u = torch.addcmul(PK[t], a, NPE[t], out=U1[t])
+                torch.addcmul(K, hw1.transpose(1, 2), u, out=Kn)  # K' = K + u H_wᵀ
+            j = torch.bmm(q1[t], Kn.transpose(1, 2), out=J1[t])  # K'ᵀ q: [N, 1, L]
+        out = hs[t + 1]
+        for i in range(len(order)):
+            a = order[i]
+            if a == 0:
+                m = torch.roll(H, -1, -1)
+            elif a == 2:
+                m = torch.roll(H, 1, -1)
+            elif a == 1:
+                m = H
+            else:
+                m = j  # [N, 1, L]: the same jump for both heads
+            if i == 0:
+                torch.mul(m, W[i][t], out=out)
+            else:
+                out.addcmul_(m, W[i][t])
 
 
-def backward_loop(act: torch.Tensor, q: torch.Tensor, k: torch.Tensor, pw: torch.Tensor, pe: torch.Tensor,
-                  Hs: torch.Tensor, Ks: torch.Tensor, U: torch.Tensor, gH: torch.Tensor, dK: torch.Tensor,
-                  DH: torch.Tensor, DJ: torch.Tensor, DU: torch.Tensor, DK: torch.Tensor,
-                  order: List[int], has_jump: bool, transposed: bool) -> torch.Tensor:
-    """Reverse pass. ``gH [T+1, N, 2, L]``: incoming gradients of the heads; ``dK [N, C, L]``:
-    of the final key tape (stored transposed, like ``Ks``), updated in place to that of ``Ks[0]``. Writes ``DH[t]`` (the total
-    gradient of ``H_{t+1}``), ``DJ[t]`` (of the jump), ``DU[t]`` (of ``u``, or of ``w``) and,
-    for the transposed key tape, ``DK[t]`` (of ``k_t``). Returns the gradient of ``H_0``."""
-    T = act.shape[0]
-    acts = act.unsqueeze(-1).unbind(0)
-    dH = DH[T - 1].copy_(gH[T])
+def backward_loop(W: List[List[torch.Tensor]], q1: List[torch.Tensor], k1: List[torch.Tensor],
+                  PW: List[torch.Tensor], NPE: List[torch.Tensor], hs: List[torch.Tensor],
+                  Ks: List[torch.Tensor], U1: List[torch.Tensor], gH: List[torch.Tensor], dK: torch.Tensor,
+                  DH: List[torch.Tensor], DJ: List[torch.Tensor], DQ1: List[torch.Tensor],
+                  DU1: List[torch.Tensor], DK1: List[torch.Tensor], dH0: torch.Tensor,
+                  order: List[int], has_jump: bool, transposed: bool) -> None:
+    """Reverse pass (lists of per-step views as in :func:`forward_loop`). ``gH[t]``: incoming
+    gradients of the heads ``hs[t]``; ``dK [N, L, C]``: of the final key tape (stored
+    transposed, like ``Ks``), updated in place to that of ``Ks[0]``. Writes ``DH[t]`` (the
+    total gradient of ``hs[t + 1]``; ``DH[T − 1]`` given), ``DJ[t]`` (of the jump, ``[N, L]``),
+    ``DQ1[t]`` (of ``q_t``), ``DU1[t]`` (of ``u``, or of ``w``), for the transposed key tape
+    ``DK1[t]`` (of ``k_t``), and ``dH0`` (of ``hs[0]``)."""
+    T = len(W[0])
     jpos = -1
     for i in range(len(order)):
         if order[i] == 3:
             jpos = i
     for t in range(T - 1, -1, -1):
-        at = acts[t]
-        dprev = torch.zeros_like(dH)
+        dH = DH[t]
+        dp = DH[t - 1] if t > 0 else dH0  # dp = gH[t] + Σ_a act_a · move_aᵀ(dH)
+        first = True
         for i in range(len(order)):
             a = order[i]
+            if a == 3:
+                continue
             if a == 0:  # adjoint of roll(−1) is roll(+1)
-                dprev.addcmul_(torch.roll(dH, 1, -1), at[:, :, i])
+                m = torch.roll(dH, 1, -1)
             elif a == 2:
-                dprev.addcmul_(torch.roll(dH, -1, -1), at[:, :, i])
-            elif a == 1:
-                dprev.addcmul_(dH, at[:, :, i])
+                m = torch.roll(dH, -1, -1)
+            else:
+                m = dH
+            if first:
+                torch.addcmul(gH[t], m, W[i][t], out=dp)
+                first = False
+            else:
+                dp.addcmul_(m, W[i][t])
+        if first:
+            dp.copy_(gH[t])
         if has_jump:
-            H = Hs[t]
-            hw = H[:, 1]
-            dj = torch.sum(torch.mul(dH, at[:, :, jpos]), 1, out=DJ[t])  # [N, L]
-            dK.addcmul_(dj.unsqueeze(-1), q[t].unsqueeze(1))  # j = K'ᵀ q   (dK is of Kᵀ)
+            H = hs[t]
+            hw1 = H[:, 1:2]  # [N, 1, L]
+            dj = torch.sum(torch.mul(dH, W[jpos][t]), 1, out=DJ[t])  # [N, L]
+            dj1 = dj.unsqueeze(1)
+            torch.bmm(dj1, Ks[t + 1], out=DQ1[t])  # j = K'ᵀ q
+            dK.addcmul_(dj1.transpose(1, 2), q1[t])  # (dK is of Kᵀ)
             if transposed:  # K' = K + k wᵀ, w = p_w H_w − p_e Kᵀ k
-                dw = torch.bmm(k[t].unsqueeze(1), dK.transpose(1, 2), out=DU[t].unsqueeze(1)).squeeze(1)  # [N, L]
-                dk = torch.bmm(U[t].unsqueeze(1), dK, out=DK[t].unsqueeze(1)).squeeze(1)  # [N, C]
-                dhw = torch.mul(dw, pw[t])
-                da = torch.mul(dw, pe[t]).neg_()  # [N, L]
-                dk.add_(torch.bmm(da.unsqueeze(1), Ks[t]).squeeze(1))
-                dK.addcmul_(da.unsqueeze(-1), k[t].unsqueeze(1))  # a = Kᵀ k
+                dw = torch.bmm(k1[t], dK.transpose(1, 2), out=DU1[t])  # [N, 1, L]
+                dk = torch.bmm(U1[t], dK, out=DK1[t])  # [N, 1, C]
+                dp[:, 1:2].addcmul_(dw, PW[t])
+                da = torch.mul(dw, NPE[t])  # [N, 1, L]
+                dk.add_(torch.bmm(da, Ks[t]))
+                dK.addcmul_(da.transpose(1, 2), k1[t])  # a = Kᵀ k
             else:  # K' = K + u H_wᵀ, u = p_w k − p_e K H_w
-                du = torch.bmm(hw.unsqueeze(1), dK, out=DU[t].unsqueeze(1)).squeeze(1)  # [N, C]
-                dhw = torch.bmm(U[t].unsqueeze(1), dK.transpose(1, 2)).squeeze(1)  # [N, L]
-                da = torch.mul(du, pe[t]).neg_()  # [N, C]
-                dK.addcmul_(hw.unsqueeze(-1), da.unsqueeze(1))  # a = K H_w
-                dhw.add_(torch.bmm(da.unsqueeze(1), Ks[t].transpose(1, 2)).squeeze(1))
-            dprev[:, 1].add_(dhw)
-        if t > 0:
-            dH = torch.add(dprev, gH[t], out=DH[t - 1])
-        else:
-            dH = dprev.add_(gH[t])
-    return dH
+                du = torch.bmm(hw1, dK, out=DU1[t])  # [N, 1, C]
+                dhw = torch.bmm(U1[t], dK.transpose(1, 2))  # [N, 1, L]
+                da = torch.mul(du, NPE[t])  # [N, 1, C]
+                dK.addcmul_(hw1.transpose(1, 2), da)  # a = K H_w
+                dp[:, 1:2].add_(torch.baddbmm(dhw, da, Ks[t].transpose(1, 2)))
 
 
 _COMPILED: Optional[tuple] = None
@@ -156,26 +180,42 @@ def loops(compiled: bool = True):
     return _COMPILED
 
 
-def _action_grads(Hs: torch.Tensor, J: Optional[torch.Tensor], DH: torch.Tensor, order: List[int]) -> torch.Tensor:
-    """``[T, N, 2, A]``: ``<move_a(H_t), dH_{t+1}>`` for every step and action at once."""
-    H = Hs[:-1]
-    cols = []
-    for a in order:
-        if a == JUMP:
-            assert J is not None
-            cols.append(torch.bmm(DH.flatten(0, 1), J.flatten(0, 1).unsqueeze(-1)).view(DH.shape[:3]))
-        else:
-            cols.append(torch.linalg.vecdot(_move(H, None, a), DH))
-    return torch.stack(cols, -1)
+def _action_grads(Hs: torch.Tensor, J: Optional[torch.Tensor], DH: torch.Tensor, order: List[int],
+                  slab: int = 8) -> torch.Tensor:
+    """``[T, N, 2, A]``: ``<move_a(H_t), dH_{t+1}>`` for every step and action, ``slab`` steps
+    at a time (small temporaries: large fresh ones cost more than the products on a CPU)."""
+    T = DH.shape[0]
+    out = DH.new_empty(DH.shape[:3] + (len(order),))
+    for t0 in range(0, T, slab):
+        H, dH = Hs[t0:min(t0 + slab, T)], DH[t0:t0 + slab]
+        for i, a in enumerate(order):
+            if a == JUMP:
+                assert J is not None
+                torch.linalg.vecdot(dH, J[t0:t0 + slab].unsqueeze(2), out=out[t0:t0 + slab, ..., i])
+            else:
+                torch.linalg.vecdot(_move(H, a), dH, out=out[t0:t0 + slab, ..., i])
+    return out
 
 
-_POOL = WorkspacePool()  # the per-step key tapes, reused across calls (memnets.ops._workspace)
+_POOL = WorkspacePool()  # the per-step key tapes and the backward's buffers (memnets.ops._workspace)
 
 
 def _jump_space(T: int, N: int, L: int, C: int, transposed: bool, like: torch.Tensor):
     new = like.new_empty
     Aa = new(T, N, L if transposed else C)
     return new(T + 1, N, L, C), Aa, torch.empty_like(Aa), new(T, N, L)  # Ks, Aa, U, J
+
+
+def _steps(x: torch.Tensor, dim: Optional[int] = None) -> List[torch.Tensor]:
+    """The per-step views ``x[t]`` (with a unit dimension inserted at ``dim`` of each)."""
+    return list((x if dim is None else x.unsqueeze(dim + 1)).unbind(0))
+
+
+def _backward_space(T: int, N: int, L: int, C: int, transposed: bool, has_jump: bool, like: torch.Tensor):
+    new = like.new_empty
+    if not has_jump:
+        return new(T, N, 2, L), None, None
+    return new(T, N, 2, L), new(T, N, L), new(T, N, L if transposed else C)  # DH, DJ, DU
 
 
 class _HeadScan(torch.autograd.Function):
@@ -197,15 +237,22 @@ class _HeadScan(torch.autograd.Function):
         return Hs, K_T
 
     @staticmethod
+    def _weights(act):
+        return [_steps(act[..., i:i + 1]) for i in range(act.shape[-1])]  # [N, 2, 1] per action and step
+
+    @staticmethod
     def _run(act, q, k, pw, pe, H0, K0, Hs, lease, order, transposed, compiled):
         fwd, _, _ = loops(compiled)
         Hs[0].copy_(H0)
+        W = _HeadScan._weights(act)
         if lease is not None:
             Ks, Aa, U, J = lease.space
             Ks[0].copy_(K0.transpose(1, 2))
+            PK = [] if transposed else _steps(pw.unsqueeze(-1) * k.unsqueeze(2))  # p_w k
+            fwd(W, _steps(q, 1), _steps(k, 1), PK, _steps(pw, 1), _steps(pe.neg().unsqueeze(-1)), _steps(Hs),
+                _steps(Ks), _steps(Aa, 1), _steps(U, 1), _steps(J, 1), order, True, transposed)
         else:
-            Ks = Aa = U = J = act.new_empty(0)
-        fwd(act, q, k, pw, pe, Hs, Ks, Aa, U, J, order, lease is not None, transposed)
+            fwd(W, [], [], [], [], [], _steps(Hs), [], [], [], [], order, False, transposed)
 
     @staticmethod
     @once_differentiable
@@ -219,24 +266,31 @@ class _HeadScan(torch.autograd.Function):
             C = K0.shape[1]
             lease.space = _POOL.take(lease.key, lambda: _jump_space(T, N, L, C, transposed, act))
             _HeadScan._run(act, q, k, pw, pe, H0, K0, Hs.clone(), lease, order, transposed, ctx.compiled)
+        gH = torch.zeros_like(Hs) if gH is None else gH.contiguous()
+        new = act.new_empty
+        C = K0.shape[1]
+        bkey = ("backward", T, N, L, C, transposed, has_jump, act.dtype, act.device)
+        bspace = _POOL.take(bkey, lambda: _backward_space(T, N, L, C, transposed, has_jump, act))
+        DH, DJ, DU = bspace
+        DH[T - 1].copy_(gH[T])
+        dH0 = new(N, 2, L)
+        W = _HeadScan._weights(act)
         if has_jump:
             Ks, Aa, U, J = lease.space
+            dK = (torch.zeros(N, L, C, dtype=Hs.dtype, device=Hs.device) if gK is None
+                  else gK.transpose(1, 2).contiguous())  # of Kᵀ
+            DQ = new(T, N, C)
+            DK = new(T, N, C) if transposed else DQ.new_empty(0)
+            bwd(W, _steps(q, 1), _steps(k, 1), _steps(pw, 1), _steps(pe.neg().unsqueeze(-1)), _steps(Hs),
+                _steps(Ks), _steps(U, 1), _steps(gH), dK, _steps(DH), _steps(DJ), _steps(DQ, 1), _steps(DU, 1),
+                _steps(DK, 1) if transposed else [], dH0, order, True, transposed)
         else:
-            Ks = Aa = U = J = act.new_empty(0)
-        gH = torch.zeros_like(Hs) if gH is None else gH.contiguous()
-        C = Ks.shape[3] if has_jump else 0
-        dK = (torch.zeros(N, L, C, dtype=Hs.dtype, device=Hs.device) if gK is None
-              else gK.transpose(1, 2).contiguous()) if has_jump else act.new_empty(0)  # of Kᵀ
-        new = act.new_empty
-        DH = new(T, N, 2, L)
-        DJ = new(T, N, L) if has_jump else act.new_empty(0)
-        DU = torch.empty_like(U) if has_jump else act.new_empty(0)
-        DK = new(T, N, C) if has_jump and transposed else act.new_empty(0)
-        dH0 = bwd(act, q, k, pw, pe, Hs, Ks, U, gH, dK, DH, DJ, DU, DK, order, has_jump, transposed)
+            bwd(W, [], [], [], [], _steps(Hs), [], [], _steps(gH), act.new_empty(0), _steps(DH), [], [], [], [],
+                dH0, order, False, transposed)
         dact = _action_grads(Hs, J if has_jump else None, DH, order)
         dq = dk = dpw = dpe = dK0 = None
         if has_jump:
-            dq = torch.bmm(DJ.reshape(T * N, 1, -1), Ks[1:].reshape(T * N, -1, C)).view(T, N, C)
+            dq = DQ
             hw = Hs[:-1, :, 1]  # [T, N, L]
             if transposed:
                 dk = DK
@@ -249,6 +303,7 @@ class _HeadScan(torch.autograd.Function):
             lease.release()  # every use of the workspace is above
         else:
             dK0 = gK
+        _POOL.give(bkey, bspace)  # and of the backward's
         return dact, dq, dk, dpw, dpe, dH0, dK0, None, None, None
 
 
