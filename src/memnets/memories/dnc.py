@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_input_dtype, check_positive_int, check_shape
-from ..ops._amp import autocast_device, to_float32
+from ..ops._amp import float32_under_autocast
 from ..ops.addressing import content_weights, erase_add_write, weighted_read
 from ..ops.dnc import (dnc_allocation, dnc_directional_weights, dnc_link, dnc_precedence, dnc_read_weights,
                        dnc_retention, dnc_usage, dnc_write_weighting)
@@ -332,13 +332,10 @@ class DNC(nn.Module):
                          HR[-1, :, :R * W].unflatten(-1, (R, W)))
         return y, state
 
+    @float32_under_autocast
     def step(self, x_t: torch.Tensor, state: DNCState | None = None):
         """One time step: ``x_t [B, input_size] -> (y_t [B, output_size], state)`` (float32 under
         autocast, as :meth:`forward`)."""
-        dev = autocast_device(x_t, state)
-        if dev is not None:
-            with torch.autocast(dev, enabled=False):
-                return self.step(to_float32(x_t), to_float32(state))
         check_shape("x_t", x_t, ["B", "input_size"], [None, self.config.input_size])
         self._check_dtype("x_t", x_t)
         B = x_t.shape[0]
@@ -347,16 +344,13 @@ class DNC(nn.Module):
         h, state, _ = self._cell(self.ctrl_x(x_t), state)
         return self._readout(h, state.reads), state
 
+    @float32_under_autocast
     def forward(self, x: torch.Tensor, state: DNCState | None = None, return_aux: bool = False):
         """Run a sequence ``x [B, T, input_size]``; returns ``(y [B, T, output_size], state[, aux])``.
 
         Under autocast the whole recurrence runs in float32 with autocast off (``x`` and the
         state cast up, :mod:`memnets.ops._amp`), so the fast path applies there too; outputs
         and state are float32."""
-        dev = autocast_device(x, state)
-        if dev is not None:
-            with torch.autocast(dev, enabled=False):
-                return self.forward(to_float32(x), to_float32(state), return_aux)
         cfg = self.config
         check_shape("x", x, ["B", "T", "input_size"], [None, None, cfg.input_size])
         self._check_dtype("x", x)

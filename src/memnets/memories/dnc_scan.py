@@ -26,12 +26,12 @@ run ``gradcheck`` on this Function. Not twice differentiable.
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from types import SimpleNamespace
 
 import torch
 from torch.autograd.function import once_differentiable
+
+from ..ops._workspace import WorkspacePool
 
 __all__ = ["DNCRecurrence", "interface_permutation", "interface_layout", "clear_workspaces"]
 
@@ -70,57 +70,12 @@ def interface_permutation(R: int, W: int, device=None) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # workspace pool
 
-_POOL: OrderedDict = OrderedDict()  # key -> list of workspaces
-_POOL_LOCK = threading.Lock()
-_POOL_KEYS = 4  # shapes kept
-_POOL_PER_KEY = 2
-_POOL_MAX_BYTES = 256 * 2 ** 20  # larger workspaces are not kept
+_POOL = WorkspacePool(keys=4, per_key=2, max_bytes=256 * 2 ** 20)  # memnets.ops._workspace
 
 
 def clear_workspaces() -> None:
     """Drop every pooled workspace of :class:`DNCRecurrence`."""
-    with _POOL_LOCK:
-        _POOL.clear()
-
-
-def _take(key):
-    with _POOL_LOCK:
-        spaces = _POOL.get(key)
-        if spaces:
-            _POOL.move_to_end(key)
-            return spaces.pop()
-    return None
-
-
-def _give(key, space) -> None:
-    if space is None or space.nbytes > _POOL_MAX_BYTES:
-        return
-    with _POOL_LOCK:
-        spaces = _POOL.setdefault(key, [])
-        _POOL.move_to_end(key)
-        if len(spaces) < _POOL_PER_KEY:
-            spaces.append(space)
-        while len(_POOL) > _POOL_KEYS:
-            _POOL.popitem(last=False)
-
-
-class _Lease:
-    """Holds a forward workspace for the autograd node; gives it back when the node is freed."""
-
-    __slots__ = ("key", "space")
-
-    def __init__(self, key, space):
-        self.key, self.space = key, space
-
-    def release(self) -> None:
-        space, self.space = self.space, None
-        _give(self.key, space)
-
-    def __del__(self):
-        try:
-            self.release()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
+    _POOL.clear()
 
 
 def _nbytes(ns: SimpleNamespace) -> int:
@@ -637,7 +592,8 @@ class DNCRecurrence(torch.autograd.Function):
         ws = [w0] + list(upper[0::2])
         bs = [None] + list(upper[1::2])
         key = ("fwd", T, B, C, N, W, R, Lc, x.dtype, x.device)
-        f = _take(key) or _forward_space(T, B, C, N, W, R, Lc, x.dtype, x.device)
+        ctx.lease = _POOL.lease(key, lambda: _forward_space(T, B, C, N, W, R, Lc, x.dtype, x.device))
+        f = ctx.lease.space
         with torch.inference_mode():  # cheaper dispatch than no_grad; the buffers are ordinary tensors
             _run_forward(f, R, W, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0,
                          ws, bs)
@@ -653,7 +609,6 @@ class DNCRecurrence(torch.autograd.Function):
                    f.LNK[T].clone(memory_format=torch.contiguous_format), f.PREC[T].clone(), f.WR[T].clone(),
                    f.WW[T].clone())
         ctx.dims = (R, W, Lc, key)
-        ctx.lease = _Lease(key, f)
         ctx.save_for_backward(x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0,
                               *upper)
         return out
@@ -668,19 +623,18 @@ class DNCRecurrence(torch.autograd.Function):
         C, N = w_x.shape[0] // 4, mem0.shape[1]
         f = ctx.lease.space
         if f is None:  # a second backward through the same graph: recompute the forward
-            f = _take(key) or _forward_space(T, B, C, N, W, R, Lc, x.dtype, x.device)
-            ctx.lease.space = f
+            f = ctx.lease.space = _POOL.take(key, lambda: _forward_space(T, B, C, N, W, R, Lc, x.dtype, x.device))
             with torch.inference_mode():
                 _run_forward(f, R, W, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0,
                              reads0, ws, [None] + list(upper[1::2]))
         bkey = ("bwd",) + key[1:]
-        g = _take(bkey) or _backward_space(T, B, C, N, W, R, Lc, x.dtype, x.device)
+        g = _POOL.take(bkey, lambda: _backward_space(T, B, C, N, W, R, Lc, x.dtype, x.device))
         if f.bv is None:
             f.bv = _backward_views(f, R, W, Lc)
         with torch.inference_mode():
             grads = _run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww,
                                   need_dx=ctx.needs_input_grad[1])
         grads = [None if d is None else d.clone() for d in grads]  # ordinary tensors (none aliasing the workspace)
-        _give(bkey, g)
+        _POOL.give(bkey, g)
         ctx.lease.release()
         return (None, *grads)
