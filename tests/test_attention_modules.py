@@ -232,11 +232,11 @@ def test_delta_whole_equals_halves_and_steps():
     torch.testing.assert_close(s.weights, st.weights)
 
 
-def test_delta_layer_chunked_equals_reference_with_grads():
+def test_delta_layer_fused_equals_reference_with_grads():
     x = torch.randn(2, 21, D, dtype=torch.float64)
     mask = _mask(S=21)
     grads = []
-    for impl in ("reference", "chunked"):
+    for impl in ("reference", "fused"):
         torch.manual_seed(8)
         layer = DeltaRuleAttention(D, H, impl=impl, chunk_size=4, feature_map="dpfp1").double()
         y, st = layer(x, mask=mask, return_state=True)
@@ -330,7 +330,7 @@ def test_docstring_example_runs():
 
 
 def test_bench_rows():
-    from memnets.attention.bench import run_cases
+    from memnets.bench.models_attention import run_cases
 
     rows = run_cases(lengths=[16], repeat=1)
     assert [r["model"] for r in rows] == ["transformer[nam]", "transformer[linear]", "transformer[nam]",
@@ -372,3 +372,12 @@ def test_nam_length_norm_divides_by_the_keys_summed(causal):
     x2 = x.clone()
     x2[~mask] = 1e3  # padded positions hold garbage
     torch.testing.assert_close(normed(x2, mask)[mask], y[mask])
+
+
+def test_delta_layer_impl_vocabulary():
+    """auto | reference | fused; the old name ``chunked`` maps to ``fused`` with a FutureWarning."""
+    assert DeltaRuleAttention(D, H).impl == "auto"
+    with pytest.warns(FutureWarning, match="chunked"):
+        assert DeltaRuleAttention(D, H, impl="chunked").impl == "fused"
+    with pytest.raises(ValueError, match="impl"):
+        DeltaRuleAttention(D, H, impl="fla")

@@ -1,4 +1,4 @@
-"""DNC module (docs/maths.md §8): fast == reference, state round trip, aux ranges, bad input, tiny learning run."""
+"""DNC module (docs/maths.md §8): fused == reference, state round trip, aux ranges, bad input, tiny learning run."""
 import pytest
 import torch
 
@@ -36,11 +36,11 @@ def test_shapes_aux_and_registry():
 
 
 @pytest.mark.parametrize("layers", [1, 2])
-def test_fast_equals_reference_values_and_grads(layers):
+def test_fused_equals_reference_values_and_grads(layers):
     m = _tiny(controller_layers=layers).double()
     x = torch.randn(3, 9, 4, dtype=D)
     results = []
-    for impl in ("fast", "reference"):
+    for impl in ("fused", "reference"):
         m.impl = impl
         m.zero_grad()
         xi = x.clone().requires_grad_()
@@ -61,7 +61,7 @@ def test_fast_equals_reference_values_and_grads(layers):
         torch.testing.assert_close(gp1[n], gp2[n], msg=lambda msg: f"{n}: {msg}")
 
 
-@pytest.mark.parametrize("impl", ["fast", "reference"])
+@pytest.mark.parametrize("impl", ["fused", "reference"])
 def test_whole_equals_halves_and_steps(impl):
     m = _tiny(impl=impl, controller_layers=2).double()
     x = torch.randn(2, 8, 4, dtype=D)
@@ -95,6 +95,16 @@ def test_bad_input_raises():
         m(torch.randn(2, 5, 4), s._replace(access=s.access._replace(link=torch.zeros(2, 6, 5))))
     with pytest.raises(ValueError, match="impl"):
         DNC(4, 3, impl="cuda")
+    with pytest.raises(ValueError, match="impl"):
+        DNC(4, 3, impl="chunked")
+
+
+def test_impl_vocabulary():
+    """``auto`` resolves to ``fused``; the old name ``fast`` still works with a FutureWarning."""
+    assert DNC(4, 3).impl == "fused" and DNC(4, 3, impl="auto").impl == "fused"
+    assert DNC(4, 3, impl="reference").impl == "reference"
+    with pytest.warns(FutureWarning, match="fast"):
+        assert DNC(4, 3, impl="fast").impl == "fused"
     with pytest.raises(ValueError, match="read_heads"):
         DNC(4, 3, read_heads=0)
 
@@ -108,7 +118,7 @@ def test_tiny_dnc_learns_copy():
 
 
 def test_fused_write_link_gradcheck():
-    from memnets.memories.dnc import _WriteLink
+    from memnets.ops.dnc import WriteLink
 
     g = torch.Generator().manual_seed(7)
     B, N, W, R = 2, 4, 3, 2
@@ -118,7 +128,7 @@ def test_fused_write_link_gradcheck():
 
     offdiag = 1 - torch.eye(N, dtype=D)
     args = (r(B, N, W), r(B, N, N), r(B, N), r(B, N), r(B, W), r(B, W), r(B, R, N), offdiag)
-    assert torch.autograd.gradcheck(_WriteLink.apply, args)
+    assert torch.autograd.gradcheck(WriteLink.apply, args)
 
 
 def _random_state(m, B, seed):
@@ -129,12 +139,12 @@ def _random_state(m, B, seed):
 
 @pytest.mark.parametrize("layers,T,R", [(1, 1, 1), (1, 6, 2), (2, 5, 3), (3, 4, 2)])
 def test_scan_equals_reference_with_state_grads(layers, T, R):
-    """The whole-sequence Function (impl="fast") against the per-equation reference in float64:
+    """The whole-sequence Function (impl="fused") against the per-equation reference in float64:
     outputs, final state, and gradients of every parameter, the input and the initial state."""
     m = _tiny(controller_layers=layers, read_heads=R).double()
     x = torch.randn(3, T, 4, dtype=D, generator=torch.Generator().manual_seed(1))
     results = []
-    for impl in ("fast", "reference"):
+    for impl in ("fused", "reference"):
         m.impl = impl
         m.zero_grad()
         xi = x.clone().requires_grad_()
@@ -167,7 +177,7 @@ def test_scan_backward_twice_with_retain_graph():
 
 @pytest.mark.parametrize("layers", [1, 2])
 def test_scan_function_gradcheck(layers):
-    from memnets.memories.dnc_scan import DNCRecurrence
+    from memnets.ops.dnc import DNCRecurrence
 
     g = torch.Generator().manual_seed(3)
     T, B, C, N, W, R = 3, 2, 3, 4, 3, 2
@@ -190,12 +200,12 @@ def test_scan_function_gradcheck(layers):
 def test_scan_two_graphs_alive_and_no_grad():
     """Workspaces are pooled per shape: two forwards before their backwards, and inference
     under no_grad, must not share buffers."""
-    from memnets.memories.dnc_scan import clear_workspaces
+    from memnets.ops.dnc import clear_workspaces
 
     m = _tiny().double()
     x1, x2 = torch.randn(2, 5, 4, dtype=D), torch.randn(2, 5, 4, dtype=D)
     grads = {}
-    for impl in ("fast", "reference"):
+    for impl in ("fused", "reference"):
         m.impl = impl
         m.zero_grad()
         y1, _ = m(x1)
@@ -204,6 +214,18 @@ def test_scan_two_graphs_alive_and_no_grad():
             m(x1)
         (y1.sum() + 2 * y2.sum()).backward()
         grads[impl] = [p.grad.clone() for p in m.parameters()]
-    for a, b in zip(grads["fast"], grads["reference"]):
+    for a, b in zip(grads["fused"], grads["reference"]):
         torch.testing.assert_close(a, b)
     clear_workspaces()
+
+
+def test_run_env_records_the_impl_each_memory_runs():
+    from memnets.memories.fast_weights import FastWeightMemory
+    from memnets.train.env import model_impls, run_env
+
+    model = torch.nn.ModuleDict({"dnc": DNC(4, 3, impl="auto"), "fw": FastWeightMemory(8, impl="fused"),
+                                 "ref": DNC(4, 3, impl="reference")})
+    assert model_impls(model) == {"dnc": "fused", "fw": "fused", "ref": "reference"}
+    env = run_env(torch.device("cpu"), model=model)
+    assert env["impls"] == {"dnc": "fused", "fw": "fused", "ref": "reference"} and "nam_scan_impl" in env
+    assert "impls" not in run_env(torch.device("cpu"))

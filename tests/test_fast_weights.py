@@ -56,15 +56,15 @@ def test_forward_matches_reference_and_steps(rule, fmap):
     torch.testing.assert_close(s.weights, st.weights)
 
 
-def test_chunked_equals_reference_impl_with_grads():
-    mems = {impl: _mem("delta", "dpfp1", impl=impl, chunk_size=4) for impl in ("reference", "chunked")}
+def test_fused_equals_reference_impl_with_grads():
+    mems = {impl: _mem("delta", "dpfp1", impl=impl, chunk_size=4) for impl in ("reference", "fused")}
     x = torch.randn(2, 10, 8, dtype=torch.float64)
     grads = {}
     for impl, mem in mems.items():
         y, st = mem(x)
         loss = (y * torch.linspace(-1, 1, 8, dtype=torch.float64)).sum() + st.weights.pow(2).sum()
         grads[impl] = torch.autograd.grad(loss, list(mem.parameters()))
-    for a, b in zip(grads["reference"], grads["chunked"]):
+    for a, b in zip(grads["reference"], grads["fused"]):
         torch.testing.assert_close(b, a)
 
 
@@ -175,3 +175,12 @@ def test_docstring_example_runs():
     ns: dict = {}
     exec(textwrap.dedent(block), {"torch": torch, "FastWeightMemory": FastWeightMemory}, ns)
     assert ns["y"].shape == (2, 50, 32) and ns["state"].weights.shape == (2, 4, 8, 16)
+
+
+def test_impl_vocabulary():
+    """auto (kept: the scan picks per call) | reference | fused; ``chunked`` is a deprecated alias."""
+    assert _mem().impl == "auto" and _mem(impl="fused").impl == "fused"
+    with pytest.warns(FutureWarning, match="chunked"):
+        assert _mem(impl="chunked").impl == "fused"
+    with pytest.raises(ValueError, match="impl"):
+        _mem(impl="fast")

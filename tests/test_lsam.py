@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import memnets
-from memnets.memories.lsam import LSAM, LSAMCell, LSAMCellState, LSAMState, _LSAMRecurrence
+from memnets.memories.lsam import LSAM, LSAMCell, LSAMCellState, LSAMState
+from memnets.ops.lsam import LSAMRecurrence
 from memnets.models.lsam_seq2seq import LSAMEncDecState, LSAMEncoderDecoder
 from memnets.ops import nam_read, nam_write, unit
 
@@ -98,17 +99,16 @@ def test_recurrence_gradcheck(B, Hp, compiled):
     w = (0.5 * torch.randn(dirs, G, Dp, generator=g, dtype=DT)).requires_grad_()
     M0 = torch.randn(N, d, d, generator=g, dtype=DT, requires_grad=True)
     h0 = torch.randn(dirs, B, Dp, generator=g, dtype=DT, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *a: _LSAMRecurrence.apply(*a, compiled), (gx, w, M0, h0))
+    assert torch.autograd.gradcheck(lambda *a: LSAMRecurrence.apply(*a, compiled), (gx, w, M0, h0))
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_compiled_and_python_loops_match(bidirectional):
     """The TorchScript-compiled loops and the same loops run as Python give the same values
     and gradients (T = 40 crosses an exact-copy segment), and the compiled ones are used."""
-    from memnets.memories import _lsam_loops
-    from memnets.memories.lsam import lsam_scan
+    from memnets.ops.lsam import lsam_scan, loops as lsam_loops
 
-    assert _lsam_loops.loops()[2], "TorchScript should compile the LSAM loops with this PyTorch"
+    assert lsam_loops.loops()[2], "TorchScript should compile the LSAM loops with this PyTorch"
     g = torch.Generator().manual_seed(4)
     m = LSAM(5, 12, 4, bidirectional=bidirectional).to(DT)
     x = torch.randn(40, 7, 5, generator=g, dtype=DT, requires_grad=True)  # [T, B, F]
@@ -303,3 +303,10 @@ def test_reference_impl_matches_fused_and_is_twice_differentiable():
     assert torch.isfinite(gg).all() and gg.abs().sum() > 0
     with pytest.raises(ValueError, match="impl"):
         LSAM(3, 8, 2, impl="chunked")
+
+
+def test_impl_vocabulary():
+    """``auto`` (the default) resolves to ``fused``; ``model.impl`` holds the resolved value."""
+    assert LSAM(3, 8, 2).impl == "fused" and LSAM(3, 8, 2, impl="auto").impl == "fused"
+    assert LSAM(3, 8, 2, impl="reference").impl == "reference"
+    assert LSAM(3, 8, 2, impl="fused").impl == "fused"

@@ -279,7 +279,7 @@ def test_learns_babi_task1_subset():
 @pytest.mark.parametrize("tying", ["adjacent", "layerwise"])
 def test_bag_impl_equals_lookup_reference(pe, form, tying):
     kw = dict(position_encoding=pe, weight_tying=tying, answer_size=12, pe_form=form)
-    fast, ref = _model(impl="bag", **kw), _model(impl="lookup", **kw)
+    fast, ref = _model(impl="fused", **kw), _model(impl="reference", **kw)
     ref.load_state_dict(fast.state_dict())
     s, q = _stories(B=4, M=7, W=5)
     s[1, :, 4] = 3  # a 5-word sentence and varied lengths
@@ -374,7 +374,7 @@ def test_fixed_pe_length_uses_sentence_size_for_every_sentence():
     assert not torch.allclose(s_.a[0, :2], s_.a[1, :2])  # per-sentence J differs
     assert torch.allclose(position_encoding(5, 3), position_encoding(torch.tensor(5), 3, 5))
     kw = dict(answer_size=12, weight_tying="layerwise", pe_length="fixed")
-    fast, ref = _model(impl="bag", **kw), _model(impl="lookup", **kw)
+    fast, ref = _model(impl="fused", **kw), _model(impl="reference", **kw)
     ref.load_state_dict(fast.state_dict())
     s, q = _stories(B=3, M=6, W=5)
     s[2, 0, 2:] = 0
@@ -386,7 +386,7 @@ def test_fixed_pe_length_uses_sentence_size_for_every_sentence():
     assert torch.allclose(outs[0][0], outs[1][0], atol=1e-10)
     for n in outs[0][1]:
         assert torch.allclose(outs[0][1][n], outs[1][1][n], atol=1e-10), n
-    other = _model(impl="bag", answer_size=12, weight_tying="layerwise")
+    other = _model(impl="fused", answer_size=12, weight_tying="layerwise")
     other.load_state_dict(fast.state_dict())
     assert not torch.allclose(other(s, q), outs[0][0])
     with pytest.raises(ValueError, match="pe_length"):
@@ -442,3 +442,12 @@ def test_code_pe_form_learns_task16_basic_induction():
         torch.set_num_threads(threads)
     print(f"task 16 validation accuracy after LS + 3 epochs: {info['best_valid_acc']:.3f}")
     assert info["best_valid_acc"] > 0.85, info["best_valid_acc"]
+
+
+def test_impl_vocabulary():
+    """auto (= fused) | reference | fused; the old names bag and lookup warn and map."""
+    assert _model().impl == "fused" and _model(impl="reference").impl == "reference"
+    with pytest.warns(FutureWarning, match="bag"):
+        assert _model(impl="bag").impl == "fused"
+    with pytest.warns(FutureWarning, match="lookup"):
+        assert _model(impl="lookup").impl == "reference"

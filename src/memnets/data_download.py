@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from .datadir import CHECKSUMS, DataError, locate_data_dir
+from .train.checkpoint import move_into_place
 
 __all__ = [
     "RemoteFile", "VerifyResult", "Found", "CATALOGUE", "DATASETS", "MIRROR_ENV", "BABI_ARCHIVE",
@@ -318,7 +319,7 @@ def download_file(entry: RemoteFile, dest_root: str | os.PathLike, *, url_base: 
         raise DataError(
             f"downloaded file {str(target)!r} from {url} is corrupt: expected sha256 {want}, got {got} "
             f"(the partial file was deleted; run the command again, or check the mirror)")
-    os.replace(part, target)
+    move_into_place(part, target)
     log(f"ok        {entry.path}  (downloaded, sha256 verified)")
     return target
 
@@ -359,7 +360,7 @@ def unpack(archive: str | os.PathLike, top: str, *, log: Callable[[str], None] |
                     tar.extractall(tmp, members=_safe_tar_members(tar, tmp))
         if not (tmp / top).is_dir():
             raise DataError(f"archive {str(archive)!r} has no top-level folder {top!r}/")
-        os.replace(tmp / top, final)
+        move_into_place(tmp / top, final)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as e:
         raise DataError(f"could not unpack {str(archive)!r}: {e}") from e
     finally:

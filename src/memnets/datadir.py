@@ -13,8 +13,9 @@ import hashlib
 import json
 import os
 import shlex
-import tempfile
 from pathlib import Path
+
+from .train.checkpoint import atomic_write_text
 
 __all__ = ["resolve_data_dir", "locate_data_dir", "data_file", "verify_file", "expected_sha256", "cache_dir",
            "DataError"]
@@ -129,11 +130,7 @@ def verify_file(path: str | os.PathLike, data_dir: str | os.PathLike | None = No
         )
     cache[key] = want
     try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_file.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(cache, f)
-        os.replace(tmp, cache_file)
+        atomic_write_text(cache_file, json.dumps(cache))
     except OSError:
         pass  # a read-only cache only costs a re-hash next time
     return True

@@ -4,16 +4,23 @@
 constructor arguments, captured when the model was built) and ``model.safetensors`` (the
 weights); ``Model.from_pretrained(dir)`` or :func:`load_pretrained` rebuilds the model from the
 JSON and loads the weights with safetensors, so loading never executes code from the file.
+
+Layering: this module sits above :mod:`memnets.registry` (it imports the registry to find a
+model class by name); the registry only refers back from the ``save_pretrained`` /
+``from_pretrained`` methods it gives registered classes, which import this module when called.
+Files are written with :func:`memnets.train.checkpoint.atomic_save`.
 """
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .registry import get_model_class
+from .train.checkpoint import atomic_save, atomic_write_text
 
 __all__ = ["save_pretrained", "load_pretrained", "model_config", "CONFIG_NAME", "WEIGHTS_NAME"]
 
@@ -59,18 +66,6 @@ def model_config(model: torch.nn.Module) -> dict[str, Any]:
     return {"format": _FORMAT, "model": name, "kwargs": _jsonable(kwargs, "kwargs")}
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike) -> Path:
     """Write ``config.json`` and ``model.safetensors`` for ``model`` into ``directory``."""
     from safetensors.torch import save_file
@@ -80,9 +75,8 @@ def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike) -> Pat
     config = model_config(model)
     # safetensors refuses shared storage; clone to contiguous, independent tensors.
     state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
-    _atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": _FORMAT}))
-    text = json.dumps(config, indent=2, sort_keys=True)
-    _atomic_write(directory / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text))
+    atomic_save(directory / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": _FORMAT}))
+    atomic_write_text(directory / CONFIG_NAME, json.dumps(config, indent=2, sort_keys=True))
     return directory
 
 
@@ -91,8 +85,6 @@ def load_pretrained(directory: str | os.PathLike, *, map_location: str | torch.d
     """Rebuild the model saved in ``directory`` and load its weights (strict)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
-
-    from .registry import get_model_class
 
     directory = Path(directory)
     cfg_path, w_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME

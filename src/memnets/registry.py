@@ -2,6 +2,10 @@
 
 Modules register themselves with :func:`register_model`; the registry imports the
 modules that define models lazily, so ``available_models()`` lists everything shipped.
+
+The registry is a bottom layer: at import it needs only torch. :mod:`memnets.pretrained`
+builds on it; the ``save_pretrained`` / ``from_pretrained`` methods given to registered
+classes import :mod:`memnets.pretrained` only when called.
 """
 from __future__ import annotations
 

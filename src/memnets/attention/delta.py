@@ -21,6 +21,7 @@ from torch import nn
 
 from .._checks import check_shape
 from ..ops import nam_scan, nam_step
+from ..ops._impl import check_impl, nam_scan_impl
 from .base import MultiHeadBase
 from .feature_maps import feature_dim, get_feature_map
 
@@ -118,7 +119,9 @@ class DeltaRuleAttention(MultiHeadBase):
         d_model, num_heads, dropout: as every attention layer.
         causal: must be True (a fast-weight memory reads what was written so far).
         feature_map: ``"elu"``, ``"dpfp1"``, ``"dpfp2"`` or ``"dpfp3"``.
-        impl: ``"auto"``, ``"chunked"`` or ``"reference"`` (see :func:`memnets.ops.nam_scan`).
+        impl: ``"auto"`` (default: :func:`memnets.ops.nam_scan` picks per call), ``"fused"``
+            (the chunkwise-parallel scan) or ``"reference"`` (the time loop); ``"chunked"``, the
+            old name of ``"fused"``, is accepted with a FutureWarning.
         chunk_size: chunk length of the chunked scan (32 measured fastest on CPU for
             head sizes 16 to 64 at S = 2000).
     """
@@ -139,7 +142,7 @@ class DeltaRuleAttention(MultiHeadBase):
         super().__init__(d_model, num_heads, causal=True, dropout=dropout)
         self.feature_map = feature_map
         self.feature_size = feature_dim(feature_map, self.head_dim)
-        self.impl = impl
+        self.impl = check_impl("DeltaRuleAttention", impl, {"chunked": "fused"})
         self.chunk_size = chunk_size
         self.beta = nn.Linear(d_model, num_heads)
 
@@ -182,7 +185,7 @@ class DeltaRuleAttention(MultiHeadBase):
         w0 = self._initial(state, x)
         y, w = fast_weight_scan(
             q, k, v, beta, feature_map=self.feature_map, update_rule="delta", write_mask=mask,
-            initial_state=w0, impl=self.impl, chunk_size=self.chunk_size,
+            initial_state=w0, impl=nam_scan_impl(self.impl), chunk_size=self.chunk_size,
         )
         y = F.dropout(y, self.dropout, self.training)
         y = self._merge(y)  # [B, S, D]

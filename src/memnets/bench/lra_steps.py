@@ -3,9 +3,9 @@
     python -m memnets.bench.lra_steps [--scale cpu|paper ...] [--length 2000] [--batch-size 32]
         [--steps 20] [--warmup 5] [--repeats 2] [--device auto|cpu|cuda] [--out FILE.json]
 
-Builds :class:`memnets.experiments.lra.LRAClassifier` with the ``cpu`` or ``paper`` preset
-sizes (ListOps: vocabulary 16, 10 classes) for softmax, Linear, NAM and NAM with
-``length_norm=True``, feeds one fixed batch of random tokens with random lengths in
+Builds :class:`memnets.models.lra.LRAClassifier` with the ``cpu`` or ``paper`` preset
+sizes of :data:`memnets.experiments.lra.PRESETS` (ListOps: vocabulary 16, 10 classes) for
+softmax, Linear, NAM and NAM with ``length_norm=True``, feeds one fixed batch of random tokens with random lengths in
 ``[length // 4, length)`` (the rest padding), and reports the mean seconds per step over
 ``--steps`` steps after ``--warmup`` steps (the device synchronised), each kind ``--repeats``
 times in turn, plus the peak GPU memory on CUDA. The speed-ups are softmax's time over each
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ..experiments.lra import PRESETS, LRAClassifier
+from ..models.lra import LRAClassifier
 from ..train.env import resolve_device
 
 __all__ = ["KINDS", "step_time", "main"]
@@ -27,8 +27,14 @@ __all__ = ["KINDS", "step_time", "main"]
 KINDS = (("softmax", None), ("linear", None), ("nam", None), ("nam+ln", {"length_norm": True}))
 
 
+def _presets() -> dict:
+    from ..experiments.lra import PRESETS  # the experiment's sizes, read on use
+
+    return PRESETS
+
+
 def _sizes(scale: str) -> dict:
-    p = dict(PRESETS[scale])
+    p = dict(_presets()[scale])
     ffn = p["listops"].get("ffn", p.get("ffn"))
     return dict(d_model=p["d_model"], num_layers=p["layers"], num_heads=p["heads"], dim_feedforward=ffn,
                 pool=p["pool"])
@@ -72,7 +78,7 @@ def step_time(kind: str, scale: str = "cpu", length: int = 2000, batch_size: int
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m memnets.bench.lra_steps", description=__doc__.split("\n")[0])
-    p.add_argument("--scale", nargs="+", choices=sorted(PRESETS), default=["cpu", "paper"])
+    p.add_argument("--scale", nargs="+", choices=sorted(_presets()), default=["cpu", "paper"])
     p.add_argument("--length", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=20)

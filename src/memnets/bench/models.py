@@ -9,7 +9,7 @@ import importlib
 
 __all__ = ["run", "CASE_MODULES", "COLUMNS"]
 
-CASE_MODULES = ("memnets.bench.models_nam", "memnets.bench.models_classic", "memnets.attention.bench")
+CASE_MODULES = ("memnets.bench.models_nam", "memnets.bench.models_classic", "memnets.bench.models_attention")
 COLUMNS = ["model", "config", "baseline", "baseline_ms", "ours_ms", "ratio", "note"]
 
 

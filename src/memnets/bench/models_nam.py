@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..memories._lsam_loops import loops
+from ..ops.lsam.loops import loops
 from ..memories.lsam import LSAM
 from ..memories.nam_tm import NAMTuringMachine
 from .timing import fwd_bwd

@@ -25,10 +25,11 @@ from torch import nn
 from .._checks import check_input_dtype, check_positive_int, check_shape
 from ..ops._amp import float32_under_autocast
 from ..ops.addressing import content_weights, erase_add_write, weighted_read
-from ..ops.dnc import (dnc_allocation, dnc_directional_weights, dnc_link, dnc_precedence, dnc_read_weights,
-                       dnc_retention, dnc_usage, dnc_write_weighting)
+from ..ops.dnc import (DNCRecurrence, dnc_access_fused, dnc_allocation, dnc_directional_weights, dnc_link,
+                       dnc_precedence, dnc_read_weights, dnc_retention, dnc_usage, dnc_write_weighting,
+                       interface_permutation, interface_sizes)
 from ..registry import register_model
-from .dnc_scan import DNCRecurrence, interface_permutation
+from ..ops._impl import resolve_impl
 
 __all__ = ["DNC", "DNCConfig", "DNCState", "DNCAccessState", "DNCControllerState", "DNCAux"]
 
@@ -84,58 +85,6 @@ def oneplus(x: torch.Tensor) -> torch.Tensor:
     return 1 + F.softplus(x)
 
 
-class _WriteLink(torch.autograd.Function):
-    """Fused erase/add write, temporal link, precedence and directional weightings (docs/maths.md §8).
-
-    One autograd node with a hand-derived backward instead of ~40 small ones; the per-equation
-    reference is :meth:`DNC._access` (tests hold both equal in values and gradients).
-    Inputs: memory [B, N, W], link [B, N, N], precedence [B, N], w [B, N], erase [B, W],
-    v [B, W], read_weights_prev [B, R, N], offdiag [N, N] (constant).
-    Outputs: memory', link', precedence', forward [B, R, N], backward [B, R, N].
-    """
-
-    @staticmethod
-    def forward(ctx, mem, link, prec, w, erase, v, wr, offdiag):
-        wcol = w.unsqueeze(-1)  # [B, N, 1]
-        keep = 1 - wcol * erase.unsqueeze(1)  # [B, N, W]
-        mem_new = torch.baddbmm(mem * keep, wcol, v.unsqueeze(1))
-        decay = 1 - wcol - w.unsqueeze(1)  # [B, N, N]
-        link_new = torch.baddbmm(link * decay, wcol, prec.unsqueeze(1)) * offdiag
-        prec_new = (1 - w.sum(-1, keepdim=True)) * prec + w
-        fwd = torch.bmm(wr, link_new.transpose(1, 2))  # f[r, i] = Σ_j L[i, j] w[r, j]
-        bwd = torch.bmm(wr, link_new)  # b[r, j] = Σ_i L[i, j] w[r, i]
-        ctx.save_for_backward(mem, link, prec, w, erase, v, wr, offdiag, keep, decay, link_new)
-        return mem_new, link_new, prec_new, fwd, bwd
-
-    @staticmethod
-    def backward(ctx, g_mem, g_link, g_prec, g_fwd, g_bwd):
-        mem, link, prec, w, erase, v, wr, offdiag, keep, decay, link_new = ctx.saved_tensors
-        zeros = torch.zeros_like
-        g_mem = zeros(mem) if g_mem is None else g_mem
-        g_link = zeros(link) if g_link is None else g_link
-        g_prec = zeros(prec) if g_prec is None else g_prec
-        g_fwd = zeros(wr) if g_fwd is None else g_fwd
-        g_bwd = zeros(wr) if g_bwd is None else g_bwd
-        # directional weightings
-        g_wr = torch.bmm(g_fwd, link_new) + torch.bmm(g_bwd, link_new.transpose(1, 2))
-        G = (g_link + torch.bmm(g_fwd.transpose(1, 2), wr) + torch.bmm(wr.transpose(1, 2), g_bwd)) * offdiag
-        # link: L' = (1 - w_i - w_j) L + w_i p_j
-        g_link_prev = G * decay
-        GL = G * link
-        g_w = torch.bmm(G, prec.unsqueeze(-1)).squeeze(-1) - GL.sum(2) - GL.sum(1)
-        g_p = torch.bmm(w.unsqueeze(1), G).squeeze(1)
-        # precedence: p' = (1 - Σ w) p + w
-        g_p = g_p + g_prec * (1 - w.sum(-1, keepdim=True))
-        g_w = g_w + g_prec - (g_prec * prec).sum(-1, keepdim=True)
-        # memory: M' = M ∘ (1 - w eᵀ) + w vᵀ
-        g_mem_prev = g_mem * keep
-        GM = g_mem * mem
-        g_w = g_w + torch.bmm(g_mem, v.unsqueeze(-1)).squeeze(-1) - torch.bmm(GM, erase.unsqueeze(-1)).squeeze(-1)
-        g_erase = -torch.bmm(w.unsqueeze(1), GM).squeeze(1)
-        g_v = torch.bmm(w.unsqueeze(1), g_mem).squeeze(1)
-        return g_mem_prev, g_link_prev, g_p, g_w, g_erase, g_v, g_wr, None
-
-
 @register_model("dnc")
 class DNC(nn.Module):
     """Differentiable Neural Computer (docs/maths.md §8).
@@ -144,12 +93,14 @@ class DNC(nn.Module):
         input_size, output_size: features of ``x_t`` and ``y_t`` (logits).
         memory_slots: N. word_size: W. read_heads: R.
         controller: ``"lstm"`` (the only kind). controller_size: C. controller_layers: stacked cells.
-        impl: ``"fast"`` (default: ``forward`` runs the whole recurrence as one autograd
-            Function with a hand-derived backward, :class:`~memnets.memories.dnc_scan.DNCRecurrence`;
-            ``step`` and ``forward(..., return_aux=True)`` use the same equations regrouped per
-            step, with the write / link / precedence / directional updates in one autograd node)
-            or ``"reference"`` (one :mod:`memnets.ops.dnc` call per equation). Both give the same
-            values and gradients (tested in float64).
+        impl: ``"auto"`` (default; = ``"fused"``), ``"fused"`` (``forward`` runs the whole
+            recurrence as one autograd Function with a hand-derived backward,
+            :class:`~memnets.ops.dnc.recurrence.DNCRecurrence`; ``step`` and
+            ``forward(..., return_aux=True)`` use the same equations regrouped per step,
+            :func:`~memnets.ops.dnc.step.dnc_access_fused`) or ``"reference"`` (one
+            :mod:`memnets.ops.dnc.equations` call per equation). Both give the same values and
+            gradients (tested in float64). ``"fast"``, the old name of ``"fused"``, is
+            accepted with a FutureWarning. ``model.impl`` holds the resolved value.
 
     ``forward(x [B, T, input_size], state=None, return_aux=False)`` returns
     ``(y [B, T, output_size], state)`` and with ``return_aux`` also a :class:`DNCAux`.
@@ -157,11 +108,9 @@ class DNC(nn.Module):
 
     def __init__(self, input_size: int, output_size: int, memory_slots: int = 16, word_size: int = 20,
                  read_heads: int = 4, controller: str = "lstm", controller_size: int = 64,
-                 controller_layers: int = 1, impl: str = "fast") -> None:
+                 controller_layers: int = 1, impl: str = "auto") -> None:
         super().__init__()
-        if impl not in ("fast", "reference"):
-            raise ValueError(f"`impl` expected 'fast' or 'reference', got {impl!r}")
-        self.impl = impl
+        self.impl = resolve_impl("DNC", impl, {"fast": "fused"})
         for name, v in (("input_size", input_size), ("output_size", output_size), ("memory_slots", memory_slots),
                         ("word_size", word_size), ("read_heads", read_heads), ("controller_size", controller_size),
                         ("controller_layers", controller_layers)):
@@ -178,7 +127,7 @@ class DNC(nn.Module):
         )
         # read keys, read strengths, write key, write strength, erase, write vector,
         # free gates, allocation gate, write gate, read modes
-        self._sizes = [R * W, R, W, 1, W, W, R, 1, 1, 3 * R]
+        self._sizes = interface_sizes(R, W)
         self.interface = nn.Linear(C, sum(self._sizes))
         self.out_h = nn.Linear(C, output_size)
         self.out_r = nn.Linear(R * W, output_size, bias=False)
@@ -250,44 +199,19 @@ class DNC(nn.Module):
         reads = weighted_read(memory, w_r)  # [B, R, W]
         return reads, DNCAccessState(memory, usage, link, precedence, w_r, w_w), read_modes
 
-    def _access_fast(self, xi: torch.Tensor, a: DNCAccessState, offdiag: torch.Tensor, eps: float = 1e-6):
-        """:meth:`_access` with the equations regrouped into fewer ops (same values)."""
+    def _access_fused(self, xi: torch.Tensor, a: DNCAccessState, offdiag: torch.Tensor):
+        """:meth:`_access` with the equations regrouped into fewer ops (same values;
+        :func:`memnets.ops.dnc.dnc_access_fused`)."""
         cfg = self.config
-        B, R, W = xi.shape[0], cfg.read_heads, cfg.word_size
-        sizes = self._sizes
-        k_r, _, k_w, _, _, v, _, _, _, modes = torch.split(xi, sizes, dim=-1)
-        _, b_r, _, b_w, _, _, _, _, _, _ = torch.split(F.softplus(xi), sizes, dim=-1)
-        _, _, _, _, erase, _, free, g_a, g_w, _ = torch.split(torch.sigmoid(xi), sizes, dim=-1)
-        # retention, usage and sort-based allocation
-        psi = (1 - free.unsqueeze(-1) * a.read_weights).prod(1)
-        usage = (a.usage + a.write_weights * (1 - a.usage)) * psi
-        with torch.no_grad():
-            phi = torch.sort(usage, dim=-1, stable=True)[1]
-        su = usage.gather(-1, phi)
-        excl = torch.cumprod(F.pad(su[:, :-1], (1, 0), value=1.0), dim=-1)  # Π_{i<j} u[φ_i]
-        alloc = torch.zeros_like(su).scatter(-1, phi, (1 - su) * excl)
-        # write weighting: β·cos folded into the scaled unit key
-        kw = k_w * ((1 + b_w) * torch.rsqrt((k_w * k_w).sum(-1, keepdim=True) + eps))
-        mem = a.memory
-        c_w = torch.softmax(torch.bmm(mem, kw.unsqueeze(-1)).squeeze(-1) * torch.rsqrt((mem * mem).sum(-1) + eps), -1)
-        w_w = g_w * (c_w + g_a * (alloc - c_w))
-        mem, link, precedence, fwd, bwd = _WriteLink.apply(mem, a.link, a.precedence, w_w, erase, v,
-                                                           a.read_weights, offdiag)
-        # read weighting
-        kr = k_r.view(B, R, W)  # [B, R, W]
-        kr = kr * ((1 + b_r).unsqueeze(-1) * torch.rsqrt((kr * kr).sum(-1, keepdim=True) + eps))
-        c_r = torch.softmax(torch.bmm(kr, mem.transpose(1, 2)) * torch.rsqrt((mem * mem).sum(-1) + eps).unsqueeze(1), -1)
-        read_modes = torch.softmax(modes.view(B, R, 3), dim=-1)  # [B, R, 3]
-        w_r = read_modes[..., 0:1] * bwd + read_modes[..., 1:2] * c_r + read_modes[..., 2:3] * fwd
-        reads = torch.bmm(w_r, mem)  # [B, R, W]
-        return reads, DNCAccessState(mem, usage, link, precedence, w_r, w_w), read_modes
+        reads, access, modes = dnc_access_fused(xi, cfg.read_heads, cfg.word_size, *a, offdiag)
+        return reads, DNCAccessState(*access), modes
 
     def _cell(self, gx: torch.Tensor, state: DNCState, offdiag: torch.Tensor | None = None):
         h, ctrl = self._controller(gx, state.reads, state.controller)
-        if self.impl == "fast":
+        if self.impl != "reference":
             if offdiag is None:
                 offdiag = self._offdiag(gx)
-            reads, access, modes = self._access_fast(self.interface(h), state.access, offdiag)
+            reads, access, modes = self._access_fused(self.interface(h), state.access, offdiag)
         else:
             reads, access, modes = self._access(self.interface(h), state.access)
         return h, DNCState(ctrl, access, reads), modes
@@ -311,11 +235,11 @@ class DNC(nn.Module):
         if not ok and not getattr(self, "_warned_slow", False):
             self._warned_slow = True
             warnings.warn(f"DNC: the state's dtype differs from the parameters' ({dtype}); running the "
-                          "per-step path instead of the fast one (convert the state with .to)", stacklevel=3)
+                          "per-step path instead of the fused one (convert the state with .to)", stacklevel=3)
         return ok
 
     def _forward_scan(self, x: torch.Tensor, state: DNCState):
-        """The whole sequence through :class:`~memnets.memories.dnc_scan.DNCRecurrence` (fast path)."""
+        """The whole sequence through :class:`~memnets.ops.dnc.recurrence.DNCRecurrence` (fused path)."""
         cfg = self.config
         R, W = cfg.read_heads, cfg.word_size
         perm = interface_permutation(R, W, x.device)
@@ -349,7 +273,7 @@ class DNC(nn.Module):
         """Run a sequence ``x [B, T, input_size]``; returns ``(y [B, T, output_size], state[, aux])``.
 
         Under autocast the whole recurrence runs in float32 with autocast off (``x`` and the
-        state cast up, :mod:`memnets.ops._amp`), so the fast path applies there too; outputs
+        state cast up, :mod:`memnets.ops._amp`), so the fused path applies there too; outputs
         and state are float32."""
         cfg = self.config
         check_shape("x", x, ["B", "T", "input_size"], [None, None, cfg.input_size])
@@ -359,7 +283,7 @@ class DNC(nn.Module):
             raise ValueError(f"`x` expected a sequence of length T >= 1, got {list(x.shape)}")
         state = self.init_state(B, x.device, x.dtype) if state is None else state
         self._check_state(state, B)
-        if self.impl == "fast" and not return_aux and self._scan_applies(x, state):
+        if self.impl != "reference" and not return_aux and self._scan_applies(x, state):
             return self._forward_scan(x, state)
         gx = self.ctrl_x(x).unbind(1)  # T x [B, 4C]
         offdiag = self._offdiag(x)

@@ -26,6 +26,7 @@ from torch import nn
 from .._checks import check_input_dtype, check_positive_int, check_shape
 from ..attention.delta import UPDATE_RULES, fast_weight_scan, fast_weight_step
 from ..attention.feature_maps import feature_dim, get_feature_map
+from ..ops._impl import check_impl, nam_scan_impl
 from ..registry import register_model
 
 __all__ = ["FastWeightState", "FastWeightMemory"]
@@ -50,7 +51,10 @@ class FastWeightMemory(nn.Module):
             otherwise the output is the concatenated read-out (size ``H·dv``).
         update_rule: ``"delta"`` (with learned ``β = σ(W_β x)``) or ``"sum"``.
         feature_map: ``"elu"``, ``"dpfp1"``, ``"dpfp2"`` or ``"dpfp3"`` (sum-normalised).
-        impl, chunk_size: implementation of the sequence scan (:func:`memnets.ops.nam_scan`).
+        impl: ``"auto"`` (default: :func:`memnets.ops.nam_scan` picks per call), ``"fused"`` (the
+            chunkwise-parallel scan) or ``"reference"`` (the time loop, twice differentiable);
+            ``"chunked"``, the old name of ``"fused"``, is accepted with a FutureWarning.
+        chunk_size: chunk length of the fused scan.
 
     ``forward(x [B, T, input_size], state=None, mask=None) -> (y [B, T, output_size], state)``;
     ``step(x_t [B, input_size], state) -> (y_t [B, output_size], state)``;
@@ -88,7 +92,7 @@ class FastWeightMemory(nn.Module):
         self.key_size, self.value_size = key_size, value_size
         self.feature_size = feature_dim(feature_map, key_size)
         self.update_rule, self.feature_map = update_rule, feature_map
-        self.impl, self.chunk_size = impl, chunk_size
+        self.impl, self.chunk_size = check_impl("FastWeightMemory", impl, {"chunked": "fused"}), chunk_size
         self.query = nn.Linear(input_size, num_heads * key_size, bias=False)
         self.key = nn.Linear(input_size, num_heads * key_size, bias=False)
         self.value = nn.Linear(input_size, num_heads * value_size, bias=False)
@@ -136,7 +140,7 @@ class FastWeightMemory(nn.Module):
             raise TypeError(f"`mask` expected a bool tensor [B, T] (True = write), got {mask.dtype}")
         y, w = fast_weight_scan(
             q, k, v, beta, feature_map=self.feature_map, update_rule=self.update_rule, write_mask=mask,
-            initial_state=self._state(state, x), impl=self.impl, chunk_size=self.chunk_size,
+            initial_state=self._state(state, x), impl=nam_scan_impl(self.impl), chunk_size=self.chunk_size,
         )
         return self._readout(y), FastWeightState(w)
 

@@ -5,8 +5,8 @@ from .delta import supports as nam_scan_supports, resolve_impl as nam_scan_resol
 from .attention import nam_attention, nam_attention_quadratic, linear_attention, elu_feature_map
 from .addressing import *  # noqa: F401,F403  NTM addressing (docs/maths.md §7)
 from .addressing import __all__ as _addressing_all
-from .dnc import *  # noqa: F401,F403  DNC memory access (docs/maths.md §8)
-from .dnc import __all__ as _dnc_all
+from .dnc.equations import *  # noqa: F401,F403  DNC memory access (docs/maths.md §8)
+from .dnc.equations import __all__ as _dnc_all
 
 __all__ = [
     "unit", "nam_read", "nam_write", "split_heads", "merge_heads",

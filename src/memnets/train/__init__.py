@@ -2,13 +2,41 @@
 
 ``train(load_config("reduce-nam_tm"))`` trains a preset into ``runs/<name>/``; see
 :mod:`memnets.train.loop` for the files a run writes.
+
+The names below are imported on first use, so ``import memnets.train.checkpoint`` (the atomic
+writer) does not import the training loop, the tasks or the models.
 """
 from __future__ import annotations
 
-from .config import (ConfigError, ModelConfig, OptimConfig, RunConfig, ScheduleConfig, TaskConfig,
-                     apply_overrides, config_from_dict, config_to_dict, list_presets, load_config)
-from .loop import RunExistsError, build_model, evaluate, lr_factor, train
+import importlib
+from typing import Any
+
+_LAZY = {
+    "ConfigError": "config", "ModelConfig": "config", "OptimConfig": "config", "RunConfig": "config",
+    "ScheduleConfig": "config", "TaskConfig": "config", "apply_overrides": "config",
+    "config_from_dict": "config", "config_to_dict": "config", "list_presets": "config", "load_config": "config",
+    "RunExistsError": "loop", "build_model": "loop", "evaluate": "loop", "lr_factor": "loop", "train": "loop",
+}
 
 __all__ = ["ConfigError", "ModelConfig", "OptimConfig", "RunConfig", "ScheduleConfig", "TaskConfig",
            "apply_overrides", "config_from_dict", "config_to_dict", "list_presets", "load_config",
            "RunExistsError", "build_model", "evaluate", "lr_factor", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:  # a submodule not imported yet (memnets.train.loop, ...)
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":
+            raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | set(globals()))

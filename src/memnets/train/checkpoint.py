@@ -11,6 +11,23 @@ previous committed checkpoint are removed, so two complete checkpoints stay on d
 A file that cannot be read back (truncated, tampered, a torn ``last.json``) raises
 :class:`CorruptCheckpointError` (a ValueError) naming it; :func:`load_checkpoint` then falls
 back to the newest older checkpoint that loads and says so on stderr.
+
+**The atomic writer.** This module holds memnets' one temp-file + ``os.replace`` writer;
+every file memnets writes that must never be seen half-written (checkpoints, pretrained
+weights, caches, downloads, results) is written through it:
+
+* :func:`atomic_write` ``(path, write)``: ``write(f)`` fills a binary file object opened on a
+  temporary file beside ``path``; it is flushed, fsync'ed and renamed onto ``path``.
+* :func:`atomic_write_bytes` / :func:`atomic_write_text`: the same for bytes or a string.
+* :func:`atomic_save` ``(path, save)``: for writers that want a file name (``torch.save``,
+  safetensors' ``save_file``): ``save(tmp)`` writes the temporary file, which is then renamed.
+* :func:`move_into_place` ``(src, dst)``: the rename alone, for a file or folder completed
+  elsewhere on the same file system (a verified download, an unpacked archive).
+
+On any error the temporary file is removed and ``path`` keeps its previous content. The
+folder of ``path`` is created if missing. Importing this module does not import torch or
+safetensors (they are imported by the functions that need them), so light tools such as
+``memnets data`` can use the writer.
 """
 from __future__ import annotations
 
@@ -21,14 +38,36 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
-import torch
-from safetensors.torch import load_file, save_file
+if TYPE_CHECKING:
+    import torch
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "save_checkpoint", "load_checkpoint",
-           "has_checkpoint", "save_weights", "load_weights", "RunLock", "RunLockedError",
-           "CorruptCheckpointError"]
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_save", "move_into_place",
+           "save_checkpoint", "load_checkpoint", "has_checkpoint", "save_weights", "load_weights", "RunLock",
+           "RunLockedError", "CorruptCheckpointError"]
+
+
+_HEAVY = {"torch": ("torch", None), "save_file": ("safetensors.torch", "save_file"),
+          "load_file": ("safetensors.torch", "load_file")}
+
+
+def __getattr__(name: str) -> Any:
+    """``torch``, ``save_file`` and ``load_file`` are module attributes imported on first use."""
+    if name not in _HEAVY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module, attr = _HEAVY[name]
+    value = importlib.import_module(module)
+    value = value if attr is None else getattr(value, attr)
+    globals()[name] = value
+    return value
+
+
+def _heavy(name: str) -> Any:
+    """The module attribute ``name`` of :data:`_HEAVY` (imported on first use, or as replaced)."""
+    return globals()[name] if name in globals() else __getattr__(name)
 
 
 class CorruptCheckpointError(ValueError):
@@ -47,44 +86,65 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: " + " ".join((lines[:1] + extra))[:400]
 
 
-def _atomic(path: Path, write) -> None:
+def move_into_place(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Rename ``src`` onto ``dst`` in one step (``os.replace``: atomic on one file system; an
+    existing file ``dst`` is replaced, a folder ``dst`` must not exist or be empty). Returns ``dst``."""
+    os.replace(src, dst)
+    return Path(dst)
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+
+
+def atomic_save(path: str | os.PathLike, save: Callable[[str], Any]) -> Path:
+    """Write ``path`` atomically with a writer that takes a file name: ``save(tmp)`` writes the
+    temporary file ``tmp`` beside ``path``, which then replaces ``path``. Returns ``path``."""
+    path = Path(path)
+    fd, tmp = _temp_beside(path)
+    os.close(fd)
+    try:
+        save(tmp)
+        return move_into_place(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> Path:
+    """Write ``path`` atomically: ``write(f)`` fills a binary file object on a temporary file beside
+    ``path``; it is flushed and fsync'ed, then replaces ``path``. Returns ``path``."""
+    path = Path(path)
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        return move_into_place(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and ``os.replace``."""
-    _atomic(Path(path), lambda f: f.write(data))
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_write`)."""
+    return atomic_write(path, lambda f: f.write(data))
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically (:func:`atomic_write`)."""
+    return atomic_write_bytes(path, text.encode(encoding))
 
 
 def save_weights(path: str | Path, model: torch.nn.Module, metadata: dict[str, str] | None = None) -> None:
     """Model weights to safetensors, atomically (tensors made contiguous, shared storage cloned)."""
-    path = Path(path)
     tensors = {k: v.detach().contiguous().clone().cpu() for k, v in model.state_dict().items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    save_file = _heavy("save_file")
+    atomic_save(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
@@ -94,7 +154,7 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"no weights file {path}")
     try:
-        return load_file(str(path))
+        return _heavy("load_file")(str(path))
     except Exception as e:  # SafetensorError, OSError, ... from a damaged file
         raise CorruptCheckpointError(path, _reason(e)) from e
 
@@ -119,6 +179,7 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, model: torch.nn.Module, sta
     except (CorruptCheckpointError, FileNotFoundError):
         prev = None
     keep = {stem} | ({prev["weights"].split(".")[0]} if prev else set())
+    torch = _heavy("torch")
     save_weights(d / f"{stem}.safetensors", model, metadata)
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -156,6 +217,7 @@ def _read_pointer(d: Path) -> dict[str, Any]:
 
 
 def _load_one(d: Path, weights: str, state: str, model: torch.nn.Module) -> dict[str, Any]:
+    torch = _heavy("torch")
     tensors = read_weights(d / weights)
     spath = d / state
     if not spath.is_file():

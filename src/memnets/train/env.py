@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["run_env", "DistInfo", "setup_distributed", "cleanup_distributed", "resolve_device"]
+__all__ = ["run_env", "model_impls", "DistInfo", "setup_distributed", "cleanup_distributed", "resolve_device"]
 
 
 def _git_commit() -> str | None:
@@ -32,9 +32,18 @@ def _nam_scan_impl() -> str | None:
         return None
 
 
-def run_env(device: torch.device, world_size: int = 1) -> dict[str, Any]:
-    """torch version, threads, device, git commit (when available), NAM scan implementation."""
-    return {
+def model_impls(model: torch.nn.Module) -> dict[str, str]:
+    """The ``impl`` every submodule of ``model`` runs, by module path (``""`` for ``model``
+    itself): ``"reference"`` or ``"fused"`` (resolved at construction), or ``"auto"`` where the op
+    picks per call (the NAM scan; see ``nam_scan_impl``). Modules without an ``impl`` are left out."""
+    return {name: impl for name, mod in model.named_modules()
+            if isinstance(impl := getattr(mod, "impl", None), str)}
+
+
+def run_env(device: torch.device, world_size: int = 1, model: torch.nn.Module | None = None) -> dict[str, Any]:
+    """torch version, threads, device, git commit (when available), NAM scan implementation, and
+    with ``model`` the implementation each of its memories runs (``impls``, :func:`model_impls`)."""
+    env = {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
@@ -46,6 +55,9 @@ def run_env(device: torch.device, world_size: int = 1) -> dict[str, Any]:
         "nam_scan_impl": _nam_scan_impl(),
         "pid": os.getpid(),
     }
+    if model is not None:
+        env["impls"] = model_impls(model)
+    return env
 
 
 @dataclass(frozen=True)

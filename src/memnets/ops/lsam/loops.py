@@ -1,4 +1,4 @@
-"""The per-step loops of LSAM's fused recurrence (:class:`memnets.memories.lsam._LSAMRecurrence`).
+"""The per-step loops of LSAM's fused recurrence (:class:`memnets.ops.lsam.recurrence.LSAMRecurrence`).
 
 Both loops are written in the subset of Python that TorchScript compiles. :func:`loops` hands
 out compiled versions when TorchScript is available: a compiled loop runs without Python's

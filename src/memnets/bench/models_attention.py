@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..bench.timing import time_fn
+from ..models.transformer import TransformerEncoder
+from .timing import time_fn
 
 __all__ = ["run_cases", "train_step_time"]
 
@@ -18,8 +19,6 @@ __all__ = ["run_cases", "train_step_time"]
 def train_step_time(attention: str, causal: bool, *, S: int, d_model: int = 64, num_layers: int = 2,
                     num_heads: int = 4, batch: int = 4, repeat: int = 3, seed: int = 0) -> float:
     """Median seconds of one Adam training step of a :class:`TransformerEncoder`."""
-    from ..models.transformer import TransformerEncoder  # models depend on attention, not the reverse
-
     torch.manual_seed(seed)
     model = TransformerEncoder(d_model, num_layers, num_heads, attention=attention, causal=causal)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_tensor
+from ..._checks import check_tensor
 
 __all__ = [
     "dnc_retention",
