@@ -29,6 +29,7 @@ from torch.autograd.function import once_differentiable
 
 from .._checks import check_positive_int, check_shape, check_tensor
 from ..ops import nam_read, nam_scan, nam_write, unit
+from ..ops import nam_tape
 from ..ops.gru import gru_module_forward
 from ..ops.nam_tm_heads import nam_tm_heads
 from ..registry import register_model
@@ -264,7 +265,10 @@ class _NAMTMLayer(nn.Module):
             pos = pos.view(T, B, Tn, 2, L).transpose(0, 1)  # [B, T, Tn, 2, L]: positions used at step t
             hv = _unit(pos) if self.normalize_heads else pos
             h_read, hv_w = hv.unbind(-2)
-            r, tape = nam_scan(h_read, hv_w, v, p_w, p_e, p_r, initial_state=tape, chunk_size=_scan_chunk(T))
+            if nam_tape.available(v):  # the value tape step by step in C (faster at tape sizes)
+                r, tape = nam_tape.nam_tape_scan(h_read, hv_w, v, p_w, p_e, p_r, tape)
+            else:
+                r, tape = nam_scan(h_read, hv_w, v, p_w, p_e, p_r, initial_state=tape, chunk_size=_scan_chunk(T))
         y = self.out(r.flatten(2)) if self.out is not None else None
         final = final.view(B, Tn, 2, L)
         aux = NAMTMAux(pos[..., 0, :], pos[..., 1, :], act[..., 0, :], act[..., 1, :])

@@ -31,6 +31,7 @@ tests/test_nam_tm_fused.py, with ``gradcheck``. Not twice differentiable.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 import warnings
 from typing import List, Optional
@@ -38,6 +39,7 @@ from typing import List, Optional
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import _native
 from ._workspace import WorkspacePool
 
 __all__ = ["nam_tm_heads", "forward_loop", "backward_loop", "loops"]
@@ -197,6 +199,33 @@ def _action_grads(Hs: torch.Tensor, J: Optional[torch.Tensor], DH: torch.Tensor,
     return out
 
 
+_ARGTYPES = None
+
+
+def _kernel(x: torch.Tensor, compiled: bool):
+    """``(forward, backward)`` of the C kernel (memnets/ops/_native/nam_tm_heads.c) for ``x``'s
+    dtype, or ``None``: not on the CPU, not float32/float64, ``compiled=False``, or no C
+    compiler (then the TorchScript loops run; the results are the same)."""
+    global _ARGTYPES
+    if not compiled or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return None
+    lib = _native.load("nam_tm_heads")
+    if lib is None:
+        return None
+    suf = "f32" if x.dtype == torch.float32 else "f64"
+    fwd, bwd = getattr(lib, f"nam_tm_heads_fwd_{suf}"), getattr(lib, f"nam_tm_heads_bwd_{suf}")
+    if fwd.argtypes is None:
+        L_, P_, I_ = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
+        fwd.argtypes = [L_] * 5 + [P_, I_, I_] + [P_] * 7 + [L_] + [P_] * 4 + [L_, L_]
+        bwd.argtypes = [L_] * 5 + [P_, I_, I_] + [P_] * 7 + [L_] + [P_] * 12 + [L_, L_]
+        fwd.restype = bwd.restype = None
+    return fwd, bwd
+
+
+def _ptr(x: Optional[torch.Tensor]):
+    return None if x is None or x.numel() == 0 else x.data_ptr()
+
+
 _POOL = WorkspacePool()  # the per-step key tapes and the backward's buffers (memnets.ops._workspace)
 
 
@@ -204,6 +233,15 @@ def _jump_space(T: int, N: int, L: int, C: int, transposed: bool, like: torch.Te
     new = like.new_empty
     Aa = new(T, N, L if transposed else C)
     return new(T + 1, N, L, C), Aa, torch.empty_like(Aa), new(T, N, L)  # Ks, Aa, U, J
+
+
+_SEGMENT = 16  # the C kernel saves the key tape every this many steps and walks it back in between
+
+
+def _native_space(T: int, N: int, L: int, C: int, transposed: bool, like: torch.Tensor):
+    new = like.new_empty
+    Aa = new(T, N, L if transposed else C)
+    return new(-(-T // _SEGMENT) + 1, N, L, C), Aa, torch.empty_like(Aa), new(T, N, L)  # Kc, Aa, U, J
 
 
 def _steps(x: torch.Tensor, dim: Optional[int] = None) -> List[torch.Tensor]:
@@ -224,21 +262,78 @@ class _HeadScan(torch.autograd.Function):
         T, N, L = act.shape[0], act.shape[1], H0.shape[-1]
         has_jump = JUMP in order
         Hs = act.new_empty(T + 1, N, 2, L)  # returned: never a pooled buffer
-        lease = None
-        if has_jump:
-            C = K0.shape[1]
-            key = (T, N, L, C, transposed, act.dtype, act.device)
-            lease = _POOL.lease(key, lambda: _jump_space(T, N, L, C, transposed, act))
-        _HeadScan._run(act, q, k, pw, pe, H0, K0, Hs, lease, order, transposed, compiled)
+        kernel = _kernel(act, compiled)
+        ctx.kernel = kernel
+        if kernel is not None:
+            lease, K_T = _HeadScan._native_forward(kernel[0], act, q, k, pw, pe, H0, K0, Hs, order, transposed)
+        else:
+            lease = None
+            if has_jump:
+                C = K0.shape[1]
+                key = (T, N, L, C, transposed, act.dtype, act.device)
+                lease = _POOL.lease(key, lambda: _jump_space(T, N, L, C, transposed, act))
+            _HeadScan._run(act, q, k, pw, pe, H0, K0, Hs, lease, order, transposed, compiled)
+            K_T = lease.space[0][T].transpose(1, 2).contiguous() if has_jump else K0.clone()
         ctx.save_for_backward(act, q, k, pw, pe, H0, K0, Hs)
         ctx.order, ctx.transposed, ctx.compiled, ctx.has_jump = order, transposed, compiled, has_jump
         ctx.lease = lease
-        K_T = lease.space[0][T].transpose(1, 2).contiguous() if has_jump else K0.clone()
         return Hs, K_T
 
     @staticmethod
     def _weights(act):
         return [_steps(act[..., i:i + 1]) for i in range(act.shape[-1])]  # [N, 2, 1] per action and step
+
+    @staticmethod
+    def _native_forward(fwd, act, q, k, pw, pe, H0, K0, Hs, order, transposed):
+        """The C kernel: fills ``Hs``; returns the lease of the saved key tapes (every
+        :data:`_SEGMENT` steps), ``a``, ``u``/``w`` and the jumps, and the final key tape."""
+        T, N, L, A = act.shape[0], act.shape[1], Hs.shape[-1], act.shape[-1]
+        C = K0.shape[1]
+        Hs[0].copy_(H0)
+        parts = _native.ranges(N, T * N * L * (3 * C + 2 * A))
+        lease = None
+        Kc = Aa = U = J = None
+        if JUMP in order:
+            key = ("native", T, N, L, C, transposed, act.dtype)
+            lease = _POOL.lease(key, lambda: _native_space(T, N, L, C, transposed, act))
+            Kc, Aa, U, J = lease.space
+            Kc[0].copy_(K0.transpose(1, 2))
+        work = act.new_empty(len(parts), 2, L, C) if lease is not None else None
+        orders = (ctypes.c_int * len(order))(*order)
+        args = (T, N, L, C, A, orders, int(lease is not None), int(transposed), _ptr(act), _ptr(q), _ptr(k),
+                _ptr(pw), _ptr(pe), _ptr(Hs), _ptr(Kc), _SEGMENT, _ptr(Aa), _ptr(U), _ptr(J))
+        _native.parallel(lambda i, n0, n1: fwd(*args, _ptr(work[i]) if work is not None else None, n0, n1), parts)
+        return lease, (Kc[-1].transpose(1, 2).contiguous() if Kc is not None else K0.clone())
+
+    @staticmethod
+    def _native_backward(ctx, gH, gK):
+        act, q, k, pw, pe, H0, K0, Hs = ctx.saved_tensors
+        order, transposed, has_jump, lease = ctx.order, ctx.transposed, ctx.has_jump, ctx.lease
+        fwd, bwd = ctx.kernel
+        T, N, L, A = act.shape[0], act.shape[1], Hs.shape[-1], act.shape[-1]
+        C = K0.shape[1]
+        if has_jump and lease.space is None:  # a second backward through the graph: recompute
+            lease, _ = _HeadScan._native_forward(fwd, act, q, k, pw, pe, H0, K0, Hs.clone(), order, transposed)
+        gH = torch.zeros_like(Hs) if gH is None else gH.contiguous()
+        new = act.new_empty
+        dact, dH0 = new(T, N, 2, A), new(N, 2, L)
+        dq = dk = dpw = dpe = dK = Kc = Aa = U = J = None
+        if has_jump:
+            Kc, Aa, U, J = lease.space
+            dq, dk, dpw, dpe = new(T, N, C), new(T, N, C), new(T, N, 1), new(T, N, 1)
+            dK = (torch.zeros(N, L, C, dtype=act.dtype, device=act.device) if gK is None
+                  else gK.transpose(1, 2).contiguous())  # of Kᵀ, becomes that of K0ᵀ
+        parts = _native.ranges(N, T * N * L * (6 * C + 4 * A))
+        work = new(len(parts), 1, L, C) if has_jump else None
+        orders = (ctypes.c_int * len(order))(*order)
+        args = (T, N, L, C, A, orders, int(has_jump), int(transposed), _ptr(act), _ptr(q), _ptr(k), _ptr(pw),
+                _ptr(pe), _ptr(Hs), _ptr(Kc), _SEGMENT, _ptr(Aa), _ptr(U), _ptr(J), _ptr(gH), _ptr(dK),
+                _ptr(dact), _ptr(dq), _ptr(dk), _ptr(dpw), _ptr(dpe), _ptr(dH0))
+        _native.parallel(lambda i, n0, n1: bwd(*args, _ptr(work[i]) if work is not None else None, n0, n1), parts)
+        if has_jump:
+            lease.release()
+            return dact, dq, dk, dpw, dpe, dH0, dK.transpose(1, 2), None, None, None
+        return dact, None, None, None, None, dH0, gK, None, None, None
 
     @staticmethod
     def _run(act, q, k, pw, pe, H0, K0, Hs, lease, order, transposed, compiled):
@@ -257,6 +352,8 @@ class _HeadScan(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, gH, gK):
+        if ctx.kernel is not None:
+            return _HeadScan._native_backward(ctx, gH, gK)
         act, q, k, pw, pe, H0, K0, Hs = ctx.saved_tensors
         order, transposed, has_jump = ctx.order, ctx.transposed, ctx.has_jump
         _, bwd, _ = loops(ctx.compiled)
@@ -305,6 +402,7 @@ class _HeadScan(torch.autograd.Function):
             dK0 = gK
         _POOL.give(bkey, bspace)  # and of the backward's
         return dact, dq, dk, dpw, dpe, dH0, dK0, None, None, None
+
 
 
 def nam_tm_heads(act: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor], p_w: torch.Tensor,

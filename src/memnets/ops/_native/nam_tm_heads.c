@@ -1,0 +1,33 @@
+/* The NAM-TM head and key-tape recurrence (memnets.ops.nam_tm_heads), forward and its
+ * hand-derived backward, as plain loops for the CPU.
+ *
+ * The recurrence is independent across n (batch x tapes), so each call runs sequences
+ * n0 <= n < n1 to the end before the next one: a sequence's key tape (L x C numbers) stays
+ * in the first-level cache for all T steps, and the caller splits n over threads.
+ * Layouts are those of memnets/ops/nam_tm_heads.py (time-major, contiguous):
+ *   act [T,N,2,A]  q, k [T,N,C]  pw, pe [T,N]  Hs [T+1,N,2,L]  Ks [T+1,N,L,C] (K transposed)
+ *   Aa, U [T,N,X] (X = C for the position key tape, L for the transposed one)  J [T,N,L]
+ * Actions: 0 LEFT (out[l] = in[l+1]), 1 NOOP, 2 RIGHT (out[l] = in[l-1]), 3 JUMP (out = j).
+ * The maths is in docs/maths.md (NAM-TM); the Python docstrings give each product.
+ */
+#include <stddef.h>
+#include <string.h>
+
+
+/* dst += w * move_a(src), and <move_a(src), d>, without a modulo per element */
+
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+#define FN(name) CAT(name, SUF)
+
+#define REAL float
+#define SUF f32
+#include "rows.h"
+#include "nam_tm_heads_t.h"
+#undef REAL
+#undef SUF
+
+#define REAL double
+#define SUF f64
+#include "rows.h"
+#include "nam_tm_heads_t.h"
