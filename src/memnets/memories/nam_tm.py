@@ -253,24 +253,21 @@ class _NAMTMLayer(nn.Module):
             act, p, q, v, tape, key_tape, heads = (z.float() for z in (act, p, q, v, tape, key_tape, heads))
             k = k.float() if jump else None
 
-        def tmajor(z):  # [B, T, Tn, ...] -> [T, B*Tn, ...]
-            return z.transpose(0, 1).reshape((T, N) + z.shape[3:])
-
         p_r, p_w, p_e = p.unbind(-1)
         with torch.autocast(dev, enabled=False) if f32 else contextlib.nullcontext():
-            Hs, key_tape = nam_tm_heads(tmajor(act), tmajor(q) if jump else None, tmajor(k) if jump else None,
-                                        tmajor(p_w), tmajor(p_e), heads.reshape(N, 2, L),
-                                        key_tape.reshape(N, C, L), self.order, self.transposed_keys)
-            pos, final = Hs.split([T, 1])  # split and unbind: their backward is one cat, not zeros per part
-            pos = pos.view(T, B, Tn, 2, L).transpose(0, 1)  # [B, T, Tn, 2, L]: positions used at step t
+            # batch-major throughout: [B, T, Tn, ...] (the kernels read each sequence's steps nearby)
+            Hs, key_tape = nam_tm_heads(act, q if jump else None, k, p_w, p_e, heads.reshape(N, 2, L),
+                                        key_tape.reshape(N, C, L), self.order, self.transposed_keys,
+                                        batch_major=True)
+            pos, final = Hs.split([T, 1], 1)  # [B, T, Tn, 2, L]: positions used at step t; split: one cat back
             hv = _unit(pos) if self.normalize_heads else pos
-            h_read, hv_w = hv.unbind(-2)
+            h_read, hv_w = hv.unbind(-2)  # views of one tensor: the C kernel reads them in place
             if nam_tape.available(v):  # the value tape step by step in C (faster at tape sizes)
                 r, tape = nam_tape.nam_tape_scan(h_read, hv_w, v, p_w, p_e, p_r, tape)
             else:
                 r, tape = nam_scan(h_read, hv_w, v, p_w, p_e, p_r, initial_state=tape, chunk_size=_scan_chunk(T))
         y = self.out(r.flatten(2)) if self.out is not None else None
-        final = final.view(B, Tn, 2, L)
+        final = final.reshape(B, Tn, 2, L)
         aux = NAMTMAux(pos[..., 0, :], pos[..., 1, :], act[..., 0, :], act[..., 1, :])
         return y, (tape, key_tape.view(B, Tn, C, L), final[:, :, 0], final[:, :, 1]), aux
 

@@ -24,6 +24,7 @@ runs ``gradcheck``. Not twice differentiable.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 import warnings
 from typing import Optional
@@ -32,6 +33,7 @@ import torch
 import torch.nn as nn
 from torch.autograd.function import once_differentiable
 
+from . import _native
 from ._workspace import WorkspacePool
 
 __all__ = ["gru_scan", "gru_module_forward", "forward_loop", "backward_loop", "step_view"]
@@ -107,12 +109,59 @@ def _loops(compiled: bool):
     return _COMPILED
 
 
+def _kernel(x: torch.Tensor, compiled: bool):
+    """``(step forward, step backward)`` of the C kernel (memnets/ops/_native/gru.c) for
+    ``x``'s dtype, or ``None`` (not a float32/float64 CPU tensor, ``compiled=False``, or no C
+    compiler: then the TorchScript loops run; the results are the same)."""
+    if not compiled or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return None
+    lib = _native.load("gru")
+    if lib is None:
+        return None
+    suf = "f32" if x.dtype == torch.float32 else "f64"
+    fwd, bwd = getattr(lib, f"gru_fwd_step_{suf}"), getattr(lib, f"gru_bwd_step_{suf}")
+    if fwd.argtypes is None:
+        L_, P_, I_ = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
+        fwd.argtypes = [L_] * 5 + [I_] + [P_] * 7
+        bwd.argtypes = [L_] * 5 + [I_] + [P_] * 10
+        fwd.restype = bwd.restype = None
+    return fwd, bwd
+
+
+def _native_forward(step, gx, w_hhT, b_hh, HS, RZ, NN, GHN, reverse: bool) -> None:
+    """:func:`forward_loop` with the elementwise part of each step in C."""
+    D, B, T, G = gx.shape
+    h = HS[:, :, 0].clone()  # [D, B, h]: the state each step starts from, updated in place
+    gh = gx.new_empty(D, B, G)
+    head = (D, B, T, G // 3)
+    ptrs = [x.data_ptr() for x in (gx, gh, RZ, NN, GHN, HS, h)]
+    for t in range(T):
+        torch.baddbmm(b_hh, h, w_hhT, out=gh)
+        step(*head, t, reverse, *ptrs)
+
+
+def _native_backward(step, dO, w_hh, RZ, NN, GHN, HS, DGH, DN, reverse: bool) -> torch.Tensor:
+    """:func:`backward_loop` with the elementwise part of each step in C; returns dh₀."""
+    D, B, T, hd = NN.shape
+    dh = step_view(dO, T - 1, 0, reverse).clone()  # the gradient of the state after step T − 1
+    other, dg, direct = torch.empty_like(dh), dh.new_empty(D, B, 3 * hd), torch.empty_like(dh)
+    head = (D, B, T, hd)
+    ptrs = [x.data_ptr() for x in (dO, RZ, NN, GHN, HS)]
+    tail = [x.data_ptr() for x in (DGH, DN, dg, direct)]
+    for t in range(T - 1, -1, -1):
+        step(*head, t, reverse, *ptrs, dh.data_ptr(), *tail)
+        torch.baddbmm(direct, dg, w_hh, out=other)
+        dh, other = other, dh
+    return dh
+
+
 class _GRURecurrence(torch.autograd.Function):
     """gx ``[D, B, T, 3h]`` (time order of the input) -> hidden states ``[B, T, D·h]``."""
 
     @staticmethod
     def forward(ctx, gx, w_hh, b_hh, h0, reverse, compiled):
         fwd, _ = _loops(compiled)
+        kernel = _kernel(gx, compiled)
         D, B, T, G = gx.shape
         hd = G // 3
         HS = gx.new_empty(D, B, T + 2, hd)
@@ -123,9 +172,12 @@ class _GRURecurrence(torch.autograd.Function):
         ctx.lease = _POOL.lease(key, lambda: (gx.new_empty(D, B, T, 2 * hd), gx.new_empty(D, B, T, hd),
                                               gx.new_empty(D, B, T, hd)))
         RZ, NN, GHN = ctx.lease.space
-        fwd(gx, w_hh.transpose(1, 2), b_hh.unsqueeze(1), HS, RZ, NN, GHN, reverse)
+        if kernel is not None:
+            _native_forward(kernel[0], gx, w_hh.transpose(1, 2), b_hh.unsqueeze(1), HS, RZ, NN, GHN, reverse)
+        else:
+            fwd(gx, w_hh.transpose(1, 2), b_hh.unsqueeze(1), HS, RZ, NN, GHN, reverse)
         ctx.save_for_backward(w_hh, HS)
-        ctx.compiled, ctx.reverse = compiled, reverse
+        ctx.compiled, ctx.reverse, ctx.kernel = compiled, reverse, kernel
         return HS[:, :, 1: T + 1].permute(1, 2, 0, 3).reshape(B, T, D * hd)
 
     @staticmethod
@@ -142,13 +194,16 @@ class _GRURecurrence(torch.autograd.Function):
         space = _POOL.take(key, lambda: NN.new_empty(7, D, B, T, hd))  # the temporaries below
         hprev, AN, AZ, AR, DN, dO, t1 = space.unbind(0)
         hprev.copy_(HS.as_strided((D, B, T, hd), (sD, HS.stride(1), HS.stride(2), 1)))
-        torch.neg(Z, out=t1).add_(1)  # 1 − z
-        torch.mul(NN, NN, out=AN).neg_().add_(1).mul_(t1)  # dn_pre = dh · AN,  AN = (1 − z)(1 − n²)
-        torch.sub(hprev, NN, out=AZ).mul_(Z).mul_(t1)  # dz_pre = dh · AZ,  AZ = (h − n) z (1 − z)
-        torch.mul(GHN, R, out=AR).mul_(torch.neg(R, out=t1).add_(1))  # dr_pre = dn_pre · AR
         DGH = NN.new_empty(D, B, T, 3 * hd)
         dO.copy_(dout.view(B, T, D, hd).permute(2, 0, 1, 3))
-        dh0 = bwd(dO, w_hh, Z, R, AN, AZ, AR, DGH, DN, NN.new_zeros(D, B, hd), ctx.reverse)
+        if ctx.kernel is not None:  # the factors below are taken per step in C
+            dh0 = _native_backward(ctx.kernel[1], dO, w_hh, RZ, NN, GHN, HS, DGH, DN, ctx.reverse)
+        else:
+            torch.neg(Z, out=t1).add_(1)  # 1 − z
+            torch.mul(NN, NN, out=AN).neg_().add_(1).mul_(t1)  # dn_pre = dh · AN,  AN = (1 − z)(1 − n²)
+            torch.sub(hprev, NN, out=AZ).mul_(Z).mul_(t1)  # dz_pre = dh · AZ,  AZ = (h − n) z (1 − z)
+            torch.mul(GHN, R, out=AR).mul_(torch.neg(R, out=t1).add_(1))  # dr_pre = dn_pre · AR
+            dh0 = bwd(dO, w_hh, Z, R, AN, AZ, AR, DGH, DN, NN.new_zeros(D, B, hd), ctx.reverse)
         dw = torch.bmm(DGH.view(D, B * T, 3 * hd).transpose(1, 2), hprev.view(D, B * T, hd))
         db = DGH.sum((1, 2))
         DGH[..., 2 * hd:].copy_(DN)  # the input projections' gradient: (dr, dz, dn)

@@ -40,8 +40,8 @@ def _kernel(x: torch.Tensor):
     fwd, bwd = getattr(lib, f"nam_tape_fwd_{suf}"), getattr(lib, f"nam_tape_bwd_{suf}")
     if fwd.argtypes is None:
         L_, P_ = ctypes.c_long, ctypes.c_void_p
-        fwd.argtypes = [L_] * 5 + [P_] * 9 + [L_] + [P_] * 3 + [L_, L_]
-        bwd.argtypes = [L_] * 5 + [P_] * 7 + [L_] + [P_] * 11 + [L_, L_]
+        fwd.argtypes = [L_] * 8 + [P_] * 9 + [L_] + [P_] * 3 + [L_, L_]
+        bwd.argtypes = [L_] * 8 + [P_] * 7 + [L_] + [P_] * 11 + [L_, L_]
         fwd.restype = bwd.restype = None
     return fwd, bwd
 
@@ -67,8 +67,8 @@ class _TapeScan(torch.autograd.Function):
         Sc, Aa, U = new(-(-T // SEGMENT) + 1, B * H, K, V), new(B, T, H, V), new(B, T, H, V)
         parts = _native.ranges(B * H, B * H * T * K * V * 3)
         work = new(len(parts), 2, K, V)
-        args = (B, T, H, K, V, _ptr(q), _ptr(k), _ptr(v), _ptr(pw), _ptr(pe), _ptr(pr), _ptr(o), _ptr(St),
-                _ptr(Sc), SEGMENT, _ptr(Aa), _ptr(U))
+        args = (B, T, H, K, V, *q.stride()[:3], _ptr(q), _ptr(k), _ptr(v), _ptr(pw), _ptr(pe), _ptr(pr), _ptr(o),
+                _ptr(St), _ptr(Sc), SEGMENT, _ptr(Aa), _ptr(U))
         _native.parallel(lambda i, n0, n1: fwd(*args, _ptr(work[i]), n0, n1), parts)
         ctx.save_for_backward(q, k, v, pw, pe, pr, Sc, Aa, U)
         ctx.bwd = bwd
@@ -83,11 +83,12 @@ class _TapeScan(torch.autograd.Function):
         new = q.new_empty
         go = torch.zeros_like(v) if go is None else go.contiguous()
         dS = q.new_zeros(B, H, K, V) if gS is None else gS.transpose(-1, -2).contiguous()
-        dq, dk, dv, dpw, dpe = new(q.shape), new(k.shape), new(v.shape), new(pw.shape), new(pe.shape)
+        dq, dk, dv, dpw, dpe = new(q.shape), new(k.shape), new(v.shape), new(pw.shape), new(pe.shape)  # contiguous
         dpr = new(pr.shape) if pr is not None else None
         parts = _native.ranges(B * H, B * H * T * K * V * 6)
         work = new(len(parts), 1, K, V)
-        args = (B, T, H, K, V, _ptr(q), _ptr(k), _ptr(v), _ptr(pw), _ptr(pe), _ptr(pr), _ptr(Sc), SEGMENT,
+        args = (B, T, H, K, V, *q.stride()[:3], _ptr(q), _ptr(k), _ptr(v), _ptr(pw), _ptr(pe), _ptr(pr), _ptr(Sc),
+                SEGMENT,
                 _ptr(Aa), _ptr(U), _ptr(go), _ptr(dS), _ptr(dq), _ptr(dk), _ptr(dv), _ptr(dpw), _ptr(dpe),
                 _ptr(dpr))
         _native.parallel(lambda i, n0, n1: ctx.bwd(*args, _ptr(work[i]), n0, n1), parts)
@@ -99,7 +100,8 @@ def nam_tape_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_w: torch.
     """:func:`memnets.ops.nam_scan` by the step-by-step C kernel (see the module docstring).
 
     Args:
-        q, k: ``[B, T, H, dk]``; v: ``[B, T, H, dv]``; p_w, p_e: ``[B, T, H]``; p_r: ``[B, T, H]``
+        q, k: ``[B, T, H, dk]`` (views with the same strides are read in place, e.g. the
+            read and write heads of one tensor); v: ``[B, T, H, dv]``; p_w, p_e: ``[B, T, H]``; p_r: ``[B, T, H]``
             or ``None`` (= 1); initial_state: ``[B, H, dv, dk]``. One dtype, float32 or
             float64, on the CPU (check with :func:`available`).
     Returns:
@@ -116,5 +118,7 @@ def nam_tape_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_w: torch.
         if x is not None and (tuple(x.shape) != shape or x.dtype != q.dtype or x.device != q.device):
             raise ValueError(f"`{name}` expected shape {list(shape)}, {q.dtype} on {q.device}, "
                              f"got {list(x.shape)}, {x.dtype} on {x.device}")
-    c = [x.contiguous() if x is not None else None for x in (q, k, v, p_w, p_e, p_r, initial_state)]
-    return _TapeScan.apply(*c)
+    if q.stride(-1) != 1 or k.stride() != q.stride():  # q and k may be views with one set of strides
+        q, k = q.contiguous(), k.contiguous()
+    c = [x.contiguous() if x is not None else None for x in (v, p_w, p_e, p_r, initial_state)]
+    return _TapeScan.apply(q, k, *c)

@@ -216,8 +216,9 @@ def _kernel(x: torch.Tensor, compiled: bool):
     fwd, bwd = getattr(lib, f"nam_tm_heads_fwd_{suf}"), getattr(lib, f"nam_tm_heads_bwd_{suf}")
     if fwd.argtypes is None:
         L_, P_, I_ = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
-        fwd.argtypes = [L_] * 5 + [P_, I_, I_] + [P_] * 7 + [L_] + [P_] * 4 + [L_, L_]
-        bwd.argtypes = [L_] * 5 + [P_, I_, I_] + [P_] * 7 + [L_] + [P_] * 12 + [L_, L_]
+        head = [L_, L_, L_, I_, L_, L_, L_, P_, I_, I_]  # T, B, Tn, bm, L, C, A, order, has_jump, transposed
+        fwd.argtypes = head + [P_] * 7 + [L_] + [P_] * 4 + [L_, L_]
+        bwd.argtypes = head + [P_] * 7 + [L_] + [P_] * 12 + [L_, L_]
         fwd.restype = bwd.restype = None
     return fwd, bwd
 
@@ -256,17 +257,26 @@ def _backward_space(T: int, N: int, L: int, C: int, transposed: bool, has_jump: 
     return new(T, N, 2, L), new(T, N, L), new(T, N, L if transposed else C)  # DH, DJ, DU
 
 
+def _dims(act: torch.Tensor, bm: bool):
+    """``(T, B, Tn)`` of ``act``: ``[B, T, Tn, 2, A]`` (batch-major) or ``[T, N, 2, A]`` (B = 1)."""
+    return (act.shape[1], act.shape[0], act.shape[2]) if bm else (act.shape[0], 1, act.shape[1])
+
+
 class _HeadScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, act, q, k, pw, pe, H0, K0, order, transposed, compiled):
-        T, N, L = act.shape[0], act.shape[1], H0.shape[-1]
+    def forward(ctx, act, q, k, pw, pe, H0, K0, order, transposed, compiled, bm):
+        T, B, Tn = _dims(act, bm)
+        N, L = B * Tn, H0.shape[-1]
         has_jump = JUMP in order
-        Hs = act.new_empty(T + 1, N, 2, L)  # returned: never a pooled buffer
         kernel = _kernel(act, compiled)
+        if bm and kernel is None:
+            raise RuntimeError("the batch-major layout needs the C kernel (memnets.ops._native)")
         ctx.kernel = kernel
         if kernel is not None:
-            lease, K_T = _HeadScan._native_forward(kernel[0], act, q, k, pw, pe, H0, K0, Hs, order, transposed)
+            Hs = act.new_empty((B, T + 1, Tn, 2, L) if bm else (T + 1, N, 2, L))  # returned: not pooled
+            lease, K_T = _HeadScan._native_forward(kernel[0], act, q, k, pw, pe, H0, K0, Hs, order, transposed, bm)
         else:
+            Hs = act.new_empty(T + 1, N, 2, L)
             lease = None
             if has_jump:
                 C = K0.shape[1]
@@ -275,7 +285,7 @@ class _HeadScan(torch.autograd.Function):
             _HeadScan._run(act, q, k, pw, pe, H0, K0, Hs, lease, order, transposed, compiled)
             K_T = lease.space[0][T].transpose(1, 2).contiguous() if has_jump else K0.clone()
         ctx.save_for_backward(act, q, k, pw, pe, H0, K0, Hs)
-        ctx.order, ctx.transposed, ctx.compiled, ctx.has_jump = order, transposed, compiled, has_jump
+        ctx.order, ctx.transposed, ctx.compiled, ctx.has_jump, ctx.bm = order, transposed, compiled, has_jump, bm
         ctx.lease = lease
         return Hs, K_T
 
@@ -284,12 +294,13 @@ class _HeadScan(torch.autograd.Function):
         return [_steps(act[..., i:i + 1]) for i in range(act.shape[-1])]  # [N, 2, 1] per action and step
 
     @staticmethod
-    def _native_forward(fwd, act, q, k, pw, pe, H0, K0, Hs, order, transposed):
+    def _native_forward(fwd, act, q, k, pw, pe, H0, K0, Hs, order, transposed, bm):
         """The C kernel: fills ``Hs``; returns the lease of the saved key tapes (every
-        :data:`_SEGMENT` steps), ``a``, ``u``/``w`` and the jumps, and the final key tape."""
-        T, N, L, A = act.shape[0], act.shape[1], Hs.shape[-1], act.shape[-1]
-        C = K0.shape[1]
-        Hs[0].copy_(H0)
+        :data:`_SEGMENT` steps and the last), ``a``, ``u``/``w`` and the jumps, and the
+        final key tape."""
+        T, B, Tn = _dims(act, bm)
+        N, L, A, C = B * Tn, Hs.shape[-1], act.shape[-1], K0.shape[1]
+        (Hs[:, 0] if bm else Hs[0]).copy_(H0.view(B, Tn, 2, L) if bm else H0)
         parts = _native.ranges(N, T * N * L * (3 * C + 2 * A))
         lease = None
         Kc = Aa = U = J = None
@@ -300,40 +311,40 @@ class _HeadScan(torch.autograd.Function):
             Kc[0].copy_(K0.transpose(1, 2))
         work = act.new_empty(len(parts), 2, L, C) if lease is not None else None
         orders = (ctypes.c_int * len(order))(*order)
-        args = (T, N, L, C, A, orders, int(lease is not None), int(transposed), _ptr(act), _ptr(q), _ptr(k),
-                _ptr(pw), _ptr(pe), _ptr(Hs), _ptr(Kc), _SEGMENT, _ptr(Aa), _ptr(U), _ptr(J))
+        args = (T, B, Tn, int(bm), L, C, A, orders, int(lease is not None), int(transposed), _ptr(act), _ptr(q),
+                _ptr(k), _ptr(pw), _ptr(pe), _ptr(Hs), _ptr(Kc), _SEGMENT, _ptr(Aa), _ptr(U), _ptr(J))
         _native.parallel(lambda i, n0, n1: fwd(*args, _ptr(work[i]) if work is not None else None, n0, n1), parts)
         return lease, (Kc[-1].transpose(1, 2).contiguous() if Kc is not None else K0.clone())
 
     @staticmethod
     def _native_backward(ctx, gH, gK):
         act, q, k, pw, pe, H0, K0, Hs = ctx.saved_tensors
-        order, transposed, has_jump, lease = ctx.order, ctx.transposed, ctx.has_jump, ctx.lease
+        order, transposed, has_jump, lease, bm = ctx.order, ctx.transposed, ctx.has_jump, ctx.lease, ctx.bm
         fwd, bwd = ctx.kernel
-        T, N, L, A = act.shape[0], act.shape[1], Hs.shape[-1], act.shape[-1]
-        C = K0.shape[1]
+        T, B, Tn = _dims(act, bm)
+        N, L, A, C = B * Tn, Hs.shape[-1], act.shape[-1], K0.shape[1]
         if has_jump and lease.space is None:  # a second backward through the graph: recompute
-            lease, _ = _HeadScan._native_forward(fwd, act, q, k, pw, pe, H0, K0, Hs.clone(), order, transposed)
+            lease, _ = _HeadScan._native_forward(fwd, act, q, k, pw, pe, H0, K0, Hs.clone(), order, transposed, bm)
         gH = torch.zeros_like(Hs) if gH is None else gH.contiguous()
         new = act.new_empty
-        dact, dH0 = new(T, N, 2, A), new(N, 2, L)
+        dact, dH0 = new(act.shape), new(N, 2, L)
         dq = dk = dpw = dpe = dK = Kc = Aa = U = J = None
         if has_jump:
             Kc, Aa, U, J = lease.space
-            dq, dk, dpw, dpe = new(T, N, C), new(T, N, C), new(T, N, 1), new(T, N, 1)
+            dq, dk, dpw, dpe = new(q.shape), new(k.shape), new(pw.shape), new(pe.shape)
             dK = (torch.zeros(N, L, C, dtype=act.dtype, device=act.device) if gK is None
                   else gK.transpose(1, 2).contiguous())  # of Kᵀ, becomes that of K0ᵀ
         parts = _native.ranges(N, T * N * L * (6 * C + 4 * A))
         work = new(len(parts), 1, L, C) if has_jump else None
         orders = (ctypes.c_int * len(order))(*order)
-        args = (T, N, L, C, A, orders, int(has_jump), int(transposed), _ptr(act), _ptr(q), _ptr(k), _ptr(pw),
-                _ptr(pe), _ptr(Hs), _ptr(Kc), _SEGMENT, _ptr(Aa), _ptr(U), _ptr(J), _ptr(gH), _ptr(dK),
+        args = (T, B, Tn, int(bm), L, C, A, orders, int(has_jump), int(transposed), _ptr(act), _ptr(q), _ptr(k),
+                _ptr(pw), _ptr(pe), _ptr(Hs), _ptr(Kc), _SEGMENT, _ptr(Aa), _ptr(U), _ptr(J), _ptr(gH), _ptr(dK),
                 _ptr(dact), _ptr(dq), _ptr(dk), _ptr(dpw), _ptr(dpe), _ptr(dH0))
         _native.parallel(lambda i, n0, n1: bwd(*args, _ptr(work[i]) if work is not None else None, n0, n1), parts)
         if has_jump:
             lease.release()
-            return dact, dq, dk, dpw, dpe, dH0, dK.transpose(1, 2), None, None, None
-        return dact, None, None, None, None, dH0, gK, None, None, None
+            return dact, dq, dk, dpw, dpe, dH0, dK.transpose(1, 2), None, None, None, None
+        return dact, None, None, None, None, dH0, gK, None, None, None, None
 
     @staticmethod
     def _run(act, q, k, pw, pe, H0, K0, Hs, lease, order, transposed, compiled):
@@ -401,14 +412,14 @@ class _HeadScan(torch.autograd.Function):
         else:
             dK0 = gK
         _POOL.give(bkey, bspace)  # and of the backward's
-        return dact, dq, dk, dpw, dpe, dH0, dK0, None, None, None
+        return dact, dq, dk, dpw, dpe, dH0, dK0, None, None, None, None
 
 
 
 def nam_tm_heads(act: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor], p_w: torch.Tensor,
                  p_e: torch.Tensor, h0: torch.Tensor, key_tape: torch.Tensor, order: List[int],
-                 transposed: bool = False, compiled: bool = True):
-    """Run the heads and key tape over T steps (time-major, N = batch·tapes).
+                 transposed: bool = False, compiled: bool = True, batch_major: bool = False):
+    """Run the heads and key tape over T steps (N = batch·tapes sequences).
 
     Args:
         act: action probabilities ``[T, N, 2, A]`` (read head, write head; actions in ``order``).
@@ -417,7 +428,13 @@ def nam_tm_heads(act: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch
         h0: head positions ``[N, 2, L]`` (read, write); key_tape: ``[N, C, L]``.
         order: action indices into (LEFT, NOOP, RIGHT, JUMP), one per column of ``act``.
         transposed: the transposed key tape ``Kᵀ ← WR(Kᵀ, k, H_w, p_w, p_e)``.
-        compiled: use the TorchScript-compiled loops where available.
+        compiled: use the C kernel (on the CPU) or the TorchScript-compiled loops where
+            available.
+        batch_major: the per-step arguments are ``[B, T, Tn, ...]`` instead of ``[T, N, ...]``
+            (``N = B·Tn``, sequence ``n = b·Tn + i``; ``h0`` and ``key_tape`` stay ``[N, ...]``),
+            and the heads come back as ``[B, T+1, Tn, 2, L]``: the C kernel reads each
+            sequence's steps from nearby memory this way. Elsewhere the same values go through
+            the time-major path.
     Returns:
         ``(heads [T+1, N, 2, L], key_tape [N, C, L])``: ``heads[t]`` is the position used at
         step t, ``heads[T]`` the final one; the key tape after the last step.
@@ -426,8 +443,15 @@ def nam_tm_heads(act: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch
     has_jump = JUMP in order
     if has_jump and (q is None or k is None):
         raise ValueError("`q` and `k` are required when `order` includes JUMP")
+    if batch_major and _kernel(act, compiled) is None:  # the time-major path, and back
+        B, T, Tn = act.shape[:3]
+
+        def tm(z):
+            return None if z is None else z.transpose(0, 1).reshape((T, B * Tn) + z.shape[3:])
+        Hs, K_T = nam_tm_heads(tm(act), tm(q), tm(k), tm(p_w), tm(p_e), h0, key_tape, order, transposed, compiled)
+        return Hs.view((T + 1, B, Tn) + Hs.shape[2:]).transpose(0, 1), K_T
     if not has_jump:
         q = k = act.new_empty(0)
     return _HeadScan.apply(act.contiguous(), q.contiguous(), k.contiguous(), p_w.unsqueeze(-1).contiguous(),
                            p_e.unsqueeze(-1).contiguous(), h0.contiguous(), key_tape.contiguous(), order,
-                           bool(transposed), bool(compiled))
+                           bool(transposed), bool(compiled), bool(batch_major))

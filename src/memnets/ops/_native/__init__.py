@@ -60,7 +60,8 @@ def _cpu_id() -> str:
 
 def _compile(src: Path, compiler: str, flags: list, out: Path) -> bool:
     try:
-        res = subprocess.run([compiler, *flags, "-o", str(out), str(src)], capture_output=True, timeout=120)
+        res = subprocess.run([compiler, *flags, "-o", str(out), str(src), "-lm"], capture_output=True,
+                             timeout=120)
     except (OSError, subprocess.SubprocessError):
         return False
     return res.returncode == 0 and out.exists()

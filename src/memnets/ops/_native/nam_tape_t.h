@@ -1,5 +1,6 @@
 /* The body of nam_tape.c, included once per type (REAL, FN). */
-void FN(nam_tape_fwd)(long B, long T, long H, long K, long V, const REAL *q, const REAL *k,
+void FN(nam_tape_fwd)(long B, long T, long H, long K, long V, long qb, long qt, long qh,
+                       const REAL *q, const REAL *k,
                         const REAL *v, const REAL *pw, const REAL *pe, const REAL *pr, REAL *o,
                         REAL *St, REAL *Sc, long S_, REAL *Aa, REAL *U, REAL *work, long n0,
                         long n1)
@@ -12,7 +13,8 @@ void FN(nam_tape_fwd)(long B, long T, long H, long K, long V, const REAL *q, con
             const long i = (b * T + t) * H + h; /* the (b, t, h) row */
             const REAL *restrict Sp = work + (t % 2) * KV;
             REAL *restrict Sn = work + ((t + 1) % 2) * KV;
-            const REAL *restrict kk = k + i * K, *restrict qq = q + i * K;
+            const long iq = b * qb + t * qt + h * qh; /* q, k: any strides but the last */
+            const REAL *restrict kk = k + iq, *restrict qq = q + iq;
             const REAL *restrict vv = v + i * V;
             REAL *restrict a = Aa + i * V, *restrict u = U + i * V, *restrict oo = o + i * V;
             const REAL p_w = pw[i], p_e = pe[i], p_r = pr ? pr[i] : (REAL)1;
@@ -30,7 +32,8 @@ void FN(nam_tape_fwd)(long B, long T, long H, long K, long V, const REAL *q, con
     }
 }
 
-void FN(nam_tape_bwd)(long B, long T, long H, long K, long V, const REAL *q, const REAL *k,
+void FN(nam_tape_bwd)(long B, long T, long H, long K, long V, long qb, long qt, long qh,
+                       const REAL *q, const REAL *k,
                         const REAL *v, const REAL *pw, const REAL *pe, const REAL *pr,
                         const REAL *Sc, long S_, const REAL *Aa, const REAL *U, const REAL *go,
                         REAL *dS, REAL *dq, REAL *dk, REAL *dv, REAL *dpw, REAL *dpe, REAL *dpr,
@@ -48,7 +51,8 @@ void FN(nam_tape_bwd)(long B, long T, long H, long K, long V, const REAL *q, con
             }
             const long i = (b * T + t) * H + h;
             REAL *restrict Sn = work; /* S_{t+1}, then S_t */
-            const REAL *restrict kk = k + i * K, *restrict qq = q + i * K, *restrict vv = v + i * V;
+            const long iq = b * qb + t * qt + h * qh;
+            const REAL *restrict kk = k + iq, *restrict qq = q + iq, *restrict vv = v + i * V;
             const REAL *restrict a = Aa + i * V, *restrict u = U + i * V, *restrict g = go + i * V;
             const REAL p_w = pw[i], p_e = pe[i], p_r = pr ? pr[i] : (REAL)1;
             REAL *restrict dqq = dq + i * K, *restrict dkk = dk + i * K, *restrict dvv = dv + i * V;

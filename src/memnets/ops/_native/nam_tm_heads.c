@@ -4,9 +4,12 @@
  * The recurrence is independent across n (batch x tapes), so each call runs sequences
  * n0 <= n < n1 to the end before the next one: a sequence's key tape (L x C numbers) stays
  * in the first-level cache for all T steps, and the caller splits n over threads.
- * Layouts are those of memnets/ops/nam_tm_heads.py (time-major, contiguous):
- *   act [T,N,2,A]  q, k [T,N,C]  pw, pe [T,N]  Hs [T+1,N,2,L]  Ks [T+1,N,L,C] (K transposed)
- *   Aa, U [T,N,X] (X = C for the position key tape, L for the transposed one)  J [T,N,L]
+ * Layouts are those of memnets/ops/nam_tm_heads.py, contiguous, N = B * Tn sequences, either
+ * time-major (bm = 0; B = 1, Tn = N) or batch-major (bm = 1), which keeps a sequence's
+ * steps close together in memory:
+ *   act [T,N,2,A] or [B,T,Tn,2,A];  q, k [T,N,C];  pw, pe [T,N];  Hs [T+1,N,2,L] or
+ *   [B,T+1,Tn,2,L];  Aa, U [T,N,X] (X = C for the position key tape, L for the transposed
+ *   one);  J [T,N,L]; and per sequence n: h0 [N,2,L], the saved key tapes Kc [slots,N,L,C].
  * Actions: 0 LEFT (out[l] = in[l+1]), 1 NOOP, 2 RIGHT (out[l] = in[l-1]), 3 JUMP (out = j).
  * The maths is in docs/maths.md (NAM-TM); the Python docstrings give each product.
  */
@@ -15,6 +18,10 @@
 
 
 /* dst += w * move_a(src), and <move_a(src), d>, without a modulo per element */
+
+/* the row of step t of sequence n = b * Tn + h in the per-step arrays (S) and in Hs (H) */
+#define ROW_S(t) (bm ? (b * T + (t)) * Tn + h : (t) * N + n)
+#define ROW_H(t) (bm ? (b * (T + 1) + (t)) * Tn + h : (t) * N + n)
 
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)

@@ -31,20 +31,21 @@ static inline void FN(move_dots)(REAL *restrict out, const REAL *restrict src, c
     out[0] = s0; out[1] = s1; out[2] = s2; out[3] = s3;
 }
 
-void FN(nam_tm_heads_fwd)(long T, long N, long L, long C, long A, const int *order,
+void FN(nam_tm_heads_fwd)(long T, long B, long Tn, int bm, long L, long C, long A, const int *order,
                             int has_jump, int transposed, const REAL *act, const REAL *q,
                             const REAL *k, const REAL *pw, const REAL *pe, REAL *Hs, REAL *Kc,
                             long S, REAL *Aa, REAL *U, REAL *J, REAL *work, long n0,
                             long n1)
 {
-    const long LC = L * C, X = transposed ? L : C;
+    const long LC = L * C, X = transposed ? L : C, N = B * Tn;
     for (long n = n0; n < n1; ++n) {
+        const long b = n / Tn, h = n % Tn;
         if (has_jump) memcpy(work, Kc + n * LC, sizeof(REAL) * LC); /* K_0 */
         for (long t = 0; t < T; ++t) {
-            const long tn = t * N + n;
-            const REAL *restrict H = Hs + tn * 2 * L;
+            const long tn = ROW_S(t), th = ROW_H(t);
+            const REAL *restrict H = Hs + th * 2 * L;
             const REAL *restrict W = act + tn * 2 * A;
-            REAL *restrict Hn = Hs + (tn + N) * 2 * L;
+            REAL *restrict Hn = Hs + ROW_H(t + 1) * 2 * L;
             REAL *restrict j = NULL;
             if (has_jump) {
                 /* K_t in work[t % 2]; K_t saved every S steps, K_T at the end */
@@ -79,29 +80,30 @@ void FN(nam_tm_heads_fwd)(long T, long N, long L, long C, long A, const int *ord
     }
 }
 
-void FN(nam_tm_heads_bwd)(long T, long N, long L, long C, long A, const int *order,
+void FN(nam_tm_heads_bwd)(long T, long B, long Tn, int bm, long L, long C, long A, const int *order,
                             int has_jump, int transposed, const REAL *act, const REAL *q,
                             const REAL *k, const REAL *pw, const REAL *pe, const REAL *Hs,
                             const REAL *Kc, long S, const REAL *Aa, const REAL *U, const REAL *J,
                             const REAL *gH, REAL *dK, REAL *dact, REAL *dq, REAL *dk, REAL *dpw,
                             REAL *dpe, REAL *dH0, REAL *work, long n0, long n1)
 {
-    const long LC = L * C, X = transposed ? L : C, M = L > C ? L : C;
+    const long LC = L * C, X = transposed ? L : C, M = L > C ? L : C, N = B * Tn;
     long jpos = -1;
     for (long i = 0; i < A; ++i) if (order[i] == 3) jpos = i;
     REAL dHn[2 * L], dH[2 * L], dj[L], dv[M], da[M], sc[L];
     for (long n = n0; n < n1; ++n) {
         REAL *dKr = has_jump ? dK + n * LC : NULL; /* of K_{t+1}^T, then of K_t^T */
-        memcpy(dHn, gH + (T * N + n) * 2 * L, sizeof(REAL) * 2 * L);
+        const long b = n / Tn, h = n % Tn;
+        memcpy(dHn, gH + ROW_H(T) * 2 * L, sizeof(REAL) * 2 * L);
         for (long t = T - 1; t >= 0; --t) {
-            const long tn = t * N + n;
+            const long tn = ROW_S(t), th = ROW_H(t);
             if (has_jump && (t == T - 1 || (t + 1) % S == 0)) { /* K_{t+1}, saved */
                 const long slot = t + 1 == T ? (T + S - 1) / S : (t + 1) / S;
                 memcpy(work, Kc + (slot * N + n) * LC, sizeof(REAL) * LC);
             }
-            const REAL *restrict H = Hs + tn * 2 * L;
+            const REAL *restrict H = Hs + th * 2 * L;
             const REAL *restrict W = act + tn * 2 * A;
-            const REAL *restrict g = gH + tn * 2 * L;
+            const REAL *restrict g = gH + th * 2 * L;
             const REAL *restrict j = has_jump ? J + tn * L : NULL;
             REAL *restrict dW = dact + tn * 2 * A;
             for (long h = 0; h < 2; ++h) {
