@@ -49,6 +49,8 @@ static inline float fast_tanhf(float x)
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SUF)
 
+#include "prefetch.h"
+
 #define REAL float
 #define SUF f32
 #define EXP fast_expf

@@ -9,6 +9,14 @@ void FN(gru_fwd_step)(long D, long B, long T, long H, long t, int reverse, const
         const long tau = reverse && d == 1 ? T - 1 - t : t;
         for (long b = 0; b < B; ++b) {
             const long row = (d * B + b) * T + tau, db = d * B + b;
+            if (b + 2 < B) { /* rows of this step lie T rows apart: ask for those of b + 2 early */
+                const long r2 = row + 2 * T;
+                PREFETCH_ROW(gx + r2 * 3 * H, 3 * H * sizeof(REAL), 0);
+                PREFETCH_ROW(RZ + r2 * 2 * H, 2 * H * sizeof(REAL), 1);
+                PREFETCH_ROW(NN + r2 * H, H * sizeof(REAL), 1);
+                PREFETCH_ROW(GHN + r2 * H, H * sizeof(REAL), 1);
+                PREFETCH_ROW(HS + ((db + 2) * (T + 2) + tau + 1) * H, H * sizeof(REAL), 1);
+            }
             const REAL *restrict g = gx + row * 3 * H, *restrict gg = gh + db * 3 * H;
             REAL *restrict rz = RZ + row * 2 * H, *restrict nn = NN + row * H;
             REAL *restrict ghn = GHN + row * H, *restrict hs = HS + (db * (T + 2) + tau + 1) * H;
@@ -39,6 +47,16 @@ void FN(gru_bwd_step)(long D, long B, long T, long H, long t, int reverse, const
         const long tau = rev ? T - 1 - t : t, taup = rev ? tau + 1 : tau - 1;
         for (long b = 0; b < B; ++b) {
             const long row = (d * B + b) * T + tau, db = d * B + b;
+            if (b + 2 < B) { /* as in the forward step */
+                const long r2 = row + 2 * T;
+                PREFETCH_ROW(RZ + r2 * 2 * H, 2 * H * sizeof(REAL), 0);
+                PREFETCH_ROW(NN + r2 * H, H * sizeof(REAL), 0);
+                PREFETCH_ROW(GHN + r2 * H, H * sizeof(REAL), 0);
+                PREFETCH_ROW(HS + ((db + 2) * (T + 2) + tau + (rev ? 2 : 0)) * H, H * sizeof(REAL), 0);
+                PREFETCH_ROW(DGH + r2 * 3 * H, 3 * H * sizeof(REAL), 1);
+                PREFETCH_ROW(DN + r2 * H, H * sizeof(REAL), 1);
+                if (t > 0) PREFETCH_ROW(dO + (r2 - tau + taup) * H, H * sizeof(REAL), 0);
+            }
             const REAL *restrict rz = RZ + row * 2 * H, *restrict nn = NN + row * H;
             const REAL *restrict ghn = GHN + row * H, *restrict dhr = dh + db * H;
             const REAL *restrict hp = HS + (db * (T + 2) + tau + (rev ? 2 : 0)) * H; /* the state before */

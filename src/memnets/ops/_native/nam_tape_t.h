@@ -14,6 +14,12 @@ void FN(nam_tape_fwd)(long B, long T, long H, long K, long V, long qb, long qt, 
             const REAL *restrict Sp = work + (t % 2) * KV;
             REAL *restrict Sn = work + ((t + 1) % 2) * KV;
             const long iq = b * qb + t * qt + h * qh; /* q, k: any strides but the last */
+            if (t + 1 < T) { /* the rows of step t + 1 */
+                PREFETCH_ROW(q + iq + qt, K * sizeof(REAL), 0); PREFETCH_ROW(k + iq + qt, K * sizeof(REAL), 0);
+                PREFETCH_ROW(v + (i + H) * V, V * sizeof(REAL), 0);
+                PREFETCH_ROW(o + (i + H) * V, V * sizeof(REAL), 1);
+                PREFETCH_ROW(Aa + (i + H) * V, V * sizeof(REAL), 1); PREFETCH_ROW(U + (i + H) * V, V * sizeof(REAL), 1);
+            }
             const REAL *restrict kk = k + iq, *restrict qq = q + iq;
             const REAL *restrict vv = v + i * V;
             REAL *restrict a = Aa + i * V, *restrict u = U + i * V, *restrict oo = o + i * V;
@@ -52,6 +58,14 @@ void FN(nam_tape_bwd)(long B, long T, long H, long K, long V, long qb, long qt, 
             const long i = (b * T + t) * H + h;
             REAL *restrict Sn = work; /* S_{t+1}, then S_t */
             const long iq = b * qb + t * qt + h * qh;
+            if (t > 0) { /* the rows of step t - 1 */
+                const long ip = i - H, iqp = iq - qt;
+                PREFETCH_ROW(q + iqp, K * sizeof(REAL), 0); PREFETCH_ROW(k + iqp, K * sizeof(REAL), 0);
+                PREFETCH_ROW(v + ip * V, V * sizeof(REAL), 0); PREFETCH_ROW(go + ip * V, V * sizeof(REAL), 0);
+                PREFETCH_ROW(Aa + ip * V, V * sizeof(REAL), 0); PREFETCH_ROW(U + ip * V, V * sizeof(REAL), 0);
+                PREFETCH_ROW(dq + ip * K, K * sizeof(REAL), 1); PREFETCH_ROW(dk + ip * K, K * sizeof(REAL), 1);
+                PREFETCH_ROW(dv + ip * V, V * sizeof(REAL), 1);
+            }
             const REAL *restrict kk = k + iq, *restrict qq = q + iq, *restrict vv = v + i * V;
             const REAL *restrict a = Aa + i * V, *restrict u = U + i * V, *restrict g = go + i * V;
             const REAL p_w = pw[i], p_e = pe[i], p_r = pr ? pr[i] : (REAL)1;

@@ -7,17 +7,15 @@
  * Layouts are those of memnets/ops/nam_tm_heads.py, contiguous, N = B * Tn sequences, either
  * time-major (bm = 0; B = 1, Tn = N) or batch-major (bm = 1), which keeps a sequence's
  * steps close together in memory:
- *   act [T,N,2,A] or [B,T,Tn,2,A];  q, k [T,N,C];  pw, pe [T,N];  Hs [T+1,N,2,L] or
- *   [B,T+1,Tn,2,L];  Aa, U [T,N,X] (X = C for the position key tape, L for the transposed
- *   one);  J [T,N,L]; and per sequence n: h0 [N,2,L], the saved key tapes Kc [slots,N,L,C].
+ *   per step: act [.,2,A], q, k [.,C], pw, pe [.], Aa, U [.,X] (X = C for the position key
+ *   tape, L for the transposed one), J [.,L], each [T,N,...] or [B,T,Tn,...]; Hs [T+1,N,2,L]
+ *   or [B,T+1,Tn,2,L]; per sequence n: h0 [N,2,L] and the saved key tapes Kc [slots,N,L,C].
  * Actions: 0 LEFT (out[l] = in[l+1]), 1 NOOP, 2 RIGHT (out[l] = in[l-1]), 3 JUMP (out = j).
  * The maths is in docs/maths.md (NAM-TM); the Python docstrings give each product.
  */
 #include <stddef.h>
 #include <string.h>
 
-
-/* dst += w * move_a(src), and <move_a(src), d>, without a modulo per element */
 
 /* the row of step t of sequence n = b * Tn + h in the per-step arrays (S) and in Hs (H) */
 #define ROW_S(t) (bm ? (b * T + (t)) * Tn + h : (t) * N + n)

@@ -43,6 +43,17 @@ void FN(nam_tm_heads_fwd)(long T, long B, long Tn, int bm, long L, long C, long 
         if (has_jump) memcpy(work, Kc + n * LC, sizeof(REAL) * LC); /* K_0 */
         for (long t = 0; t < T; ++t) {
             const long tn = ROW_S(t), th = ROW_H(t);
+            if (t + 1 < T) { /* the rows of step t + 1 */
+                const long sn = ROW_S(t + 1);
+                PREFETCH_ROW(act + sn * 2 * A, 2 * A * sizeof(REAL), 0);
+                PREFETCH_ROW(Hs + ROW_H(t + 2) * 2 * L, 2 * L * sizeof(REAL), 1);
+                if (has_jump) {
+                    PREFETCH_ROW(q + sn * C, C * sizeof(REAL), 0); PREFETCH_ROW(k + sn * C, C * sizeof(REAL), 0);
+                    PREFETCH_ROW(Aa + sn * X, X * sizeof(REAL), 1); PREFETCH_ROW(U + sn * X, X * sizeof(REAL), 1);
+                    PREFETCH_ROW(J + sn * L, L * sizeof(REAL), 1);
+                    __builtin_prefetch(pw + sn); __builtin_prefetch(pe + sn);
+                }
+            }
             const REAL *restrict H = Hs + th * 2 * L;
             const REAL *restrict W = act + tn * 2 * A;
             REAL *restrict Hn = Hs + ROW_H(t + 1) * 2 * L;
@@ -69,10 +80,10 @@ void FN(nam_tm_heads_fwd)(long T, long B, long Tn, int bm, long L, long C, long 
                     FN(rows_update_dot)(Kn, Kt, u, kk, qq, j, L, C);
                 }
             }
-            for (long h = 0; h < 2; ++h) { /* H'_h = sum_a act_{h,a} move_a(H_h) */
+            for (long e = 0; e < 2; ++e) { /* H'_e = sum_a act_{e,a} move_a(H_e), e = read, write */
                 REAL w[4] = {0, 0, 0, 0};
-                for (long i = 0; i < A; ++i) w[order[i]] = W[h * A + i];
-                FN(moves)(Hn + h * L, H + h * L, j ? j : H + h * L, w, L);
+                for (long i = 0; i < A; ++i) w[order[i]] = W[e * A + i];
+                FN(moves)(Hn + e * L, H + e * L, j ? j : H + e * L, w, L);
             }
         }
         if (has_jump) /* K_T: returned, and saved for the backward */
@@ -101,21 +112,35 @@ void FN(nam_tm_heads_bwd)(long T, long B, long Tn, int bm, long L, long C, long 
                 const long slot = t + 1 == T ? (T + S - 1) / S : (t + 1) / S;
                 memcpy(work, Kc + (slot * N + n) * LC, sizeof(REAL) * LC);
             }
+            if (t > 0) { /* the rows of step t - 1 */
+                const long sp = ROW_S(t - 1), hp = ROW_H(t - 1);
+                PREFETCH_ROW(act + sp * 2 * A, 2 * A * sizeof(REAL), 0);
+                PREFETCH_ROW(dact + sp * 2 * A, 2 * A * sizeof(REAL), 1);
+                PREFETCH_ROW(Hs + hp * 2 * L, 2 * L * sizeof(REAL), 0);
+                PREFETCH_ROW(gH + hp * 2 * L, 2 * L * sizeof(REAL), 0);
+                if (has_jump) {
+                    PREFETCH_ROW(q + sp * C, C * sizeof(REAL), 0); PREFETCH_ROW(k + sp * C, C * sizeof(REAL), 0);
+                    PREFETCH_ROW(Aa + sp * X, X * sizeof(REAL), 0); PREFETCH_ROW(U + sp * X, X * sizeof(REAL), 0);
+                    PREFETCH_ROW(J + sp * L, L * sizeof(REAL), 0);
+                    PREFETCH_ROW(dq + sp * C, C * sizeof(REAL), 1); PREFETCH_ROW(dk + sp * C, C * sizeof(REAL), 1);
+                    __builtin_prefetch(pw + sp); __builtin_prefetch(pe + sp);
+                }
+            }
             const REAL *restrict H = Hs + th * 2 * L;
             const REAL *restrict W = act + tn * 2 * A;
             const REAL *restrict g = gH + th * 2 * L;
             const REAL *restrict j = has_jump ? J + tn * L : NULL;
             REAL *restrict dW = dact + tn * 2 * A;
-            for (long h = 0; h < 2; ++h) {
-                const REAL *restrict dn = dHn + h * L;
+            for (long e = 0; e < 2; ++e) { /* e = read, write head */
+                const REAL *restrict dn = dHn + e * L;
                 REAL dots[4], w[4] = {0, 0, 0, 1}; /* the adjoint moves: LEFT^T = RIGHT, RIGHT^T = LEFT */
-                FN(move_dots)(dots, H + h * L, j ? j : H + h * L, dn, L); /* <move_a(H), dH'> */
+                FN(move_dots)(dots, H + e * L, j ? j : H + e * L, dn, L); /* <move_a(H), dH'> */
                 for (long i = 0; i < A; ++i) {
                     const int a = order[i];
-                    dW[h * A + i] = dots[a];
-                    if (a != 3) w[2 - a] = W[h * A + i];
+                    dW[e * A + i] = dots[a];
+                    if (a != 3) w[2 - a] = W[e * A + i];
                 }
-                FN(moves)(dH + h * L, dn, g + h * L, w, L); /* dH = g + sum_a act_a move_a^T(dH') */
+                FN(moves)(dH + e * L, dn, g + e * L, w, L); /* dH = g + sum_a act_a move_a^T(dH') */
             }
             if (has_jump) {
                 REAL *restrict Kn = work; /* K_{t+1}, then K_t */

@@ -1,0 +1,177 @@
+"""The C kernels of memnets.ops._native (NAM-TM heads and key tape, the value tape, the GRU
+step) against the PyTorch paths they replace, in float64: values, every gradient, gradcheck;
+and the fallbacks when no kernel can be built."""
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from memnets.ops import _native, nam_scan
+from memnets.ops.gru import gru_module_forward
+from memnets.ops.nam_tape import available, nam_tape_scan
+from memnets.ops.nam_tm_heads import nam_tm_heads
+
+D64 = torch.float64
+HAVE_CC = _native.enabled() and shutil.which("cc") is not None
+
+needs_kernels = pytest.mark.skipif(not HAVE_CC, reason="no C compiler (or MEMNETS_NATIVE=0): the kernels cannot be built")
+
+
+def _grads(out, inputs, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in out)
+    return torch.autograd.grad(loss, inputs, allow_unused=True)
+
+
+def _close(a, b, tol=1e-10):
+    for x, y in zip(a, b):
+        assert (x is None) == (y is None)
+        if x is not None:
+            torch.testing.assert_close(x, y, rtol=tol, atol=tol)
+
+
+@needs_kernels
+def test_kernels_build_here():
+    for name in ("nam_tm_heads", "nam_tape", "gru"):
+        assert _native.load(name) is not None, f"{name}.c did not compile"
+
+
+def _tape_inputs(B, T, H, K, V, with_pr=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.softmax(torch.randn(B, T, H, K, generator=g, dtype=D64), -1)
+    k = torch.softmax(torch.randn(B, T, H, K, generator=g, dtype=D64), -1)
+    v = torch.randn(B, T, H, V, generator=g, dtype=D64)
+    pw, pe, pr = (torch.rand(B, T, H, generator=g, dtype=D64) for _ in range(3))
+    S0 = 0.3 * torch.randn(B, H, V, K, generator=g, dtype=D64)
+    xs = [q, k, v, pw, pe, pr if with_pr else None, S0]
+    return [x.requires_grad_() if x is not None else None for x in xs]
+
+
+@needs_kernels
+@pytest.mark.parametrize("B,T,H,K,V,with_pr", [(2, 37, 3, 5, 4, True), (1, 1, 1, 3, 2, False),
+                                               (3, 16, 2, 8, 6, True), (2, 33, 1, 7, 3, False)])
+def test_nam_tape_scan_matches_reference(B, T, H, K, V, with_pr):
+    xs = _tape_inputs(B, T, H, K, V, with_pr)
+    live = [x for x in xs if x is not None]
+    ours = nam_tape_scan(*xs)
+    ref = nam_scan(*xs[:6], initial_state=xs[6], impl="reference")
+    _close(ours, ref)
+    _close(_grads(ours, live), _grads(ref, live))
+
+
+@needs_kernels
+def test_nam_tape_scan_gradcheck_and_strided_heads():
+    B, T, H, K, V = 2, 19, 2, 4, 3
+    g = torch.Generator().manual_seed(1)
+    heads = torch.softmax(torch.randn(B, T + 1, H, 2, K, generator=g, dtype=D64), -1).requires_grad_()
+    v = torch.randn(B, T, H, V, generator=g, dtype=D64, requires_grad=True)
+    pw, pe, pr = (torch.rand(B, T, H, generator=g, dtype=D64, requires_grad=True) for _ in range(3))
+    S0 = torch.randn(B, H, V, K, generator=g, dtype=D64, requires_grad=True)
+
+    def run(fn, heads, *rest):
+        q, k = heads[:, :T].unbind(-2)  # views with one set of strides: read in place
+        return fn(q, k, *rest)
+
+    def ref(q, k, v, pw, pe, pr, S0):
+        return nam_scan(q, k, v, pw, pe, pr, initial_state=S0, impl="reference")
+    args = (heads, v, pw, pe, pr, S0)
+    _close(run(nam_tape_scan, *args), run(ref, *args))
+    _close(_grads(run(nam_tape_scan, *args), args), _grads(run(ref, *args), args))
+    assert torch.autograd.gradcheck(lambda *a: run(nam_tape_scan, *a), args)
+
+
+def test_nam_tape_scan_checks_its_arguments():
+    xs = _tape_inputs(2, 5, 3, 4, 4)
+    if available(xs[0]):
+        with pytest.raises(ValueError, match="`v` expected shape"):
+            nam_tape_scan(xs[0], xs[1], xs[2][:, :, :2], *xs[3:])
+    with pytest.raises(RuntimeError, match="nam_scan"):
+        nam_tape_scan(*(x.half() if x is not None else None for x in xs))
+
+
+def _heads_inputs(T, N, L, C, A, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    act = torch.softmax(torch.randn(T, N, 2, A, generator=g, dtype=D64), -1)
+    q = F.normalize(torch.randn(T, N, C, generator=g, dtype=D64), dim=-1)
+    k = F.normalize(torch.randn(T, N, C, generator=g, dtype=D64), dim=-1)
+    pw, pe = torch.rand(T, N, generator=g, dtype=D64), torch.rand(T, N, generator=g, dtype=D64)
+    h0 = torch.softmax(torch.randn(N, 2, L, generator=g, dtype=D64), -1)
+    K0 = 0.1 * torch.randn(N, C, L, generator=g, dtype=D64)
+    return [x.requires_grad_() for x in (act, q, k, pw, pe, h0, K0)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("order", [[0, 1, 2, 3], [3, 0, 2], [0, 1, 2], [1, 3]])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("T", [1, 37])
+def test_heads_kernel_matches_the_loops(order, transposed, T):
+    N, L, C = 6, 7, 5  # L, C not multiples of the kernels' row groups
+    xs = _heads_inputs(T, N, L, C, len(order))
+    ours = nam_tm_heads(*xs, order, transposed, compiled=True)  # the C kernel
+    ref = nam_tm_heads(*xs, order, transposed, compiled=False)  # the Python loops
+    _close(ours, ref)
+    _close(_grads(ours, xs), _grads(ref, xs))
+
+
+@needs_kernels
+@pytest.mark.parametrize("transposed", [False, True])
+def test_heads_kernel_batch_major(transposed):
+    B, Tn, T, L, C, order = 2, 3, 21, 6, 4, [0, 1, 2, 3]
+    xs = _heads_inputs(T, B * Tn, L, C, 4, seed=2)
+
+    def bm(z):  # [T, N, ...] -> [B, T, Tn, ...]
+        return z.view((T, B, Tn) + z.shape[2:]).transpose(0, 1)
+
+    def run(act, q, k, pw, pe, h0, K0):
+        Hs, K = nam_tm_heads(bm(act), bm(q), bm(k), bm(pw), bm(pe), h0, K0, order, transposed, batch_major=True)
+        return Hs.transpose(0, 1).reshape(T + 1, B * Tn, 2, L), K
+    ref = nam_tm_heads(*xs, order, transposed, compiled=False)
+    _close(run(*xs), ref)
+    _close(_grads(run(*xs), xs), _grads(ref, xs))
+    small = [x.detach()[:5].clone().requires_grad_() if i < 5 else x for i, x in enumerate(xs)]
+    T = 5
+    assert torch.autograd.gradcheck(lambda *a: run(*a), small)
+
+
+@needs_kernels
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_gru_step_kernel_matches_nn_gru(bidirectional):
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(5, 4, batch_first=True, bidirectional=bidirectional).double()
+    x = torch.randn(3, 9, 5, dtype=D64, requires_grad=True)
+    ps = [x, *gru.parameters()]
+    ours, ref = gru_module_forward(gru, x), gru(x)[0]
+    _close([ours], [ref])
+    _close(_grads([ours], ps), _grads([ref], ps))
+
+
+def test_no_compiler_means_the_pytorch_paths(monkeypatch, tmp_path):
+    """A failed build gives None (then the TorchScript / chunked paths run, same values)."""
+    monkeypatch.setattr(_native, "_LIBS", {})
+    monkeypatch.setenv("MEMNETS_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a compiler that always fails
+    monkeypatch.setattr(_native.tempfile, "gettempdir", lambda: str(tmp_path))
+    assert _native.load("nam_tape") is None
+    assert not available(torch.zeros(1, dtype=D64))
+    monkeypatch.setattr(_native, "_LIBS", {})
+    monkeypatch.setenv("MEMNETS_NATIVE", "0")
+    assert _native.load("gru") is None
+    xs = _heads_inputs(9, 4, 5, 3, 4)
+    Hs, K = nam_tm_heads(*xs, [0, 1, 2, 3])  # the TorchScript loops
+    Hr, Kr = nam_tm_heads(*xs, [0, 1, 2, 3], compiled=False)
+    _close([Hs, K], [Hr, Kr])
+
+
+@needs_kernels
+def test_ranges_split_the_work_over_threads():
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        assert _native.ranges(10, 10 ** 9) == [(0, 3), (3, 6), (6, 10)]
+        assert _native.ranges(10, 10) == [(0, 10)]  # too little work for more than one
+        seen = []
+        _native.parallel(lambda i, a, b: seen.append((i, a, b)), [(0, 3), (3, 6), (6, 10)])
+        assert sorted(seen) == [(0, 0, 3), (1, 3, 6), (2, 6, 10)]
+    finally:
+        torch.set_num_threads(old)
