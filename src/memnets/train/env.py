@@ -41,8 +41,10 @@ def model_impls(model: torch.nn.Module) -> dict[str, str]:
 
 
 def run_env(device: torch.device, world_size: int = 1, model: torch.nn.Module | None = None) -> dict[str, Any]:
-    """torch version, threads, device, git commit (when available), NAM scan implementation, and
-    with ``model`` the implementation each of its memories runs (``impls``, :func:`model_impls`)."""
+    """torch version, threads, device, git commit (when available), NAM scan implementation,
+    with ``model`` the implementation each of its memories runs (``impls``, :func:`model_impls`),
+    and on the CPU which C kernels of :mod:`memnets.ops._native` load here (``native_kernels``;
+    where one does not, its PyTorch path runs)."""
     env = {
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -57,6 +59,10 @@ def run_env(device: torch.device, world_size: int = 1, model: torch.nn.Module | 
     }
     if model is not None:
         env["impls"] = model_impls(model)
+    if device.type == "cpu":  # the C kernels (NAM-TM tapes and heads, GRU step) or their PyTorch paths
+        from ..ops import _native
+
+        env["native_kernels"] = _native.status()
     return env
 
 

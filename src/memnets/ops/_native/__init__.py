@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["load", "enabled", "ranges", "parallel", "cache_dir"]
+__all__ = ["load", "enabled", "status", "ranges", "parallel", "cache_dir"]
 
 _HERE = Path(__file__).resolve().parent
 # reassociation lets sums vectorise; no flag here assumes finite values, so NaN and inf propagate
@@ -112,6 +112,12 @@ def load(name: str) -> Optional[ctypes.CDLL]:
         if name not in _LIBS:
             _LIBS[name] = _build(name)
         return _LIBS[name]
+
+
+def status() -> Dict[str, bool]:
+    """Whether each kernel of this folder builds and loads here (building them if needed):
+    what a run on the CPU really uses, for its env record."""
+    return {src.stem: load(src.stem) is not None for src in sorted(_HERE.glob("*.c"))}
 
 
 def ranges(n: int, work: int, min_work: int = 1 << 18) -> List[Tuple[int, int]]:
