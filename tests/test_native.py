@@ -175,3 +175,22 @@ def test_ranges_split_the_work_over_threads():
         assert sorted(seen) == [(0, 0, 3), (1, 3, 6), (2, 6, 10)]
     finally:
         torch.set_num_threads(old)
+
+
+@needs_kernels
+def test_kernels_split_over_threads_give_the_same_numbers():
+    """Sequences are independent: split over two threads, every value and gradient is the same."""
+    xs = _heads_inputs(20, 64, 16, 16, 4, seed=3)
+    tape = _tape_inputs(8, 20, 8, 16, 16, seed=4)
+    old = torch.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert len(_native.ranges(64, 20 * 64 * 16 * (3 * 16 + 8))) == threads
+            out = nam_tm_heads(*xs, [0, 1, 2, 3]) + nam_tape_scan(*tape)
+            runs.append(list(out) + list(_grads(out, xs + [t for t in tape if t is not None])))
+    finally:
+        torch.set_num_threads(old)
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)

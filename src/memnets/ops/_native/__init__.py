@@ -36,6 +36,7 @@ _FLAGS = (["-O3", "-march=native", *_MATH, "-shared", "-fPIC"], ["-O3", *_MATH, 
 _LIBS: Dict[str, Optional[ctypes.CDLL]] = {}
 _LOCK = threading.Lock()
 _POOL: Optional[ThreadPoolExecutor] = None
+_POOL_PID = 0  # a forked child has the pool object but none of its threads: it makes its own
 
 
 def enabled() -> bool:
@@ -130,13 +131,14 @@ def ranges(n: int, work: int, min_work: int = 1 << 18) -> List[Tuple[int, int]]:
 
 def parallel(fn: Callable[[int, int, int], None], parts: List[Tuple[int, int]]) -> None:
     """``fn(i, n0, n1)`` for each range ``parts[i] = (n0, n1)``, on as many threads."""
-    global _POOL
+    global _POOL, _POOL_PID
     if len(parts) == 1:
         fn(0, *parts[0])
         return
     with _LOCK:
-        if _POOL is None or _POOL._max_workers < len(parts) - 1:
+        if _POOL is None or _POOL._max_workers < len(parts) - 1 or _POOL_PID != os.getpid():
             _POOL = ThreadPoolExecutor(max_workers=len(parts) - 1, thread_name_prefix="memnets-native")
+            _POOL_PID = os.getpid()
         pool = _POOL
     futures = [pool.submit(fn, i, *parts[i]) for i in range(1, len(parts))]
     fn(0, *parts[0])
