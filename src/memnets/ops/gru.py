@@ -24,9 +24,6 @@ runs ``gradcheck``. Not twice differentiable.
 """
 from __future__ import annotations
 
-import ctypes
-import threading
-import warnings
 from typing import Optional
 
 import torch
@@ -34,6 +31,7 @@ import torch.nn as nn
 from torch.autograd.function import once_differentiable
 
 from . import _native
+from ._script import script_once
 from ._workspace import WorkspacePool
 
 __all__ = ["gru_scan", "gru_module_forward", "forward_loop", "backward_loop", "step_view"]
@@ -90,42 +88,21 @@ def backward_loop(dout: torch.Tensor, w_hh: torch.Tensor, Z: torch.Tensor, R: to
 
 
 _POOL = WorkspacePool()  # the saved gates and the backward's temporaries (memnets.ops._workspace)
-_COMPILED: Optional[tuple] = None
-_LOCK = threading.Lock()
-
-
 def _loops(compiled: bool):
-    global _COMPILED
-    if not compiled:
-        return forward_loop, backward_loop
-    with _LOCK:
-        if _COMPILED is None:
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    _COMPILED = (torch.jit.script(forward_loop), torch.jit.script(backward_loop))
-            except Exception:  # no TorchScript: the same functions in Python
-                _COMPILED = (forward_loop, backward_loop)
-    return _COMPILED
+    return script_once(forward_loop, backward_loop)[:2] if compiled else (forward_loop, backward_loop)
+
+
+_SIGNATURES = {  # D, B, T, H, t, reverse, pointers
+    "gru_fwd_step": [_native.LONG] * 5 + [_native.INT] + [_native.PTR] * 7,
+    "gru_bwd_step": [_native.LONG] * 5 + [_native.INT] + [_native.PTR] * 10,
+}
 
 
 def _kernel(x: torch.Tensor, compiled: bool):
     """``(step forward, step backward)`` of the C kernel (memnets/ops/_native/gru.c) for
     ``x``'s dtype, or ``None`` (not a float32/float64 CPU tensor, ``compiled=False``, or no C
     compiler: then the TorchScript loops run; the results are the same)."""
-    if not compiled or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
-        return None
-    lib = _native.load("gru")
-    if lib is None:
-        return None
-    suf = "f32" if x.dtype == torch.float32 else "f64"
-    fwd, bwd = getattr(lib, f"gru_fwd_step_{suf}"), getattr(lib, f"gru_bwd_step_{suf}")
-    if fwd.argtypes is None:
-        L_, P_, I_ = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
-        fwd.argtypes = [L_] * 5 + [I_] + [P_] * 7
-        bwd.argtypes = [L_] * 5 + [I_] + [P_] * 10
-        fwd.restype = bwd.restype = None
-    return fwd, bwd
+    return _native.functions("gru", x, _SIGNATURES) if compiled else None
 
 
 def _native_forward(step, gx, w_hhT, b_hh, HS, RZ, NN, GHN, reverse: bool) -> None:

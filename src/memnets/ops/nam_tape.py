@@ -17,7 +17,6 @@ the kernel applies (it needs a C compiler, see :mod:`memnets.ops._native`). Held
 """
 from __future__ import annotations
 
-import ctypes
 from typing import Optional
 
 import torch
@@ -30,20 +29,14 @@ __all__ = ["nam_tape_scan", "available", "SEGMENT"]
 SEGMENT = 16  # steps between the memories saved for the backward
 
 
+_SIGNATURES = {  # B, T, H, K, V, the q/k strides, pointers, S_, pointers, n0, n1
+    "nam_tape_fwd": [_native.LONG] * 8 + [_native.PTR] * 9 + [_native.LONG] + [_native.PTR] * 3 + [_native.LONG] * 2,
+    "nam_tape_bwd": [_native.LONG] * 8 + [_native.PTR] * 7 + [_native.LONG] + [_native.PTR] * 11 + [_native.LONG] * 2,
+}
+
+
 def _kernel(x: torch.Tensor):
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
-        return None
-    lib = _native.load("nam_tape")
-    if lib is None:
-        return None
-    suf = "f32" if x.dtype == torch.float32 else "f64"
-    fwd, bwd = getattr(lib, f"nam_tape_fwd_{suf}"), getattr(lib, f"nam_tape_bwd_{suf}")
-    if fwd.argtypes is None:
-        L_, P_ = ctypes.c_long, ctypes.c_void_p
-        fwd.argtypes = [L_] * 8 + [P_] * 9 + [L_] + [P_] * 3 + [L_, L_]
-        bwd.argtypes = [L_] * 8 + [P_] * 7 + [L_] + [P_] * 11 + [L_, L_]
-        fwd.restype = bwd.restype = None
-    return fwd, bwd
+    return _native.functions("nam_tape", x, _SIGNATURES)
 
 
 def available(x: torch.Tensor) -> bool:

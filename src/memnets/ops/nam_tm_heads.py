@@ -32,14 +32,13 @@ tests/test_nam_tm_fused.py, with ``gradcheck``. Not twice differentiable.
 from __future__ import annotations
 
 import ctypes
-import threading
-import warnings
 from typing import List, Optional
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from . import _native
+from ._script import script_once
 from ._workspace import WorkspacePool
 
 __all__ = ["nam_tm_heads", "forward_loop", "backward_loop", "loops"]
@@ -161,25 +160,10 @@ def backward_loop(W: List[List[torch.Tensor]], q1: List[torch.Tensor], k1: List[
                 dp[:, 1:2].add_(torch.baddbmm(dhw, da, Ks[t].transpose(1, 2)))
 
 
-_COMPILED: Optional[tuple] = None
-_LOCK = threading.Lock()
-
-
 def loops(compiled: bool = True):
     """``(forward_loop, backward_loop, is_compiled)``: TorchScript-compiled where that works
     (tried once per process), else the same Python functions."""
-    global _COMPILED
-    if not compiled:
-        return forward_loop, backward_loop, False
-    with _LOCK:
-        if _COMPILED is None:
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    _COMPILED = (torch.jit.script(forward_loop), torch.jit.script(backward_loop), True)
-            except Exception:  # no TorchScript or no sources: plain Python, same results
-                _COMPILED = (forward_loop, backward_loop, False)
-    return _COMPILED
+    return script_once(forward_loop, backward_loop) if compiled else (forward_loop, backward_loop, False)
 
 
 def _action_grads(Hs: torch.Tensor, J: Optional[torch.Tensor], DH: torch.Tensor, order: List[int],
@@ -199,28 +183,18 @@ def _action_grads(Hs: torch.Tensor, J: Optional[torch.Tensor], DH: torch.Tensor,
     return out
 
 
-_ARGTYPES = None
+_HEAD = [_native.LONG] * 3 + [_native.INT] + [_native.LONG] * 3 + [_native.PTR, _native.INT, _native.INT]
+_SIGNATURES = {  # T, B, Tn, bm, L, C, A, order, has_jump, transposed, pointers, S, pointers, n0, n1
+    "nam_tm_heads_fwd": _HEAD + [_native.PTR] * 7 + [_native.LONG] + [_native.PTR] * 4 + [_native.LONG] * 2,
+    "nam_tm_heads_bwd": _HEAD + [_native.PTR] * 7 + [_native.LONG] + [_native.PTR] * 12 + [_native.LONG] * 2,
+}
 
 
 def _kernel(x: torch.Tensor, compiled: bool):
     """``(forward, backward)`` of the C kernel (memnets/ops/_native/nam_tm_heads.c) for ``x``'s
     dtype, or ``None``: not on the CPU, not float32/float64, ``compiled=False``, or no C
     compiler (then the TorchScript loops run; the results are the same)."""
-    global _ARGTYPES
-    if not compiled or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
-        return None
-    lib = _native.load("nam_tm_heads")
-    if lib is None:
-        return None
-    suf = "f32" if x.dtype == torch.float32 else "f64"
-    fwd, bwd = getattr(lib, f"nam_tm_heads_fwd_{suf}"), getattr(lib, f"nam_tm_heads_bwd_{suf}")
-    if fwd.argtypes is None:
-        L_, P_, I_ = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
-        head = [L_, L_, L_, I_, L_, L_, L_, P_, I_, I_]  # T, B, Tn, bm, L, C, A, order, has_jump, transposed
-        fwd.argtypes = head + [P_] * 7 + [L_] + [P_] * 4 + [L_, L_]
-        bwd.argtypes = head + [P_] * 7 + [L_] + [P_] * 12 + [L_, L_]
-        fwd.restype = bwd.restype = None
-    return fwd, bwd
+    return _native.functions("nam_tm_heads", x, _SIGNATURES) if compiled else None
 
 
 def _ptr(x: Optional[torch.Tensor]):

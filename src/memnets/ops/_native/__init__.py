@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["load", "enabled", "status", "ranges", "parallel", "cache_dir"]
+__all__ = ["load", "functions", "enabled", "status", "ranges", "parallel", "cache_dir", "LONG", "INT", "PTR"]
 
 _HERE = Path(__file__).resolve().parent
 # reassociation lets sums vectorise; no flag here assumes finite values, so NaN and inf propagate
@@ -113,6 +113,28 @@ def load(name: str) -> Optional[ctypes.CDLL]:
         if name not in _LIBS:
             _LIBS[name] = _build(name)
         return _LIBS[name]
+
+
+LONG, INT, PTR = ctypes.c_long, ctypes.c_int, ctypes.c_void_p  # the argument types of the kernels
+
+
+def functions(name: str, x: torch.Tensor, signatures: Dict[str, list]) -> Optional[tuple]:
+    """The functions ``<f>_f32`` (or ``_f64``, after ``x``'s dtype) of kernel ``name`` for each
+    ``f`` of ``signatures`` (name -> argument types), ready to call on data pointers; ``None``
+    when ``x`` is not a float32/float64 CPU tensor or the kernel does not load here."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return None
+    lib = load(name)
+    if lib is None:
+        return None
+    suffix = "f32" if x.dtype == torch.float32 else "f64"
+    out = []
+    for fn, argtypes in signatures.items():
+        f = getattr(lib, f"{fn}_{suffix}")
+        if f.argtypes is None:
+            f.argtypes, f.restype = argtypes, None
+        out.append(f)
+    return tuple(out)
 
 
 def status() -> Dict[str, bool]:

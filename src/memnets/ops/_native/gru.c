@@ -45,11 +45,8 @@ static inline float fast_tanhf(float x)
     return x < 0 ? -y : y;
 }
 
-#define CAT_(a, b) a##_##b
-#define CAT(a, b) CAT_(a, b)
-#define FN(name) CAT(name, SUF)
+#include "common.h"
 
-#include "prefetch.h"
 
 #define REAL float
 #define SUF f32

@@ -10,9 +10,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#define CAT_(a, b) a##_##b
-#define CAT(a, b) CAT_(a, b)
-#define FN(name) CAT(name, SUF)
+#include "common.h"
 
 #define REAL float
 #define SUF f32

@@ -21,9 +21,7 @@
 #define ROW_S(t) (bm ? (b * T + (t)) * Tn + h : (t) * N + n)
 #define ROW_H(t) (bm ? (b * (T + 1) + (t)) * Tn + h : (t) * N + n)
 
-#define CAT_(a, b) a##_##b
-#define CAT(a, b) CAT_(a, b)
-#define FN(name) CAT(name, SUF)
+#include "common.h"
 
 #define REAL float
 #define SUF f32

@@ -6,7 +6,7 @@
 
 /* Included once per type, with REAL (the number type) and FN(name) (name_<suffix>) defined. */
 
-#include "prefetch.h"
+#include "common.h"
 
 #ifndef ROW4
 #define ROW4(REAL, X, r, m) const REAL *restrict X##0 = X + (r) * (m), *restrict X##1 = X##0 + (m), \

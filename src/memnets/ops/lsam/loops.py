@@ -16,10 +16,9 @@ Buffers (N = dirs·B·H' memories of d × d, T steps):
 """
 from __future__ import annotations
 
-import threading
-import warnings
-
 import torch
+
+from .._script import script_once
 
 __all__ = ["forward_loop", "backward_loop", "loops"]
 
@@ -128,22 +127,7 @@ def backward_loop(w_hh: torch.Tensor, work: torch.Tensor, dM: torch.Tensor, dh: 
     return dh
 
 
-_COMPILED: tuple | None = None
-_LOCK = threading.Lock()
-
-
 def loops(compiled: bool = True):
     """``(forward_loop, backward_loop, is_compiled)``: the TorchScript-compiled pair when
     ``compiled`` and compiling works (tried once per process), else the Python functions."""
-    global _COMPILED
-    if not compiled:
-        return forward_loop, backward_loop, False
-    with _LOCK:
-        if _COMPILED is None:
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # TorchScript's deprecation notice
-                    _COMPILED = (torch.jit.script(forward_loop), torch.jit.script(backward_loop), True)
-            except Exception:  # no TorchScript, or no sources to compile: plain Python
-                _COMPILED = (forward_loop, backward_loop, False)
-    return _COMPILED
+    return script_once(forward_loop, backward_loop) if compiled else (forward_loop, backward_loop, False)

@@ -1,4 +1,11 @@
-/* Shared by the memnets C kernels. */
+/* Shared by the memnets C kernels. A kernel's body is written once, in <kernel>_t.h, for a
+ * number type REAL and names FN(f) = f_<suffix>, and included once per type. */
+#ifndef FN
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+#define FN(name) CAT(name, SUF)
+#endif
+
 #ifndef PREFETCH_ROW
 /* Ask for a row of the next step early: rows of one sequence are a few hundred bytes apart,
  * in a dozen arrays at once, more streams than the hardware prefetchers follow. */
