@@ -1,4 +1,5 @@
-"""Conv-4, cosine pre-training, NAM few-shot weights (Algorithm 1) and the Table 2 evaluation."""
+"""Conv-4, NAM few-shot weights (Algorithm 1) and the Table 2 evaluation (memnets.recipes.fewshot);
+the pre-training and few-shot stages through `memnets train` are in tests/test_engine_fewshot.py."""
 from __future__ import annotations
 
 import math
@@ -6,7 +7,8 @@ import math
 import pytest
 import torch
 
-from memnets.experiments import fewshot_omniglot as fs
+import memnets.recipes.fewshot as fs
+from memnets.memories.fewshot import cosine_fewshot_weights, nam_fewshot_weights
 from memnets.models.conv4 import Conv4, CosineHead, l2_normalize
 
 
@@ -27,65 +29,6 @@ def test_cosine_head_bounded_by_scale():
     assert z.shape == (4, 5) and float(z.detach().abs().max()) <= 7.0 + 1e-5
     x = h.weight[2:3].detach() * 3.0  # a feature along class 2's row scores exactly s
     assert torch.allclose(h(x)[0, 2], torch.tensor(7.0), atol=1e-5)
-
-
-def test_tiny_pretraining_reduces_loss():
-    torch.manual_seed(0)
-    images = (torch.rand(4, 20, 16, 16) < 0.1).to(torch.uint8) * 255  # 4 random "classes", 16×16 for speed
-    m, h = Conv4(), CosineHead(64, 4)
-    opt = torch.optim.Adam(list(m.parameters()) + list(h.parameters()), lr=3e-3)
-    x = fs.og.to_float(images[:, :2].reshape(8, 16, 16))
-    y = torch.arange(4).repeat_interleave(2)
-    losses = [fs.pretrain_step(m, h, opt, x, y) for _ in range(6)]
-    assert losses[-1] < 0.8 * losses[0]
-    info = fs.pretrain(m, h, images, samples=torch.arange(2), epochs=0.5, batch_size=2, seed=0)
-    assert info["steps"] == info["planned_steps"] == 2
-    info = fs.pretrain(m, h, images, samples=torch.arange(4), epochs=0.5, batch_size=8, seed=0, mode="episodic")
-    assert info["steps"] == 1
-    x = fs.og.to_float(images[:, :4])  # [4 classes, 2 support + 2 query, 1, 16, 16]
-    ep_losses = [fs.episodic_step(m, h, opt, x, 2) for _ in range(4)]
-    assert ep_losses[-1] < ep_losses[0]
-    with pytest.raises(ValueError, match="mode"):
-        fs.pretrain(m, h, images, samples=torch.arange(4), epochs=0.5, batch_size=8, mode="proto")
-    f = fs.extract_features(m, images[:2, :3])
-    assert f.shape == (2, 3, 64) and not m.training
-
-
-def test_pretraining_resumes_from_its_checkpoint(tmp_path, monkeypatch):
-    torch.manual_seed(0)
-    images = (torch.rand(4, 20, 16, 16) < 0.1).to(torch.uint8) * 255
-    kw = dict(samples=torch.arange(4), epochs=1.0, batch_size=4, seed=0, mode="classifier")
-
-    def fresh():
-        torch.manual_seed(1)
-        return Conv4(), CosineHead(64, 4)
-
-    m0, h0 = fresh()
-    ref = fs.pretrain(m0, h0, images, **kw)  # 4 uninterrupted steps
-    assert ref["steps"] == 4 and ref["resumed_at_step"] == 0
-    ck = tmp_path / "ck.pt"
-    calls, real_step = [], fs.pretrain_step
-
-    def interrupted(*a):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real_step(*a)
-
-    monkeypatch.setattr(fs, "pretrain_step", interrupted)
-    m1, h1 = fresh()
-    with pytest.raises(KeyboardInterrupt):
-        fs.pretrain(m1, h1, images, checkpoint=ck, checkpoint_seconds=0.0, **kw)
-    monkeypatch.setattr(fs, "pretrain_step", real_step)
-    assert torch.load(ck, weights_only=True)["step"] == 2
-    m2, h2 = fresh()  # a new process: fresh weights, everything else from the checkpoint
-    info = fs.pretrain(m2, h2, images, checkpoint=ck, checkpoint_seconds=0.0, **kw)
-    assert info["resumed_at_step"] == 2 and info["steps"] == 4
-    for a, b in zip([*m0.state_dict().values(), *h0.state_dict().values()],
-                    [*m2.state_dict().values(), *h2.state_dict().values()]):
-        torch.testing.assert_close(a, b)
-    with pytest.raises(ValueError, match="another pre-training"):
-        fs.pretrain(*fresh(), images, checkpoint=ck, **{**kw, "epochs": 2.0})
 
 
 def _reference_nam(w_base, support, p_w, p_e):
@@ -109,7 +52,7 @@ def test_nam_weights_match_reference_values_and_grads():
     s = torch.randn(3, 2, 6, generator=g, dtype=torch.float64, requires_grad=True)
     pw = torch.rand(3, 2, generator=g, dtype=torch.float64, requires_grad=True)
     pe = torch.rand(3, 2, generator=g, dtype=torch.float64, requires_grad=True)
-    fast, ref = fs.nam_fewshot_weights(wb, s, pw, pe), _reference_nam(wb, s, pw, pe)
+    fast, ref = nam_fewshot_weights(wb, s, pw, pe), _reference_nam(wb, s, pw, pe)
     assert fast.shape == (10, 6)
     torch.testing.assert_close(fast, ref)
     cot = torch.randn(10, 6, generator=g, dtype=torch.float64)
@@ -117,19 +60,19 @@ def test_nam_weights_match_reference_values_and_grads():
     gr = torch.autograd.grad((ref * cot).sum(), (wb, s, pw, pe))
     for a, b in zip(gf, gr):
         torch.testing.assert_close(a, b)
-    assert torch.autograd.gradcheck(fs.nam_fewshot_weights, (wb, s, pw, pe))
+    assert torch.autograd.gradcheck(nam_fewshot_weights, (wb, s, pw, pe))
 
 
 def test_cosine_special_case_and_erase():
     g = torch.Generator().manual_seed(1)
     wb, s = torch.randn(5, 4, generator=g), torch.randn(2, 3, 4, generator=g)
-    w = fs.cosine_fewshot_weights(wb, s)
+    w = cosine_fewshot_weights(wb, s)
     torch.testing.assert_close(w[:5], l2_normalize(wb))  # base rows untouched (Thm 3.5 baseline)
     torch.testing.assert_close(w[5:], l2_normalize(l2_normalize(s).mean(1)))  # mean of unit features
     # p_e = 1 with one shot of a unit axis: base rows lose exactly that component
     e0 = torch.zeros(1, 1, 4)
     e0[0, 0, 0] = 2.0
-    we = fs.nam_fewshot_weights(wb, e0, torch.ones(1, 1), torch.ones(1, 1))
+    we = nam_fewshot_weights(wb, e0, torch.ones(1, 1), torch.ones(1, 1))
     assert torch.allclose(we[:5, 0], torch.zeros(5), atol=1e-6)
     torch.testing.assert_close(we[5], torch.tensor([1.0, 0, 0, 0]))
 
@@ -180,24 +123,39 @@ def _synthetic_feats(noise: float):
 
 def test_evaluate_setting_separable_and_confusable():
     feats = _synthetic_feats(0.0)
-    r = fs.evaluate_setting(feats, 3, 1, 2, 20, {"cosine": fs.cosine_fewshot_weights}, seed=0)
+    r = fs.evaluate_setting(feats, 3, 1, 2, 20, {"cosine": cosine_fewshot_weights}, seed=0)
     for key in ("novel", "base", "both"):
         assert r["cosine"][key] == {"mean": 100.0, "ci95": 0.0}
     # novel class n looks exactly like base class n: novel queries tie with a base row and lose in
     # Both (argmax returns the first maximum, a base row); base queries keep winning
     feats = _synthetic_feats(0.0)
     feats["novel"][:, :, :] = torch.eye(16)[:6, None, :]  # novel class n looks exactly like base class n
-    r = fs.evaluate_setting(feats, 3, 1, 2, 30, {"cosine": fs.cosine_fewshot_weights}, seed=0)
+    r = fs.evaluate_setting(feats, 3, 1, 2, 30, {"cosine": cosine_fewshot_weights}, seed=0)
     assert r["cosine"]["novel"]["mean"] == 100.0 and r["cosine"]["base"]["mean"] == 100.0
     assert r["cosine"]["both"] == {"mean": 50.0, "ci95": 0.0}
 
 
-def test_train_gates_and_markdown():
+def test_gate_steps_and_table():
     feats = _synthetic_feats(0.3)
-    gates = fs.train_gates(feats, 2, 2, steps=3, n_query=2, hidden=8, seed=0)
+    torch.manual_seed(0)
+    gates = fs.make_gates(16, 10, hidden=8)
+    opt = torch.optim.Adam(gates.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        loss, p_w, p_e = fs.gate_loss(gates, feats, fs.gate_episode(feats, 2, 2, 2, g), 2, 2)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     pw, pe = gates.gates(feats["novel"][:2, :2])
     assert bool(((pw > 0) & (pw < 1) & (pe > 0) & (pe < 1)).all())
-    r = fs.evaluate_setting(feats, 2, 2, 3, 5, {"cosine": fs.cosine_fewshot_weights,
+    r = fs.evaluate_setting(feats, 2, 2, 3, 5, {"cosine": cosine_fewshot_weights,
                                                "nam": lambda w, s: gates.weights(s, base_weight=w)}, seed=1)
-    md = fs.results_markdown({"settings": [{"way": 2, "shot": 2, **r}]})
+    md = fs.format_fewshot_table([{"way": 2, "shot": 2, "episodes": 5, "methods": r}])
     assert "| 2-way 2-shot | nam |" in md and "±" in md
+
+
+def test_extract_features_is_frozen():
+    m = Conv4()
+    images = (torch.rand(2, 3, 28, 28) < 0.1).to(torch.uint8) * 255
+    f = fs.extract_features(m, images)
+    assert f.shape == (2, 3, 64) and not m.training

@@ -303,65 +303,6 @@ def test_out_of_vocab_ids_raise():
         m(s, q + 20)
 
 
-@pytest.mark.skipif(_data_dir() is None, reason="no bAbI archive under $MEMNETS_DATA or ../shared/data")
-def test_experiment_smoke(tmp_path):
-    import json
-
-    from memnets.experiments import babi_memn2n
-
-    threads = torch.get_num_threads()
-    try:
-        res = babi_memn2n.main(["--tasks", "1", "--epochs", "2", "--ls-max-epochs", "2", "--ls-patience", "0",
-                                "--lr", "0.005", "--seeds", "2", "--data-dir", str(_data_dir()),
-                                "--out", str(tmp_path)])
-    finally:
-        torch.set_num_threads(threads)
-    saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["tasks"]["1"]["name"] == "single-supporting-fact"
-    assert 0.0 <= saved["tasks"]["1"]["test_error"] <= 100.0 and saved["mean_error"] == res["mean_error"]
-    runs = saved["run_summary"]["1"]
-    assert [r["seed"] for r in runs] == [0, 1]
-    assert [r["epochs"] for r in runs] == [4, 4]  # 2 linear-start epochs (patience 0: all of them) + 2
-    assert saved["config"]["lr"] == 0.005 and saved["config"]["ls_patience"] == 0
-    # the kept run is the one with the lowest validation error
-    assert saved["tasks"]["1"]["valid_error"] == min(r["valid_error"] for r in runs)
-    table = (tmp_path / "results.md").read_text()
-    assert "| 1 | single-supporting-fact |" in table and "| mean |" in table and "| 1 | 1 |" in table
-
-    # a third seed in its own process (--first-run 2), then the merge keeps the best of all three
-    common = ["--tasks", "1", "--epochs", "2", "--ls-max-epochs", "2", "--ls-patience", "0", "--lr", "0.005",
-              "--data-dir", str(_data_dir())]
-    try:
-        babi_memn2n.main(common + ["--first-run", "2", "--out", str(tmp_path / "b")])
-    finally:
-        torch.set_num_threads(threads)
-    other = json.loads((tmp_path / "b" / "results.json").read_text())
-    assert [r["seed"] for r in other["run_summary"]["1"]] == [2]
-    merged = babi_memn2n.main(["--merge", str(tmp_path), str(tmp_path / "b"), "--out", str(tmp_path / "m")])
-    rows = merged["run_summary"]["1"]
-    assert sorted(r["seed"] for r in rows) == [0, 1, 2] and merged["runs"] == 3
-    best = min(rows, key=lambda r: r["valid_error"])
-    assert merged["tasks"]["1"]["test_error"] == best["test_error"]["1"] == merged["mean_error"]
-    assert merged["tasks"]["1"]["seed"] == best["seed"]
-    with pytest.raises(ValueError, match="same seed"):
-        babi_memn2n.merge([saved, saved])
-    with pytest.raises(ValueError, match="different configuration"):
-        babi_memn2n.merge([saved, {**other, "config": {**other["config"], "lr": 0.01}}])
-    with pytest.raises(SystemExit):
-        babi_memn2n.main(["--merge", str(tmp_path / "nowhere")])
-
-
-def test_experiment_runs_must_be_positive():
-    from memnets.experiments import babi_memn2n
-
-    with pytest.raises(ValueError, match="runs"):
-        babi_memn2n.run([1], False, babi_memn2n.TrainConfig(), runs=0)
-    with pytest.raises(SystemExit):
-        babi_memn2n.main(["--seeds", "0"])
-    with pytest.raises(SystemExit):
-        babi_memn2n.main(["--ls-patience", "-1"])
-
-
 def test_fixed_pe_length_uses_sentence_size_for_every_sentence():
     """``pe_length="fixed"``: J = sentence_size, so a word's weights depend on its position
     only; bag and lookup implementations agree (values and gradients)."""
@@ -420,26 +361,26 @@ def test_code_pe_form_hand_formula_and_scale():
 
 
 @pytest.mark.skipif(_data_dir() is None, reason="no bAbI archive under $MEMNETS_DATA or ../shared/data")
-def test_code_pe_form_learns_task16_basic_induction():
+def test_code_pe_form_learns_task16_basic_induction(tmp_path):
     """bAbI task 16 with the released code's recipe: PE code form, linear start for 20 full
     epochs (SGD lr 0.005, loss summed over the batch), then 3 epochs with the softmax. The
     validation accuracy must pass 85% (with the paper's PE form the same run stays near 50%)."""
-    from memnets.experiments import babi_memn2n
-    from memnets.tasks import babi
+    from memnets.train import load_config, train
 
-    data = _data_dir()
-    exs = babi.load_task(16, "train", data)
-    vocab = babi.build_vocab(exs)
-    tr, va = babi.split_validation(exs, 0.1, 0)
-    W = max(len(s) for ex in exs for s in ex.story)
-    vec = lambda e: babi.vectorize(e, vocab, 9, max(W, 4))  # noqa: E731
-    cfg = babi_memn2n.TrainConfig(epochs=3, ls_max_epochs=20, ls_patience=0, lr=0.005, pe_form="code")
+    cfg = load_config("babi/memn2n-task1", ["task.options.tasks=[16]", "task.options.softmax_epochs=3",
+                                            "epochs=23"])
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    old = os.environ.get("MEMNETS_DATA")
+    os.environ["MEMNETS_DATA"] = str(_data_dir())
     try:
-        model, info = babi_memn2n.train_memn2n(vec(tr), vec(va), len(vocab), max(W, 4), cfg, log=lambda s: None)
+        res = train(cfg, tmp_path / "t16", quiet=True)
     finally:
         torch.set_num_threads(threads)
+        if old is None:
+            os.environ.pop("MEMNETS_DATA")
+        else:
+            os.environ["MEMNETS_DATA"] = old
+    info = {"best_valid_acc": res["splits"]["valid"]["accuracy"]}
     print(f"task 16 validation accuracy after LS + 3 epochs: {info['best_valid_acc']:.3f}")
     assert info["best_valid_acc"] > 0.85, info["best_valid_acc"]
 

@@ -99,31 +99,3 @@ def test_tiny_ntm_learns_copy():
     m = NTM(task.input_size, task.output_size, memory_slots=8, word_size=6, controller_size=32)
     start, end = copy_cost_before_after(m, task)
     assert end < 0.65 * start
-
-
-def test_copy_experiment_anneals_after_the_cost_falls(tmp_path):
-    import json
-
-    from memnets.experiments import ntm_copy
-
-    threads = torch.get_num_threads()
-    try:
-        res = ntm_copy.main(["--steps", "6", "--batch-size", "2", "--max-len", "2", "--log-every", "2",
-                             "--anneal-below", "1000", "--anneal-every", "4", "--eval-lengths",
-                             "--out", str(tmp_path)])
-    finally:
-        torch.set_num_threads(threads)
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert res["anneal_from_sequences"] == 4  # the first log (step 2, 4 sequences) is below 1000 bits
-    # each row logs the rate its window trained with: halved every 4 sequences from there on
-    assert [r["lr"] for r in rows] == [1e-3, 1e-3, 5e-4]
-    assert res["final_lr"] == 2.5e-4 and [e["length"] for e in res["eval"]] == [20, 40]
-
-
-def test_copy_experiment_bad_arguments_exit():
-    from memnets.experiments import ntm_copy
-
-    with pytest.raises(SystemExit):
-        ntm_copy.main(["--anneal-factor", "0"])
-    with pytest.raises(SystemExit):
-        ntm_copy.main(["--batch-size", "0"])

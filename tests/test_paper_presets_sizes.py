@@ -63,7 +63,7 @@ def test_optim_kind_default_and_validation():
     assert OptimConfig().kind == "adamw"
     assert load_config("paper/fib-nam_tm", ["amp=bf16", "optim.kind=adamw"]).optim.kind == "adamw"
     with pytest.raises(ValueError, match="optim.kind"):
-        apply_overrides(load_config("paper/fib-nam_tm"), ["optim.kind=sgd"])
+        apply_overrides(load_config("paper/fib-nam_tm"), ["optim.kind=rmsprop"])
 
 
 def test_make_optimizer_adam_l2_differs_from_adamw():
@@ -85,7 +85,7 @@ def test_make_optimizer_adam_l2_differs_from_adamw():
 
 def test_make_optimizer_rejects_unknown_kind():
     class Cfg:
-        kind, lr, betas, weight_decay = "sgd", 0.1, (0.9, 0.999), 0.0
+        kind, lr, betas, weight_decay = "rmsprop", 0.1, (0.9, 0.999), 0.0
 
     with pytest.raises(ValueError, match="optim.kind"):
         make_optimizer(Cfg(), [torch.nn.Parameter(torch.ones(1))])

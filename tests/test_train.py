@@ -154,7 +154,7 @@ def test_selection_breaks_ties_by_id_accuracy_then_loss():
 
 def test_untrained_epoch_is_not_reported_when_od_easy_is_all_zero(tmp_path, monkeypatch):
     """OD-easy 0 at every epoch: the epoch with the best ID accuracy is reported, not epoch 1."""
-    import memnets.train.loop as loop
+    import memnets.train.families.nsp as nsp
 
     script = [(0.0, 0.0, 2.0), (0.0, 0.029, 1.5), (0.0, 0.01, 1.2)]  # (od_easy, id, od_easy loss) per epoch
     calls = []
@@ -166,7 +166,7 @@ def test_untrained_epoch_is_not_reported_when_od_easy_is_all_zero(tmp_path, monk
         acc = {0: id_, 1: od, 2: 0.0}[k % 3]
         return {"seq_acc": acc, "tok_acc": 0.5, "ans_acc": 0.0, "loss": loss if k % 3 == 1 else 1.0, "n": 32}
 
-    monkeypatch.setattr(loop, "evaluate", fake)
+    monkeypatch.setattr(nsp, "evaluate", fake)
     for ties in ("first", "last"):
         calls.clear()
         res = train(tiny_config(epochs=3, select_ties=ties), tmp_path / ties, quiet=True)

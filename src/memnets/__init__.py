@@ -35,6 +35,8 @@ _LAZY = {
     "register_model": "memnets.registry",
     "detach_state": "memnets.state",
     "map_state": "memnets.state",
+    # a trained run of `memnets train`, any task family: model, config, results
+    "load_run": "memnets.train.runs",
 }
 _SUBMODULES = {"ops", "attention", "memories", "models", "tasks", "train", "bench", "viz", "registry", "state", "pretrained", "capacity", "datadir", "experiments"}
 

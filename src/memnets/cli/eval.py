@@ -1,4 +1,5 @@
-"""``memnets eval <run_dir>``: score a run's saved model on every split of its task."""
+"""``memnets eval <run_dir>``: score a run's saved model on every split of its task (any task
+family; the columns are the task's metrics)."""
 from __future__ import annotations
 
 import json
@@ -21,44 +22,32 @@ def add_parser(sub) -> None:
 
 def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int | None = None,
                  by_digits: bool = False) -> dict:
-    """``{split: {"seq_acc", "tok_acc", "ans_acc", "n"}}`` for the run's saved weights; with
-    ``by_digits`` also ``"split/n"`` for the samples of each digit count ``n`` of the split."""
+    """``{split: metrics}`` for the run's saved weights (the metrics of its task: for the
+    algorithmic tasks ``{"seq_acc", "tok_acc", "ans_acc", "loss", "n"}``); with ``by_digits``
+    (algorithmic tasks only) also ``"split/n"`` for the samples of each digit count ``n``."""
     import dataclasses
 
-    import torch
-
-    from ..train import build_model, evaluate
-    from ..train.checkpoint import load_weights
-    from ..train.data import eval_splits
+    from ..train.runs import RunError, load_run
     from .main import UsageError
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise UsageError(f"{run_dir} is not a run directory (no config.json)")
-    cfg = _read_config(run_dir / "config.json")
+    _read_config(run_dir / "config.json")
+    try:
+        run = load_run(run_dir, checkpoint)
+    except RunError as e:
+        raise UsageError(str(e)) from e
+    if run.family != "nsp":
+        if by_digits:
+            raise UsageError(f"--by-digits needs an algorithmic-task run; {run_dir} is a {run.task.name!r} run")
+        return run.evaluate(eval_size)
+    from ..train.families.nsp import eval_splits, evaluate
+
+    cfg = run.config
     if eval_size:
         cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, eval_size=eval_size))
-    ck = run_dir / "checkpoints"
-    if checkpoint == "best":
-        path = ck / "best.safetensors"
-    else:
-        ptr = ck / "last.json"
-        try:
-            path = ck / str(json.loads(ptr.read_text())["weights"]) if ptr.is_file() else ck / "missing"
-        except (ValueError, KeyError, TypeError) as e:
-            raise UsageError(f"{ptr} is corrupt ({type(e).__name__}: {e})") from e
-    if not path.is_file():
-        raise UsageError(f"{run_dir} has no {checkpoint} checkpoint ({path})")
-    torch.manual_seed(cfg.seed)
-    try:
-        model = build_model(cfg)
-    except (TypeError, ValueError) as e:
-        raise UsageError(f"{run_dir / 'config.json'}: the model cannot be built from it ({e})") from e
-    try:
-        load_weights(path, model)  # a corrupt file: CorruptCheckpointError (a ValueError) naming it
-    except RuntimeError as e:  # weights of another shape
-        raise UsageError(f"{path} does not fit the model described by {run_dir / 'config.json'}: "
-                         f"{str(e).strip().splitlines()[0]}") from e
+    model = run.model
     out = {}
     for name, s in eval_splits(cfg).items():
         out[name] = evaluate(model, s, batch_size=256)
@@ -88,7 +77,15 @@ def _run(args) -> int:
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
-    print("| split | seq_acc | tok_acc | ans_acc | n |\n|---|---|---|---|---|")
+    first = next(iter(res.values()), {})
+    if {"seq_acc", "tok_acc", "ans_acc"} <= set(first):  # the algorithmic tasks
+        print("| split | seq_acc | tok_acc | ans_acc | n |\n|---|---|---|---|---|")
+        for name, m in res.items():
+            print(f"| {name} | {m['seq_acc']:.2%} | {m['tok_acc']:.2%} | {m['ans_acc']:.2%} | {m['n']} |")
+        return 0
+    keys = [k for k, v in first.items() if k != "n" and isinstance(v, (int, float))] + (["n"] if "n" in first else [])
+    print("| split | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys))
     for name, m in res.items():
-        print(f"| {name} | {m['seq_acc']:.2%} | {m['tok_acc']:.2%} | {m['ans_acc']:.2%} | {m['n']} |")
+        cells = [f"{m[k]:.4g}" if isinstance(m.get(k), float) else str(m.get(k, "–")) for k in keys]
+        print(f"| {name} | " + " | ".join(cells) + " |")
     return 0

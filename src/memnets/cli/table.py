@@ -1,10 +1,14 @@
-"""``memnets table <run_dirs...>``: a Markdown table shaped like the NAM paper's Table 1.
+"""``memnets table <run_dirs...>``: the Markdown table of each task family's runs.
 
-Models are columns, task × split are rows, plus a parameter-count row; each cell is the
-sequence accuracy (or ``--metric``) at the epoch selected by the OD-easy accuracy, read from
-each run's ``results.json``. ``--paper`` alone prints the paper's own Table 1 (seed 000);
-with run directories it prints ours beside the paper's: per cell the mean over the runs of
-that task and model (seeds), the per-seed values, and the paper's figure.
+Algorithmic-task runs (fib, palindrome, reduce, ...) give a table shaped like the NAM paper's
+Table 1: models are columns, task × split are rows, plus a parameter-count row; each cell is
+the sequence accuracy (or ``--metric``) at the epoch selected by the OD-easy accuracy, read
+from each run's ``results.json``. ``--paper`` alone prints the paper's own Table 1 (seed
+000); with run directories it prints ours beside the paper's: per cell the mean over the runs
+of that task and model (seeds), the per-seed values, and the paper's figure. Runs of the
+other families (``"family"`` in ``results.json``) give their family's table
+(:meth:`memnets.train.task.Task.format_table`), one per family, each under a heading when
+there are several.
 """
 from __future__ import annotations
 
@@ -39,8 +43,9 @@ PAPER_TABLE1 = {
 def add_parser(sub) -> None:
     p = sub.add_parser("table", help="Markdown Table 1 from run directories", description=__doc__)
     p.add_argument("run_dirs", nargs="*", help="directories written by `memnets train`")
-    p.add_argument("--metric", default="seq_acc", choices=("seq_acc", "tok_acc", "ans_acc"),
-                   help="which accuracy to show (default: sequence accuracy, the paper's)")
+    p.add_argument("--metric", default=None,
+                   help="which metric to show (algorithmic tasks: seq_acc, tok_acc or ans_acc; default: the "
+                        "sequence accuracy, the paper's; other families: their main metric)")
     p.add_argument("--paper", action="store_true",
                    help="alone: print the paper's Table 1; with run directories: the paper's figures beside "
                         "ours (mean over seeds, per-seed values)")
@@ -198,6 +203,7 @@ def _task_run_problem(res: dict, metric: str) -> str | None:
 
 
 def _run(args) -> int:
+    from ..train.task import family_of, family_task
     from .main import UsageError
 
     if args.paper and not args.run_dirs:
@@ -212,15 +218,34 @@ def _run(args) -> int:
         if not results:
             raise UsageError(f"no results.json in {', '.join(map(str, args.run_dirs))} (expected run "
                              "directories of finished `memnets train` runs)")
+        groups: dict[str, list[dict]] = {}
         for r in results:
-            problem = _task_run_problem(r, args.metric)
-            if problem:
-                raise UsageError(f"{r['run_dir']} is not an algorithmic-task run: {problem}")
+            fam = family_of(r)
+            if fam is None or fam == "nsp":
+                if args.metric not in (None, "seq_acc", "tok_acc", "ans_acc"):
+                    raise UsageError(f"--metric of an algorithmic-task run expected one of seq_acc, tok_acc, "
+                                     f"ans_acc, got {args.metric!r}")
+                problem = _task_run_problem(r, args.metric or "seq_acc")
+                if problem:
+                    raise UsageError(f"{r['run_dir']} is not an algorithmic-task run: {problem}")
+                fam = "nsp"
+            groups.setdefault(fam, []).append(r)
         for d in args.run_dirs:
             if not (Path(d) / "results.json").is_file():
                 why = "no results.json (unfinished run?)" if Path(d).is_dir() else "no such directory"
                 print(f"memnets table: skipping {d}: {why}", file=sys.stderr)
-        text = format_table1_vs_paper(results, args.metric) if args.paper else format_table1(results, args.metric)
+        parts = []
+        for fam, rs in groups.items():
+            if fam == "nsp":
+                metric = args.metric or "seq_acc"
+                t = format_table1_vs_paper(rs, metric) if args.paper else format_table1(rs, metric)
+            else:
+                try:
+                    t = family_task(fam).format_table(rs, args.metric)
+                except ValueError as e:
+                    raise UsageError(f"{rs[0]['run_dir']}: {e}") from e
+            parts.append(t if len(groups) == 1 else f"## {fam}\n\n{t}")
+        text = "\n\n".join(parts)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -8,6 +8,7 @@ __all__ = ["add_parser"]
 
 EPILOG = """examples:
   memnets train cpu/reduce-nam_tm
+  memnets train ntm/copy-cpu epochs=5
   memnets train cpu/reduce-transformer epochs=5 optim.lr=3e-4 --run-dir runs/tf-short
   memnets train my_run.toml model.options.num_heads=2 --resume
 presets: `memnets configs ls`; runs under torchrun use DistributedDataParallel."""
@@ -43,6 +44,9 @@ def _run(args) -> int:
               "or set optim.nan_policy=skip to drop such steps)", file=sys.stderr, flush=True)
         return 1
     if res.get("splits") is not None:
+        from ..train.task import get_task
+
+        metric = get_task(cfg.task.name).metric  # seq_acc for the algorithmic tasks
         print(json.dumps({"name": res["name"], "best_epoch": res["best_epoch"],
-                          "seq_acc": {k: round(v["seq_acc"], 4) for k, v in res["splits"].items()}}))
+                          metric: {k: round(v[metric], 4) for k, v in res["splits"].items()}}))
     return 0

@@ -1,1 +1,3 @@
-"""Experiment commands (``python -m memnets.experiments.<name>``): learning runs that write results."""
+"""The experiments of docs/results.md are engine tasks (:mod:`memnets.train.families`), run by
+``memnets train <family>/<preset>`` or, under their former names, ``memnets experiment``
+(:mod:`memnets.cli.experiment`). :mod:`.lra` keeps the LRA model sizes for the benchmarks."""

@@ -23,10 +23,8 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -177,12 +175,11 @@ def load_imdb(split: str, max_len: int = 1000, data_dir=None, limit: int | None 
     data = _encode(list(iter_reviews(split, data_dir)), max_len)
     if cache:
         try:
-            cfile.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cfile.parent, suffix=".tmp")
-            os.close(fd)
-            torch.save({"tokens": data.tokens.to(torch.int16), "lengths": data.lengths, "labels": data.labels,
-                        "ids": data.ids, "ratings": data.ratings}, tmp)
-            os.replace(tmp, cfile)
+            from ..train.checkpoint import atomic_save
+
+            blob = {"tokens": data.tokens.to(torch.int16), "lengths": data.lengths, "labels": data.labels,
+                    "ids": data.ids, "ratings": data.ratings}
+            atomic_save(cfile, lambda tmp: torch.save(blob, tmp))
         except OSError:
             pass                                                      # read-only cache: re-read next time
     return data

@@ -32,7 +32,6 @@ from __future__ import annotations
 import csv
 import os
 import random
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
@@ -241,11 +240,10 @@ def cached_listops(n: int, seed: int, min_len: int = 500, max_len: int = 2000,
                 pass
     data = make_listops(n, seed, min_len, max_len)
     if use_cache:
-        root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=root, suffix=".tmp")
-        os.close(fd)
-        torch.save({"tokens": data.tokens.to(torch.uint8), "lengths": data.lengths, "labels": data.labels}, tmp)
-        os.replace(tmp, root / f"{stem}{n}.pt")
+        from ..train.checkpoint import atomic_save
+
+        blob = {"tokens": data.tokens.to(torch.uint8), "lengths": data.lengths, "labels": data.labels}
+        atomic_save(root / f"{stem}{n}.pt", lambda tmp: torch.save(blob, tmp))
     return data
 
 
@@ -263,15 +261,16 @@ def split_listops(data, counts: tuple[int, int, int] = (96_000, 2_000, 2_000)) -
 
 def write_tsv(path: str | os.PathLike, trees: list[Tree]) -> None:
     """Write the LRA TSV (header ``Source\\tTarget``), atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w", newline="") as f:
-        w = csv.writer(f, delimiter="\t", lineterminator="\n")
-        w.writerow(["Source", "Target"])
-        for t in trees:
-            w.writerow([to_text(t), evaluate(t)])
-    os.replace(tmp, path)
+    import io
+
+    from ..train.checkpoint import atomic_write_text
+
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf, delimiter="\t", lineterminator="\n")
+    w.writerow(["Source", "Target"])
+    for t in trees:
+        w.writerow([to_text(t), evaluate(t)])
+    atomic_write_text(path, buf.getvalue())
 
 
 def read_tsv(path: str | os.PathLike) -> tuple[list[Tree], list[int]]:

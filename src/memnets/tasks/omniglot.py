@@ -8,7 +8,7 @@ or, for a zip that is absent, from its unpacked folder ``<data>/omniglot/images_
 (``memnets data download omniglot --to <data>`` fetches the zips and the split lists),
 inverted (stroke = 1), resized to 28×28 (bilinear) and stored as ``uint8`` in ``[0, 255]``.
 The decoded tensor is cached under ``cache_dir`` (default ``~/.cache/memnets/omniglot``) with an
-atomic write (temp file + ``os.replace``), so later loads take well under a second.
+atomic write (:func:`memnets.train.checkpoint.atomic_save`), so later loads take well under a second.
 
 Few-shot classes follow the split of Vinyals et al. 2016 as used by Prototypical Networks:
 ``<data>/omniglot/splits/vinyals/{train,val,test,trainval}.txt``, one class per line,
@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,15 +135,9 @@ def _stack(path: Path, out: dict[str, list[tuple[str, np.ndarray]]]) -> dict[str
 
 
 def _atomic_save(obj: object, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    from ..train.checkpoint import atomic_save
+
+    atomic_save(path, lambda tmp: torch.save(obj, tmp))
 
 
 def load_images(

@@ -65,7 +65,9 @@ class ModelConfig:
 class TaskConfig:
     """Masked-completion task (:mod:`memnets.tasks.nsp`) and its splits (digit ranges, inclusive)."""
 
-    name: str = _field("reduce", help="algorithmic task: fib, addition, palindrome or reduce")
+    name: str = _field("reduce", help="task: fib, addition, palindrome or reduce (algorithmic tasks), copy, "
+                       "repeat_copy, associative_recall or priority_sort (NTM tasks), listops or text (LRA), babi (MemN2N) ...; "
+                       "every task: memnets.train.task.TASKS")
     train_digits: tuple[int, int] = _field((1, 10), help="[lo, hi] digit counts of the training samples (inclusive)")
     train_size: int = _field(25600, help="training samples per epoch (at least batch_size)")
     eval_size: int = _field(2048, help="samples in each evaluation split")
@@ -74,6 +76,9 @@ class TaskConfig:
         help="evaluation splits: name = [lo, hi] digit counts (inclusive)")
     fresh_each_epoch: bool = _field(True, help="draw new training samples every epoch; false: the same "
                                     "train_size samples every epoch (in a new order)")
+    options: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "settings of the task's family, free-form (e.g. task.options.min_len=1 for the NTM tasks; "
+                "docs/tasks.md); empty for the algorithmic tasks", "omit_empty": True})
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,9 @@ class OptimConfig:
     tensor; the last checkpoint stays) or ``skip`` (drop that update and go on).
     """
 
-    kind: str = _field("adamw", help="optimiser: adamw (decoupled weight decay) or adam (weight_decay as an "
-                       "L2 penalty added to the gradient, as the authors trained)")
+    kind: str = _field("adamw", help="optimiser: adamw (decoupled weight decay), adam (weight_decay as an "
+                       "L2 penalty added to the gradient, as the authors trained) or sgd (plain SGD, as "
+                       "MemN2N was trained)")
     lr: float = _field(1e-4, help="learning rate before the schedule's factor")
     weight_decay: float = _field(5e-5, help="weight decay (decoupled for adamw, L2 for adam)")
     betas: tuple[float, float] = _field((0.9, 0.999), help="Adam's [beta1, beta2]")
@@ -101,11 +107,12 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """Learning-rate schedule: ``exp`` (lr × gamma^epoch), ``constant`` or ``cosine`` (over all steps),
-    after ``warmup_steps`` of linear warm-up."""
+    """Learning-rate schedule: ``exp`` (lr × gamma^epoch), ``constant``, ``cosine`` (over all steps)
+    or ``rsqrt`` (lr × sqrt(warmup_steps / step) once past the warm-up), after ``warmup_steps``
+    of linear warm-up."""
 
-    kind: str = _field("exp", help="learning-rate schedule: exp (lr × gamma^epoch), constant or cosine "
-                       "(over all steps)")
+    kind: str = _field("exp", help="learning-rate schedule: exp (lr × gamma^epoch), constant, cosine "
+                       "(over all steps) or rsqrt (lr × sqrt(warmup_steps / step) after the warm-up, as LRA)")
     gamma: float = _field(0.98, help="exp: learning-rate factor per epoch")
     warmup_steps: int = _field(0, help="optimiser steps of linear warm-up before the schedule (0: none)")
 
@@ -150,6 +157,9 @@ class RunConfig:
                                "goes on without them)")
     time_limit_min: float = _field(0.0, help="stop at the first epoch end past this many minutes of wall time "
                                    "(0: no limit; a run stopped so is not reproducible step for step)")
+    max_steps: int = field(default=0, metadata={
+        "help": "stop after this many optimiser steps, inside an epoch if need be, and evaluate there "
+                "(0: run every epoch)", "omit_empty": True})
     model: ModelConfig = _field(factory=ModelConfig, help="the model")
     task: TaskConfig = _field(factory=TaskConfig, help="the task and its splits")
     optim: OptimConfig = _field(factory=OptimConfig, help="the optimiser")
@@ -160,12 +170,11 @@ class RunConfig:
 
 
 _CHOICES = {
-    ("schedule", "kind"): ("exp", "constant", "cosine"),
+    ("schedule", "kind"): ("exp", "constant", "cosine", "rsqrt"),
     ("amp",): ("auto", "bf16", "none"),
     ("select_ties",): ("first", "last"),
-    ("task", "name"): ("fib", "addition", "palindrome", "reduce"),
     ("optim", "nan_policy"): ("raise", "skip"),
-    ("optim", "kind"): ("adamw", "adam"),
+    ("optim", "kind"): ("adamw", "adam", "sgd"),
 }
 
 _DEVICE = re.compile(r"(auto|cpu|mps|cuda(:\d+)?)")
@@ -178,21 +187,16 @@ def _validate(cfg: RunConfig) -> None:
             obj = getattr(obj, p)
         if obj not in choices:
             raise ConfigError(f"`{'.'.join(path)}` expected one of {list(choices)}, got {obj!r}")
+    if cfg.max_steps < 0:
+        raise ConfigError(f"`max_steps` expected an integer >= 0, got {cfg.max_steps}")
     if not _DEVICE.fullmatch(cfg.device):
         raise ConfigError(f"`device` expected auto, cpu, cuda, cuda:N or mps, got {cfg.device!r}")
     for key in ("epochs", "batch_size", "eval_every", "log_every"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"`{key}` expected an integer >= 1, got {getattr(cfg, key)}")
-    lo, hi = cfg.task.train_digits
-    if not 1 <= lo <= hi:
-        raise ConfigError(f"`task.train_digits` expected [lo, hi] with 1 <= lo <= hi, got {[lo, hi]}")
-    for name, (lo, hi) in cfg.task.splits.items():
-        if not 1 <= lo <= hi:
-            raise ConfigError(f"`task.splits.{name}` expected [lo, hi] with 1 <= lo <= hi, got {[lo, hi]}")
-    if cfg.select_split not in cfg.task.splits:
-        raise ConfigError(f"`select_split` expected one of {sorted(cfg.task.splits)}, got {cfg.select_split!r}")
-    if cfg.task.train_size < cfg.batch_size:
-        raise ConfigError(f"`task.train_size` ({cfg.task.train_size}) must be >= `batch_size` ({cfg.batch_size})")
+    from .task import get_task
+
+    get_task(cfg.task.name).validate(cfg)  # ConfigError for an unknown task or a setting it cannot run
 
 
 # ----------------------------------------------------------------------------- conversion
@@ -339,7 +343,8 @@ def config_from_dict(data: dict) -> RunConfig:
 
 def _plain(x: Any) -> Any:
     if dataclasses.is_dataclass(x):
-        return {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        return {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)
+                if not (f.metadata.get("omit_empty") and not getattr(x, f.name))}
     if isinstance(x, dict):
         return {k: _plain(v) for k, v in x.items()}
     if isinstance(x, (tuple, list)):

@@ -1,10 +1,12 @@
-"""The training loop for the masked-completion tasks (docs/maths.md §12).
+"""The task-agnostic training engine (docs/maths.md §12, docs/tasks.md).
 
-AdamW, per-epoch learning-rate decay (lr × 0.98 per epoch by default), global-norm gradient
-clipping, bf16 autocast on CUDA only, cross-entropy over every window position, evaluation
-of every split each ``eval_every`` epochs, and the reported epoch chosen by the best
-``select_split`` (OD-easy) sequence accuracy, ties broken by the ID sequence accuracy, then by
-the lower ``select_split`` loss, then by ``select_ties`` (:func:`selection_key`). Writes ``runs/<name>/``::
+The task (:mod:`memnets.train.task`, looked up by ``cfg.task.name``) gives the data, the
+model, the loss, the metrics and ``results.json``; the engine gives the rest: the optimiser
+(``optim.kind``) and the learning-rate schedule, global-norm gradient clipping and the NaN
+guard, autocast (bf16 on CUDA by default), the progress bar, evaluation of every split each
+``eval_every`` epochs and the choice of the reported evaluation (the task's selection key;
+``select_ties`` between equal ones), time limits, checkpoints, exact resume and DDP. A run
+writes ``runs/<name>/``::
 
     config.json      resolved config          env.json       where it ran
     metrics.jsonl    one JSON record per log  results.json   figures at the selected epoch
@@ -14,6 +16,12 @@ the lower ``select_split`` loss, then by ``select_ties`` (:func:`selection_key`)
 (seed, epoch), and the checkpoint carries the optimiser, the RNG states and the position
 inside the epoch. Under ``torchrun`` each process takes a strided shard of every global
 batch and DistributedDataParallel averages the gradients.
+
+:class:`Trainer` runs in named phases: :meth:`~Trainer.setup` (device, model, optimiser),
+:meth:`~Trainer.resume` (the checkpoint, if any), :meth:`~Trainer.open_outputs` (config.json,
+env.json, metrics.jsonl, TensorBoard, DDP), :meth:`~Trainer.run_epochs` (the epoch/step loop),
+:meth:`~Trainer.evaluate_and_select` (after each evaluated epoch) and :meth:`~Trainer.finish`
+(results.json).
 """
 from __future__ import annotations
 
@@ -26,16 +34,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
-from ..tasks.nsp import VOCAB_SIZE, sequence_metrics
 from . import checkpoint as ck
 from .config import ConfigError, RunConfig, config_from_dict, config_to_dict, flatten
-from .data import batch_indices, epoch_order, eval_splits, train_epoch_data
-from .nan_guard import NonFiniteError, check_finite, first_non_finite
 from .env import DistInfo, cleanup_distributed, resolve_device, run_env, setup_distributed
+from .nan_guard import NonFiniteError, check_finite, first_non_finite
+from .optim import make_optimizer
+from .task import RunSummary, Task, get_task
 
-__all__ = ["train", "build_model", "evaluate", "lr_factor", "selects", "selection_key", "selection_rule",
+__all__ = ["train", "Trainer", "build_model", "evaluate", "lr_factor", "selects", "selection_key", "selection_rule",
            "RunExistsError"]
 
 
@@ -44,11 +51,30 @@ class RunExistsError(ConfigError):
 
 
 def build_model(cfg: RunConfig) -> torch.nn.Module:
-    """The :class:`~memnets.models.seq.SequenceTaskModel` described by ``cfg.model``."""
-    from ..models.seq import SequenceTaskModel
+    """The model of ``cfg``'s task (e.g. a :class:`~memnets.models.seq.SequenceTaskModel` for the
+    algorithmic tasks), with freshly initialised weights."""
+    return get_task(cfg.task.name).build_model(cfg)
 
-    return SequenceTaskModel(cfg.model.backbone, vocab_size=VOCAB_SIZE, d_model=cfg.model.d_model,
-                             **cfg.model.options)
+
+def evaluate(model: torch.nn.Module, batch, **kw) -> dict[str, float]:
+    """The algorithmic tasks' evaluation (:func:`memnets.train.families.nsp.evaluate`)."""
+    from .families import nsp
+
+    return nsp.evaluate(model, batch, **kw)
+
+
+def selection_key(splits: dict[str, dict], select_split: str = "od_easy", tiebreak: str = "id") -> tuple:
+    """The algorithmic tasks' selection key (:func:`memnets.train.families.nsp.selection_key`)."""
+    from .families import nsp
+
+    return nsp.selection_key(splits, select_split, tiebreak)
+
+
+def selection_rule(select_split: str = "od_easy", ties: str = "first", tiebreak: str = "id") -> str:
+    """The algorithmic tasks' selection rule in words (:func:`memnets.train.families.nsp.selection_rule`)."""
+    from .families import nsp
+
+    return nsp.selection_rule(select_split, ties, tiebreak)
 
 
 def lr_factor(cfg: RunConfig, epoch: int, step: int, total_steps: int) -> float:
@@ -58,6 +84,8 @@ def lr_factor(cfg: RunConfig, epoch: int, step: int, total_steps: int) -> float:
         f = s.gamma ** epoch
     elif s.kind == "cosine":
         f = 0.5 * (1.0 + math.cos(math.pi * min(step / max(total_steps, 1), 1.0)))
+    elif s.kind == "rsqrt":  # LRA's linear_warmup * rsqrt_decay: sqrt(warmup / (step + 1)) past the warm-up
+        f = math.sqrt(max(s.warmup_steps, 1) / max(step + 1, s.warmup_steps, 1))
     else:
         f = 1.0
     if s.warmup_steps and step < s.warmup_steps:
@@ -65,44 +93,13 @@ def lr_factor(cfg: RunConfig, epoch: int, step: int, total_steps: int) -> float:
     return f
 
 
-def selection_key(splits: dict[str, dict], select_split: str = "od_easy", tiebreak: str = "id") -> tuple:
-    """The key that ranks an evaluation (``{split: evaluate(...)}``) for model selection.
-
-    Higher is better, compared in order: (1) the ``select_split`` (OD-easy) sequence accuracy;
-    (2) on a tie, including every evaluation scoring 0 there, the ``tiebreak`` (ID) sequence
-    accuracy, so an epoch that learnt something in distribution beats an untrained one;
-    (3) then the lower ``select_split`` validation loss (stored negated; an evaluation without
-    a loss ranks last). Evaluations equal in all three are ordered by ``select_ties``
-    (:func:`selects`): the first one stays, or the last one wins with ``"last"``.
-    """
-    sel = splits[select_split]
-    tb = splits.get(tiebreak, {}).get("seq_acc", 0.0)
-    loss = sel.get("loss")
-    return (sel["seq_acc"], tb, -loss if loss is not None and math.isfinite(loss) else -math.inf)
-
-
-def selection_rule(select_split: str = "od_easy", ties: str = "first", tiebreak: str = "id") -> str:
-    """The rule of :func:`selection_key` in words, as recorded in ``results.json`` (``selected_by``)."""
-    return (f"{select_split} seq_acc, ties by {tiebreak} seq_acc then {select_split} loss, "
-            f"then the {ties} evaluation")
-
-
 def selects(score, best, ties: str = "first") -> bool:
     """Whether an evaluation scoring ``score`` replaces the reported one scoring ``best``: a
     higher score always does; an equal one only with ``ties = "last"``.
 
-    Scores are numbers or :func:`selection_key` tuples (compared element by element).
+    Scores are numbers or selection-key tuples (compared element by element).
     """
     return score > best or (ties == "last" and score == best)
-
-
-def _tie_level(evals: list[dict], chosen: tuple, select_split: str) -> str:
-    """Which part of :func:`selection_key` singled out the chosen evaluation among ``evals``."""
-    keys = [selection_key(e, select_split) for e in evals]
-    for i, what in enumerate((f"{select_split} seq_acc", "id seq_acc", f"{select_split} loss")):
-        if sum(k[:i + 1] == chosen[:i + 1] for k in keys) == 1:
-            return what
-    return "select_ties"
 
 
 def _autocast(cfg: RunConfig, device: torch.device):
@@ -122,41 +119,12 @@ def _all_reduce(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, batch, *, batch_size: int = 256, device: torch.device | str = "cpu",
-             info: DistInfo = DistInfo(), autocast=contextlib.nullcontext) -> dict[str, float]:
-    """Sequence / token / answer-slot accuracy of ``model`` on ``batch`` (an ``NSPBatch``).
-
-    Returns ``{"seq_acc", "tok_acc", "ans_acc"}`` in [0, 1], ``"loss"`` (the training loss:
-    cross-entropy averaged over every window position) and ``"n"`` (samples). Under DDP every
-    process scores a strided shard and the counts are summed.
-    """
-    was = model.training
-    model.eval()
-    idx = torch.arange(batch.inputs.shape[0])[info.rank::info.world]
-    keys = ("seq_correct", "tok_correct", "tok_total", "ans_correct", "ans_total", "n", "loss_sum")
-    tot = torch.zeros(len(keys), dtype=torch.float64)
-    for i in range(0, idx.numel(), batch_size):
-        j = idx[i:i + batch_size]
-        x, y = batch.inputs[j].to(device), batch.targets[j].to(device)
-        with autocast():
-            logits = model(x)
-        m = sequence_metrics(logits.float(), x, y)
-        m["loss_sum"] = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
-        tot += torch.tensor([float(m[k]) for k in keys], dtype=torch.float64)
-    tot = _all_reduce(tot.to(device), info).cpu()
-    c = dict(zip(keys, tot.tolist()))
-    model.train(was)
-    return {"seq_acc": c["seq_correct"] / max(c["n"], 1), "tok_acc": c["tok_correct"] / max(c["tok_total"], 1),
-            "ans_acc": c["ans_correct"] / max(c["ans_total"], 1), "loss": c["loss_sum"] / max(c["tok_total"], 1),
-            "n": int(c["n"])}
-
-
 class _Metrics:
     """Append-only ``metrics.jsonl`` (main process only), truncatable to a checkpoint's length."""
 
     def __init__(self, path: Path, enabled: bool, keep_lines: int | None) -> None:
         self.path, self.enabled, self.lines = path, enabled, 0
+        self.records: list[dict] = []
         if not enabled:
             return
         old = path.read_text().splitlines() if path.exists() else []
@@ -203,11 +171,366 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = F
     try:
         if lock:
             lock.acquire()
-        return _train(cfg, run_dir, info, resume=resume, quiet=quiet, on_epoch=on_epoch)
+        return Trainer(cfg, run_dir, info, quiet=quiet, on_epoch=on_epoch).run(resume)
     finally:
         if lock:
             lock.release()
         cleanup_distributed(info)
+
+
+def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
+    """Validate the directory; return whether there is a checkpoint to resume from."""
+    cfg_file = run_dir / "config.json"
+    existing = ck.has_checkpoint(run_dir / "checkpoints") or (run_dir / "metrics.jsonl").exists()
+    if existing and not resume:
+        raise RunExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
+    if resume and cfg_file.exists():
+        try:
+            saved = config_from_dict(json.loads(cfg_file.read_text()))
+        except (ValueError, TypeError, AttributeError) as e:  # JSONDecodeError and ConfigError are ValueErrors
+            raise ConfigError(f"cannot resume {run_dir}: {cfg_file} is malformed ({e})") from e
+        old = flatten(config_to_dict(saved))
+        new = flatten(config_to_dict(cfg))
+        free = {"time_limit_min", "tensorboard", "threads", "description"}  # may change on resume
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in free)
+        if diff:
+            raise ConfigError(f"cannot resume {run_dir}: config differs in {', '.join(diff)}")
+    return resume and ck.has_checkpoint(run_dir / "checkpoints")
+
+
+class Trainer:
+    """One run of ``cfg`` into ``run_dir`` by process ``info.rank``; :meth:`run` does every phase."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, info: DistInfo, *, quiet: bool = False,
+                 on_epoch: Callable[[dict], None] | None = None) -> None:
+        self.cfg, self.run_dir, self.info, self.quiet, self.on_epoch = cfg, Path(run_dir), info, quiet, on_epoch
+        self.task: Task = get_task(cfg.task.name)
+        self.step = self.epoch = self.batch0 = 0
+        self.wall_before = 0.0
+        self.best: dict[str, Any] = {"score": -1.0, "epoch": None, "splits": None}
+        self.keep_lines: int | None = None
+        self.has_ckpt = False
+        self.partial = False
+        self.by_steps = False  # stopped by max_steps
+        self.done_by_task = False  # stopped by the task's recipe (Task.should_stop)
+        self.skipped = 0  # updates dropped by optim.nan_policy = "skip" in this process's run
+        self.tb = None
+        self.timing = [0.0, 0.0, 0]  # wall s, CPU s, steps timed (tasks with time_steps)
+
+    # ------------------------------------------------------------------ phases
+    def run(self, resume: bool) -> dict[str, Any]:
+        self.setup(resume)
+        self.resume()
+        self.open_outputs()
+        self.run_epochs()
+        return self.finish()
+
+    def setup(self, resume: bool) -> None:
+        """Threads, device, the run directory check, the model (same initial weights in every
+        process) and the optimiser."""
+        cfg, info = self.cfg, self.info
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.device = resolve_device(cfg.device, info)
+        has_ckpt = _check_run_dir(cfg, self.run_dir, resume) if info.is_main else False
+        if info.enabled:
+            import torch.distributed as dist
+
+            flag = torch.tensor([int(has_ckpt)])
+            dist.broadcast(flag, 0)
+            has_ckpt = bool(flag.item())
+        self.has_ckpt = has_ckpt
+        torch.manual_seed(cfg.seed)  # identical initial weights in every process
+        self.model = build_model(cfg).to(self.device)
+        from ..registry import count_parameters
+
+        self.n_params = count_parameters(self.model)
+        self.opt = make_optimizer(cfg.optim, self.model.parameters())
+        self.task_state = self.task.init_state(cfg)
+        if self.task_state is not None:
+            self.task.restore(self.model, self.task_state)
+        self.meta = {"model_config": json.dumps(config_to_dict(cfg.model)), "task": cfg.task.name}
+
+    def resume(self) -> None:
+        """Load the last checkpoint (weights, optimiser, RNG, position, best so far), if any."""
+        if not self.has_ckpt:
+            return
+        st = ck.load_checkpoint(self.run_dir / "checkpoints", self.model)
+        self.opt.load_state_dict(st["optimizer"])
+        torch.set_rng_state(st["rng_cpu"])
+        if torch.cuda.is_available() and st.get("rng_cuda") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(st["rng_cuda"], self.device)
+        self.step, self.epoch, self.batch0 = int(st["step"]), int(st["epoch"]), int(st["batch"])
+        self.wall_before, self.best = float(st["wall_s"]), json.loads(st["best"])
+        self.keep_lines = int(st["metrics_lines"])
+        if self.task_state is not None and "task_state" in st:
+            self.task_state = json.loads(st["task_state"])
+            self.task.restore(self.model, self.task_state)
+        if "timing" in st:
+            self.timing = [float(st["timing"][0]), float(st["timing"][1]), int(st["timing"][2])]
+
+    def open_outputs(self) -> None:
+        """config.json, env.json, metrics.jsonl, TensorBoard, the DDP wrapper and the evaluation data."""
+        cfg, info, run_dir = self.cfg, self.info, self.run_dir
+        if info.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            ck.atomic_write_text(run_dir / "config.json", json.dumps(config_to_dict(cfg), indent=2))
+            env = run_env(self.device, info.world)
+            ac = _autocast(cfg, self.device)
+            env.update(params=self.n_params, resumed_from_step=self.step if self.has_ckpt else None,
+                       autocast=str(ac.fast_dtype).replace("torch.", "") if isinstance(ac, torch.autocast) else None)
+            ck.atomic_write_text(run_dir / "env.json", json.dumps(env, indent=2))
+        self.metrics = _Metrics(run_dir / "metrics.jsonl", info.is_main, self.keep_lines)
+        if cfg.tensorboard and info.is_main:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tb"))
+            except ImportError:
+                print("tensorboard is not installed; skipping TensorBoard logs", file=sys.stderr)
+        self.net = self.model
+        if info.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.net = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                           find_unused_parameters=self._has_unused_parameters())
+        self.splits = self.task.eval_splits(cfg)
+        self.nb = self.task.steps_per_epoch(cfg)
+        self.total = self.nb * cfg.epochs
+        if cfg.max_steps:
+            self.total = min(self.total, cfg.max_steps)
+        self.bar_off = self.quiet or not info.is_main or not sys.stderr.isatty()
+        self.t_start = time.perf_counter()
+
+    def run_epochs(self) -> None:
+        """The epoch/step loop, from the resumed position to ``epochs`` or the time limit."""
+        cfg = self.cfg
+        self.partial = False
+        self.model.train()
+        while self.epoch < cfg.epochs:
+            if cfg.max_steps and self.step >= cfg.max_steps:
+                self.by_steps = True
+                break
+            stopped_at = self.train_epoch()
+            self.batch0 = 0
+            if stopped_at is not None:  # a limit inside the epoch: checkpoint here, score the model, stop
+                b = stopped_at
+                by_steps = bool(cfg.max_steps) and self.step >= cfg.max_steps
+                self.partial, self.by_steps = not by_steps, by_steps
+                self.save(self.epoch, b + 1)
+                self.evaluate_and_select(round(self.epoch + (b + 1) / self.nb, 3))
+                why = f"max_steps {cfg.max_steps}" if by_steps else f"time limit {cfg.time_limit_min} min"
+                self._say(f"stopped at step {self.step} (epoch {self.epoch + (b + 1) / self.nb:.2f}): {why}")
+                break
+            self.epoch += 1
+            if self.epoch % cfg.eval_every == 0 or self.epoch == cfg.epochs:
+                self.evaluate_and_select(self.epoch)
+            self.save(self.epoch, 0)
+            if cfg.time_limit_min and self.epoch < cfg.epochs and self.time_up():
+                if self.epoch % cfg.eval_every:
+                    self.evaluate_and_select(self.epoch)  # score the model we stop with
+                self._say(f"stopping after epoch {self.epoch}: time limit {cfg.time_limit_min} min")
+                break
+            if self.task_state is not None and self.epoch < cfg.epochs and \
+                    self.task.should_stop(self.task_state, self.epoch):
+                self.done_by_task = True
+                self._say(f"stopping after epoch {self.epoch}: the task's recipe is complete")
+                break
+            if cfg.max_steps and self.epoch < cfg.epochs and self.step >= cfg.max_steps:
+                if self.epoch % cfg.eval_every:
+                    self.evaluate_and_select(self.epoch)
+                self.by_steps = True
+                self._say(f"stopping after epoch {self.epoch}: max_steps {cfg.max_steps}")
+                break
+
+    def train_epoch(self) -> int | None:
+        """The steps of epoch ``self.epoch`` from batch ``self.batch0``; returns the batch index
+        at which the time limit stopped it (None when the epoch ran to its end)."""
+        cfg, info, task, nb = self.cfg, self.info, self.task, self.nb
+        epoch = self.epoch
+        data = task.train_data(cfg, epoch)
+        bar = _progress(nb, self.batch0, f"epoch {epoch + 1}/{cfg.epochs}", self.bar_off)
+        acc_loss = 0.0
+        acc_stats: dict[str, float] = {}
+        acc_n = 0
+        t_log = time.perf_counter()
+        stopped_at = None
+        for b in range(self.batch0, nb):
+            batch = task.train_batch(cfg, data, epoch, b, info.rank, info.world)
+            f = task.lr_factor(cfg, epoch, self.step, self.task_state) if self.task_state is not None else None
+            lr = cfg.optim.lr * (lr_factor(cfg, epoch, self.step, self.total) if f is None else f)
+            for g in self.opt.param_groups:
+                g["lr"] = lr
+            if task.time_steps:
+                self._sync()
+                w0, c0 = time.perf_counter(), time.process_time()
+            loss, stats = task.train_step(self.net, batch, cfg, self.device, self._autocast)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if self._finite_step(loss, self.step + 1):
+                self.opt.step()
+                if task.time_steps:
+                    self._sync()
+                    self.timing = [self.timing[0] + time.perf_counter() - w0,
+                                   self.timing[1] + time.process_time() - c0, self.timing[2] + 1]
+                acc_loss += float(loss.detach())
+                for k, v in (stats() if callable(stats) else stats).items():
+                    acc_stats[k] = acc_stats.get(k, 0.0) + float(v)
+                acc_n += 1
+            else:  # nan_policy = "skip": drop this update, keep the batch position
+                self.opt.zero_grad(set_to_none=True)
+                self.skipped += 1
+                self._say(f"step {self.step + 1}: non-finite loss or gradient, update skipped")
+            self.step += 1
+            if self.step % cfg.log_every == 0 or b == nb - 1:
+                self.log_train(epoch, lr, acc_loss, acc_stats, acc_n, t_log, bar)
+                acc_loss, acc_stats, acc_n = 0.0, {}, 0
+                t_log = time.perf_counter()
+            bar.update(1)
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and b < nb - 1:
+                self.save(epoch, b + 1)
+            if cfg.max_steps and b < nb - 1 and self.step >= cfg.max_steps:
+                stopped_at = b
+                break
+            if cfg.time_limit_min and b < nb - 1 and self.time_up():
+                stopped_at = b
+                break
+        bar.close()
+        return stopped_at
+
+    def log_train(self, epoch, lr, acc_loss, acc_stats, acc_n, t_log, bar) -> None:
+        """One ``"train"`` record: the mean loss and statistics since the last one, over every process."""
+        keys = list(acc_stats)
+        vals = torch.tensor([acc_loss] + [acc_stats[k] for k in keys], dtype=torch.float64, device=self.device)
+        vals = (_all_reduce(vals, self.info).cpu() / (max(acc_n, 1) * self.info.world)).tolist()
+        sps = acc_n * self.cfg.batch_size / max(time.perf_counter() - t_log, 1e-9)  # global batch per step
+        rec = {"kind": "train", "epoch": epoch, "step": self.step, "loss": vals[0],
+               **dict(zip(keys, vals[1:])), "lr": lr, "samples_per_s": sps}
+        if self.skipped:
+            rec["skipped_steps"] = self.skipped
+        self.metrics.write(rec)
+        if self.tb:
+            self.tb.add_scalar("train/loss", vals[0], self.step)
+        post = {"loss": f"{vals[0]:.4f}"}
+        if keys:
+            post["acc" if keys[0].endswith("acc") else keys[0]] = f"{vals[1]:.3f}"
+        bar.set_postfix(**post, sps=f"{sps:.0f}")
+
+    def evaluate_and_select(self, ep: float) -> None:
+        """Score every split, record it, and keep the model if the task's selection key prefers it."""
+        cfg, task = self.cfg, self.task
+        res = {name: task.evaluate(self.model, s, cfg, device=self.device, info=self.info,
+                                   autocast=self._autocast) for name, s in self.splits.items()}
+        rec = {"kind": "eval", "epoch": ep, "step": self.step, "splits": res, "wall_s": self.wall()}
+        self.metrics.write(rec)
+        score = res[cfg.select_split][task.metric]
+        key = task.selection_key(res, cfg)
+        old = task.selection_key(self.best["splits"], cfg) if self.best["splits"] else (-math.inf,)
+        if selects(key, old, cfg.select_ties):
+            self.best = {"score": score, "epoch": ep, "splits": res}
+            if self.info.is_main:
+                ck.save_weights(self.run_dir / "checkpoints" / "best.safetensors", self.model, self.meta)
+        if self.tb:
+            for name, m in res.items():
+                self.tb.add_scalar(f"{name}/{task.metric}", m[task.metric], self.step)
+        self._say(f"epoch {ep}/{cfg.epochs} step {self.step} {task.progress(res)} ({self.wall():.0f}s)")
+        if self.task_state is not None:
+            task.after_evaluation(self.model, res, self.task_state, ep)
+        if self.on_epoch:
+            self.on_epoch(rec)
+
+    def finish(self) -> dict[str, Any]:
+        """Close the logs and write ``results.json`` (the task's schema)."""
+        cfg, info = self.cfg, self.info
+        self.metrics.close()
+        if self.tb:
+            self.tb.close()
+        evals = [r["splits"] for r in self.metrics.records if r["kind"] == "eval"] if info.is_main else []
+        last = evals[-1] if evals else None
+        decided = self.task.decided_by(evals, self.task.selection_key(self.best["splits"], cfg), cfg) \
+            if evals and self.best["splits"] else None
+        summary = RunSummary(name=cfg.name, params=self.n_params, best=self.best, evals=evals, final=last,
+                             epochs=self.epoch, steps=self.step,
+                             stopped_by_time_limit=self.partial or (self.epoch < cfg.epochs and not self.by_steps
+                                                                   and not self.done_by_task),
+                             stopped_by_max_steps=self.by_steps, wall_s=self.wall(),
+                             world_size=info.world, decided_by=decided, records=list(self.metrics.records),
+                             step_wall_s=self.timing[0], step_cpu_s=self.timing[1], steps_timed=self.timing[2],
+                             device=str(self.device))
+        summary.test = self.evaluate_test()
+        summary.task_state = self.task_state
+        results = self.task.results(cfg, summary)
+        if info.is_main:
+            ck.atomic_write_text(self.run_dir / "results.json", json.dumps(results, indent=2))
+        return results
+
+    def evaluate_test(self) -> dict | None:
+        """The reported model (best.safetensors) scored on the task's test splits, if it has any."""
+        splits = self.task.test_splits(self.cfg)
+        if not splits:
+            return None
+        best = self.run_dir / "checkpoints" / "best.safetensors"
+        if self.info.enabled:
+            import torch.distributed as dist
+
+            dist.barrier()  # process 0 has written best.safetensors
+        if self.best["splits"] is not None and best.is_file():
+            ck.load_weights(best, self.model)
+        self.task.before_test(self.model)
+        return {name: self.task.evaluate(self.model, data, self.cfg, device=self.device, info=self.info,
+                                         autocast=self._autocast) for name, data in splits.items()}
+
+    # ------------------------------------------------------------------ helpers
+    def _autocast(self):
+        return _autocast(self.cfg, self.device)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _say(self, msg: str) -> None:
+        if self.info.is_main and not self.quiet:
+            print(f"[{self.cfg.name}] {msg}", file=sys.stderr, flush=True)
+
+    def wall(self) -> float:
+        return self.wall_before + time.perf_counter() - self.t_start
+
+    def save(self, ep: int, b: int) -> None:
+        if self.info.is_main:
+            device = self.device
+            state = {"step": self.step, "epoch": ep, "batch": b, "optimizer": self.opt.state_dict(),
+                     "rng_cpu": torch.get_rng_state(),
+                     "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                     "best": json.dumps(self.best), "metrics_lines": self.metrics.lines, "wall_s": self.wall()}
+            if self.task.time_steps:
+                state["timing"] = list(self.timing)
+            if self.task_state is not None:
+                state["task_state"] = json.dumps(self.task_state)
+            ck.save_checkpoint(self.run_dir / "checkpoints", self.step, self.model, state, self.meta)
+
+    def time_up(self) -> bool:
+        """Past ``time_limit_min``? (decided by process 0, so every process stops together)"""
+        flag = torch.tensor([int(self.wall() > 60 * self.cfg.time_limit_min)])
+        if self.info.enabled:
+            import torch.distributed as dist
+
+            dist.broadcast(flag, 0)
+        return bool(flag.item())
+
+    def _finite_step(self, loss: torch.Tensor, step: int) -> bool:
+        return _finite_step(self.cfg, self.model, loss, step)
+
+    def _has_unused_parameters(self) -> bool:
+        """Whether some parameter gets no gradient (e.g. the jump query of a NAM-TM without JUMP);
+        DDP must then be told to look for unused parameters. RNG state is left untouched."""
+        model = self.model
+        rng = torch.get_rng_state()
+        model.zero_grad(set_to_none=True)
+        self.task.probe_loss(model, self.cfg, self.device).backward()
+        unused = any(p.requires_grad and p.grad is None for p in model.parameters())
+        model.zero_grad(set_to_none=True)
+        torch.set_rng_state(rng)
+        return unused
 
 
 def _finite_step(cfg: RunConfig, model: torch.nn.Module, loss: torch.Tensor, step: int) -> bool:
@@ -235,231 +558,3 @@ def _finite_step(cfg: RunConfig, model: torch.nn.Module, loss: torch.Tensor, ste
     if cfg.optim.grad_clip > 0:
         torch.nn.utils.clip_grads_with_norm_(params, cfg.optim.grad_clip, norm)
     return True
-
-
-def _has_unused_parameters(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> bool:
-    """Whether some parameter gets no gradient (e.g. the jump query of a NAM-TM without JUMP);
-    DDP must then be told to look for unused parameters. RNG state is left untouched."""
-    rng = torch.get_rng_state()
-    x = torch.full((2, 8), 0, dtype=torch.long, device=device)
-    model.zero_grad(set_to_none=True)
-    model(x).float().sum().backward()
-    unused = any(p.requires_grad and p.grad is None for p in model.parameters())
-    model.zero_grad(set_to_none=True)
-    torch.set_rng_state(rng)
-    return unused
-
-
-def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
-    """Validate the directory; return whether there is a checkpoint to resume from."""
-    cfg_file = run_dir / "config.json"
-    existing = ck.has_checkpoint(run_dir / "checkpoints") or (run_dir / "metrics.jsonl").exists()
-    if existing and not resume:
-        raise RunExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
-    if resume and cfg_file.exists():
-        try:
-            saved = config_from_dict(json.loads(cfg_file.read_text()))
-        except (ValueError, TypeError, AttributeError) as e:  # JSONDecodeError and ConfigError are ValueErrors
-            raise ConfigError(f"cannot resume {run_dir}: {cfg_file} is malformed ({e})") from e
-        old = flatten(config_to_dict(saved))
-        new = flatten(config_to_dict(cfg))
-        free = {"time_limit_min", "tensorboard", "threads", "description"}  # may change on resume
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in free)
-        if diff:
-            raise ConfigError(f"cannot resume {run_dir}: config differs in {', '.join(diff)}")
-    return resume and ck.has_checkpoint(run_dir / "checkpoints")
-
-
-def _train(cfg, run_dir: Path, info: DistInfo, *, resume, quiet, on_epoch) -> dict[str, Any]:
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device, info)
-    has_ckpt = _check_run_dir(cfg, run_dir, resume) if info.is_main else False
-    if info.enabled:
-        import torch.distributed as dist
-
-        flag = torch.tensor([int(has_ckpt)])
-        dist.broadcast(flag, 0)
-        has_ckpt = bool(flag.item())
-    torch.manual_seed(cfg.seed)  # identical initial weights in every process
-    model = build_model(cfg).to(device)
-    from ..registry import count_parameters
-
-    n_params = count_parameters(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
-                            weight_decay=cfg.optim.weight_decay)
-    meta = {"model_config": json.dumps(config_to_dict(cfg.model)), "task": cfg.task.name}
-    step = epoch = batch0 = 0
-    wall_before = 0.0
-    best: dict[str, Any] = {"score": -1.0, "epoch": None, "splits": None}
-    keep_lines = None
-    if has_ckpt:
-        st = ck.load_checkpoint(run_dir / "checkpoints", model)
-        opt.load_state_dict(st["optimizer"])
-        torch.set_rng_state(st["rng_cpu"])
-        if torch.cuda.is_available() and st.get("rng_cuda") is not None and device.type == "cuda":
-            torch.cuda.set_rng_state(st["rng_cuda"], device)
-        step, epoch, batch0 = int(st["step"]), int(st["epoch"]), int(st["batch"])
-        wall_before, best, keep_lines = float(st["wall_s"]), json.loads(st["best"]), int(st["metrics_lines"])
-    if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        ck.atomic_write_text(run_dir / "config.json", json.dumps(config_to_dict(cfg), indent=2))
-        env = run_env(device, info.world)
-        ac = _autocast(cfg, device)
-        env.update(params=n_params, resumed_from_step=step if has_ckpt else None,
-                   autocast=str(ac.fast_dtype).replace("torch.", "") if isinstance(ac, torch.autocast) else None)
-        ck.atomic_write_text(run_dir / "env.json", json.dumps(env, indent=2))
-    metrics = _Metrics(run_dir / "metrics.jsonl", info.is_main, keep_lines)
-    tb = None
-    if cfg.tensorboard and info.is_main:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            tb = SummaryWriter(str(run_dir / "tb"))
-        except ImportError:
-            print("tensorboard is not installed; skipping TensorBoard logs", file=sys.stderr)
-    net = model
-    if info.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                  find_unused_parameters=_has_unused_parameters(model, cfg, device))
-    splits = eval_splits(cfg)
-    nb = cfg.task.train_size // cfg.batch_size
-    total = nb * cfg.epochs
-    autocast = lambda: _autocast(cfg, device)  # noqa: E731
-    bar_off = quiet or not info.is_main or not sys.stderr.isatty()
-    t_start = time.perf_counter()
-
-    def wall() -> float:
-        return wall_before + time.perf_counter() - t_start
-
-    def save(ep: int, b: int) -> None:
-        if info.is_main:
-            state = {"step": step, "epoch": ep, "batch": b, "optimizer": opt.state_dict(),
-                     "rng_cpu": torch.get_rng_state(),
-                     "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                     "best": json.dumps(best), "metrics_lines": metrics.lines, "wall_s": wall()}
-            ck.save_checkpoint(run_dir / "checkpoints", step, model, state, meta)
-
-    def time_up() -> bool:
-        """Past ``time_limit_min``? (decided by process 0, so every process stops together)"""
-        flag = torch.tensor([int(wall() > 60 * cfg.time_limit_min)])
-        if info.enabled:
-            import torch.distributed as dist
-
-            dist.broadcast(flag, 0)
-        return bool(flag.item())
-
-    def run_eval(ep: float) -> None:
-        nonlocal best
-        res = {name: evaluate(model, s, batch_size=max(cfg.batch_size, 256), device=device, info=info,
-                              autocast=autocast) for name, s in splits.items()}
-        rec = {"kind": "eval", "epoch": ep, "step": step, "splits": res, "wall_s": wall()}
-        metrics.write(rec)
-        score = res[cfg.select_split]["seq_acc"]
-        key = selection_key(res, cfg.select_split)
-        old = selection_key(best["splits"], cfg.select_split) if best["splits"] else (-1.0,)
-        if selects(key, old, cfg.select_ties):
-            best = {"score": score, "epoch": ep, "splits": res}
-            if info.is_main:
-                ck.save_weights(run_dir / "checkpoints" / "best.safetensors", model, meta)
-        if tb:
-            for name, m in res.items():
-                tb.add_scalar(f"{name}/seq_acc", m["seq_acc"], step)
-        if info.is_main and not quiet:
-            parts = " ".join(f"{n} {m['seq_acc']:.3f}" for n, m in res.items())
-            print(f"[{cfg.name}] epoch {ep}/{cfg.epochs} step {step} seq_acc: {parts} ({wall():.0f}s)",
-                  file=sys.stderr, flush=True)
-        if on_epoch:
-            on_epoch(rec)
-
-    partial = False
-    skipped = 0  # updates dropped by optim.nan_policy = "skip" in this process's run
-    model.train()
-    while epoch < cfg.epochs:
-        data, order = train_epoch_data(cfg, epoch), epoch_order(cfg, epoch)
-        bar = _progress(nb, batch0, f"epoch {epoch + 1}/{cfg.epochs}", bar_off)
-        acc_loss = acc_tok = 0.0
-        acc_n = 0
-        partial = False
-        t_log = time.perf_counter()
-        for b in range(batch0, nb):
-            idx = batch_indices(order, b, cfg.batch_size, info.rank, info.world)
-            x, y = data.inputs[idx].to(device), data.targets[idx].to(device)
-            lr = cfg.optim.lr * lr_factor(cfg, epoch, step, total)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            with autocast():
-                logits = net(x)
-            loss = F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), y.reshape(-1))  # [B*W, V]
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if _finite_step(cfg, model, loss, step + 1):
-                opt.step()
-                acc_loss += float(loss.detach())
-                acc_tok += float((logits.detach().argmax(-1) == y).float().mean())
-                acc_n += 1
-            else:  # nan_policy = "skip": drop this update, keep the batch position
-                opt.zero_grad(set_to_none=True)
-                skipped += 1
-                if info.is_main and not quiet:
-                    print(f"[{cfg.name}] step {step + 1}: non-finite loss or gradient, update skipped",
-                          file=sys.stderr, flush=True)
-            step += 1
-            if step % cfg.log_every == 0 or b == nb - 1:
-                stats = _all_reduce(torch.tensor([acc_loss, acc_tok], dtype=torch.float64, device=device), info)
-                stats = (stats.cpu() / (max(acc_n, 1) * info.world)).tolist()
-                sps = acc_n * cfg.batch_size / max(time.perf_counter() - t_log, 1e-9)
-                rec = {"kind": "train", "epoch": epoch, "step": step, "loss": stats[0], "tok_acc": stats[1],
-                       "lr": lr, "samples_per_s": sps}
-                if skipped:
-                    rec["skipped_steps"] = skipped
-                metrics.write(rec)
-                if tb:
-                    tb.add_scalar("train/loss", stats[0], step)
-                bar.set_postfix(loss=f"{stats[0]:.4f}", acc=f"{stats[1]:.3f}", sps=f"{sps:.0f}")
-                acc_loss = acc_tok = 0.0
-                acc_n = 0
-                t_log = time.perf_counter()
-            bar.update(1)
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and b < nb - 1:
-                save(epoch, b + 1)
-            if cfg.time_limit_min and b < nb - 1 and time_up():
-                partial = True
-                break
-        bar.close()
-        batch0 = 0
-        if partial:  # time limit inside the epoch: checkpoint here, score the model, stop
-            save(epoch, b + 1)
-            run_eval(round(epoch + (b + 1) / nb, 3))
-            if info.is_main and not quiet:
-                print(f"[{cfg.name}] stopped at step {step} (epoch {epoch + (b + 1) / nb:.2f}): "
-                      f"time limit {cfg.time_limit_min} min", file=sys.stderr, flush=True)
-            break
-        epoch += 1
-        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
-            run_eval(epoch)
-        save(epoch, 0)
-        if cfg.time_limit_min and epoch < cfg.epochs and time_up():
-            if epoch % cfg.eval_every:
-                run_eval(epoch)  # score the model we stop with
-            if info.is_main and not quiet:
-                print(f"[{cfg.name}] stopping after epoch {epoch}: time limit {cfg.time_limit_min} min",
-                      file=sys.stderr, flush=True)
-            break
-    metrics.close()
-    if tb:
-        tb.close()
-    evals = [r["splits"] for r in metrics.records if r["kind"] == "eval"] if info.is_main else []
-    last = evals[-1] if evals else None
-    decided = _tie_level(evals, selection_key(best["splits"], cfg.select_split), cfg.select_split) \
-        if evals and best["splits"] else None
-    results = {"name": cfg.name, "task": cfg.task.name, "backbone": cfg.model.backbone, "params": n_params,
-               "select_split": cfg.select_split, "selected_by": selection_rule(cfg.select_split, cfg.select_ties),
-               "selection_decided_by": decided, "best_epoch": best["epoch"], "splits": best["splits"],
-               "final": last, "epochs": epoch, "stopped_by_time_limit": partial or epoch < cfg.epochs,
-               "steps": step, "wall_s": wall(), "world_size": info.world}
-    if info.is_main:
-        ck.atomic_write_text(run_dir / "results.json", json.dumps(results, indent=2))
-    return results

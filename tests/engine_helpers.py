@@ -1,0 +1,142 @@
+"""Shared checks for the task families of the training engine: a tiny run, then load_run,
+``memnets eval``, ``memnets table`` and ``memnets report``; SIGKILL + ``--resume``; 2-process DDP."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import multiprocessing
+from pathlib import Path
+
+import torch
+
+
+def records(run_dir: Path) -> list[dict]:
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in recs:
+        r.pop("samples_per_s", None)
+        r.pop("wall_s", None)
+    return recs
+
+
+def check_run_folder(run_dir: Path, capsys=None) -> dict:
+    """The files of a finished run; load_run, eval, table and report on it. Returns results.json."""
+    import memnets
+    from memnets.cli.main import main
+
+    for f in ("config.json", "env.json", "metrics.jsonl", "results.json", "checkpoints/last.json",
+              "checkpoints/best.safetensors"):
+        assert (run_dir / f).is_file(), f
+    res = json.loads((run_dir / "results.json").read_text())
+    run = memnets.load_run(run_dir)
+    assert isinstance(run.model, torch.nn.Module) and not run.model.training
+    assert run.results == res and run.config.name == res["name"]
+    again = run.evaluate()
+    for split, m in res["splits"].items():  # the best weights score what was reported
+        for k, v in m.items():
+            if isinstance(v, float):
+                assert abs(again[split][k] - v) <= 1e-4 * max(1.0, abs(v)), (split, k, again[split][k], v)
+    memnets.load_run(run_dir, "last")
+    assert main(["eval", str(run_dir), "--json"]) == 0
+    assert main(["table", str(run_dir)]) == 0
+    out = run_dir.parent / f"{run_dir.name}-report.html"
+    assert main(["report", str(run_dir), "--out", str(out)]) == 0
+    assert res["name"] in out.read_text()
+    if capsys is not None:
+        capsys.readouterr()
+    return res
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, cfg_dict: dict, run_dir: str) -> None:
+    from memnets.train import config_from_dict, train
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    res = train(config_from_dict(cfg_dict), run_dir, quiet=True)
+    assert res["world_size"] == world
+
+
+def ddp_matches_single(cfg, tmp_path: Path, rtol: float = 1e-4, atol: float = 1e-5) -> tuple[dict, dict]:
+    """Train ``cfg`` with 2 gloo processes and with one; the logged losses agree."""
+    import torch.multiprocessing as mp
+
+    from memnets.train import config_to_dict, train
+
+    mp.spawn(_ddp_worker, args=(2, free_port(), config_to_dict(cfg), str(tmp_path / "ddp")), nprocs=2, join=True)
+    threads = torch.get_num_threads()
+    try:
+        single = train(cfg, tmp_path / "single", quiet=True)
+    finally:
+        torch.set_num_threads(threads)
+    both = json.loads((tmp_path / "ddp/results.json").read_text())
+    assert both["world_size"] == 2 and both["steps"] == single["steps"]
+    a = [r["loss"] for r in records(tmp_path / "ddp") if r["kind"] == "train"]
+    b = [r["loss"] for r in records(tmp_path / "single") if r["kind"] == "train"]
+    assert len(a) == len(b) and len(a) >= 2
+    torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=rtol, atol=atol)
+    return both, single
+
+
+def _step(run_dir: Path) -> int:
+    try:
+        return int(json.loads((run_dir / "checkpoints" / "last.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def _child(argv: list[str]) -> None:
+    from memnets.cli.main import main
+
+    sys.stdout = open(os.devnull, "w")
+    os._exit(main(argv))
+
+
+def _launch(cfg_path: Path, run_dir: Path, resume: bool) -> multiprocessing.Process:
+    argv = ["train", str(cfg_path), "--run-dir", str(run_dir), "--quiet"] + (["--resume"] if resume else [])
+    proc = multiprocessing.get_context("fork").Process(target=_child, args=(argv,))
+    proc.start()
+    return proc
+
+
+def kill_and_resume_matches(cfg, tmp_path: Path, kill_after: list[int]) -> dict:
+    """Run ``cfg`` (checkpointing every step) in a forked ``memnets train``, SIGKILL it once its
+    checkpoint reaches each step of ``kill_after``, ``--resume`` it to the end: the results
+    and metrics equal those of an uninterrupted run."""
+    from memnets.cli.main import build_parser
+    from memnets.train import train
+    from memnets.train.config import config_to_toml
+
+    assert cfg.checkpoint_every == 1
+    cfg_path = tmp_path / "cfg.toml"
+    cfg_path.write_text(config_to_toml(cfg))
+    build_parser()
+    ref = train(cfg, tmp_path / "ref", quiet=True)
+    run_dir = tmp_path / "killed"
+    for i, target in enumerate(kill_after):
+        proc = _launch(cfg_path, run_dir, resume=i > 0)
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.is_alive() and _step(run_dir) < target:
+            time.sleep(0.002)
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        assert proc.exitcode == -signal.SIGKILL, f"run {i} was not killed (exit code {proc.exitcode})"
+        assert not (run_dir / "results.json").exists()
+    proc = _launch(cfg_path, run_dir, resume=True)
+    proc.join(timeout=300)
+    assert proc.exitcode == 0
+    res = json.loads((run_dir / "results.json").read_text())
+    for k in ("splits", "final", "best_epoch", "steps", "epochs", "params"):
+        assert res[k] == ref[k], (k, res[k], ref[k])
+    assert records(run_dir) == records(tmp_path / "ref")
+    return res
