@@ -7,21 +7,29 @@
 - NAM-TM at a typical small configuration (input 64, hidden 128, 4 tapes, tape length 32,
   bidirectional GRU controller), B=32, T=50, against ``torch.nn.LSTM`` (hidden 128; bar:
   ratio ≤ 3.0) and against its own per-step reference (``impl="reference"``; bar ≤ 1/3).
+- The NAM-TM's pieces, each C kernel of :mod:`memnets.ops._native` against the PyTorch path it
+  replaces: heads and key tape, value tape (against the chunked ``nam_scan``), GRU controller.
 
 Baseline and ours run alternately and the medians are compared, so that a change of machine
 load affects both alike. ``quick`` shrinks every size (a smoke test, not a measurement).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from ..ops.lsam.loops import loops
 from ..memories.lsam import LSAM
 from ..memories.nam_tm import NAMTuringMachine
+from ..ops import _native, nam_scan
+from ..ops.gru import gru_module_forward
+from ..ops.nam_tape import nam_tape_scan
+from ..ops.nam_tm_heads import nam_tm_heads
 from .timing import fwd_bwd
 
 __all__ = ["run_cases"]
@@ -86,7 +94,64 @@ def _nam_tm_case(quick: bool, repeat: int) -> list[dict]:
     return [row, row_ref]
 
 
+def _pytorch_path(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` with the C kernels off (``MEMNETS_NATIVE=0``): the PyTorch path they replace."""
+    def run() -> None:
+        old = os.environ.get("MEMNETS_NATIVE")
+        os.environ["MEMNETS_NATIVE"] = "0"
+        try:
+            fn()
+        finally:
+            if old is None:
+                del os.environ["MEMNETS_NATIVE"]
+            else:
+                os.environ["MEMNETS_NATIVE"] = old
+    return run
+
+
+def _nam_tm_piece_cases(quick: bool, repeat: int) -> list[dict]:
+    """The NAM-TM's pieces at the bench configuration, each C kernel against the PyTorch path
+    it replaces (the TorchScript head loops, the chunked ``nam_scan``, the TorchScript GRU
+    loops), forward+backward. Only where the kernels load (memnets.ops._native)."""
+    B, T, Tn, L, C = (8, 12, 2, 8, 16) if quick else (32, 50, 4, 32, 32)
+    if not all(_native.status().values()):
+        return []
+    g = torch.Generator().manual_seed(0)
+    N, cfg = B * Tn, f"B={B} T={T} tapes={Tn} L={L} C={C}"
+
+    def leaf(*shape, fn=lambda z: z):
+        return fn(torch.randn(*shape, generator=g)).requires_grad_()
+    act = leaf(B, T, Tn, 2, 4, fn=lambda z: z.softmax(-1))
+    q, k = (leaf(B, T, Tn, C, fn=lambda z: F.normalize(z, dim=-1)) for _ in range(2))
+    pw, pe, pr = (leaf(B, T, Tn, fn=torch.sigmoid) for _ in range(3))
+    h0, K0 = leaf(N, 2, L, fn=lambda z: z.softmax(-1)), leaf(N, C, L, fn=torch.zeros_like)
+    heads = [act, q, k, pw, pe, h0, K0]
+    hr, hw = (leaf(B, T, Tn, L, fn=lambda z: z.softmax(-1)) for _ in range(2))
+    tape = [hr, hw, leaf(B, T, Tn, C), pw, pe, pr, leaf(B, Tn, C, L, fn=torch.zeros_like)]
+    gru = torch.nn.GRU(64, 64, batch_first=True, bidirectional=True)
+    x = leaf(B, T, 64)
+
+    def run_heads():
+        nam_tm_heads(*heads, [0, 1, 2, 3], batch_major=True)[0].sum().backward()
+
+    def run_tape_kernel():
+        sum(z.sum() for z in nam_tape_scan(*tape)).backward()
+
+    def run_tape_chunked():
+        sum(z.sum() for z in nam_scan(*tape[:6], initial_state=tape[6], chunk_size=25)).backward()
+
+    def run_gru():
+        gru_module_forward(gru, x).sum().backward()
+    base = "PyTorch path (MEMNETS_NATIVE=0)"
+    return [_row("NAM-TM heads + key tape", cfg, base + ": TorchScript loops",
+                 _paired(_pytorch_path(run_heads), run_heads, repeat), "C kernel nam_tm_heads.c"),
+            _row("NAM-TM value tape", cfg + " read after write", "nam_scan chunked (chunk 25)",
+                 _paired(run_tape_chunked, run_tape_kernel, repeat), "C kernel nam_tape.c"),
+            _row("NAM-TM controller", f"bidirectional GRU 64 per direction, B={B} T={T}", base + ": TorchScript loops",
+                 _paired(_pytorch_path(run_gru), run_gru, repeat), "C kernel gru.c (products stay in PyTorch)")]
+
+
 def run_cases(quick: bool = False) -> list[dict]:
     """Rows with keys model, config, baseline, baseline_ms, ours_ms, ratio (ours / baseline), note."""
     repeat = 2 if quick else 7
-    return [*_lsam_cases(quick, repeat), *_nam_tm_case(quick, repeat)]
+    return [*_lsam_cases(quick, repeat), *_nam_tm_case(quick, repeat), *_nam_tm_piece_cases(quick, repeat)]
