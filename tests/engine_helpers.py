@@ -1,5 +1,5 @@
 """Shared checks for the task families of the training engine: a tiny run, then load_run,
-``memnets eval``, ``memnets table`` and ``memnets report``; SIGKILL + ``--resume``; 2-process DDP."""
+``memnets eval``, ``memnets table``, ``memnets report`` and ``memnets viz``; SIGKILL + ``--resume``; 2-process DDP."""
 from __future__ import annotations
 
 import json
@@ -14,6 +14,32 @@ from pathlib import Path
 import torch
 
 
+# the overrides that make a preset of each family a run of seconds (a couple of steps)
+TINY = {
+    "nsp": ["epochs=1", "task.train_size=32", "batch_size=16", "task.eval_size=16", "log_every=1", "threads=1",
+            "model.d_model=16", "model.options={num_layers = 1}"],
+    "ntm": ["epochs=2", "task.train_size=8", "batch_size=4", "task.eval_size=4", "log_every=1", "threads=1",
+            "model.options.memory_slots=16", "model.options.controller_size=16", "model.options.word_size=8"],
+    "lra": ["epochs=1", "max_steps=3", "task.train_size=24", "task.eval_size=8", "batch_size=4", "log_every=1",
+            "task.options.max_len=48", "model.d_model=16", "model.options.layers=1", "model.options.heads=2",
+            "model.options.ffn=32", "time_limit_min=0", "threads=1"],
+    "babi": ["epochs=3", "task.options.ls_max_epochs=1", "task.options.softmax_epochs=2", "task.options.anneal_every=1",
+             "log_every=5"],
+    "fewshot": ["epochs=2", "task.options.classes=40", "batch_size=16", "task.eval_size=10", "log_every=5",
+                "time_limit_min=0"],
+    "capacity": ["epochs=1", "task.train_size=64", "task.eval_size=32", "log_every=1", "model.d_model=16"],
+}
+
+
+def tiny_config(preset: str, *more: str):
+    """``preset`` with the :data:`TINY` overrides of its family (the preset's folder; ``nsp`` for
+    the algorithmic ones), then ``more``."""
+    from memnets.train import load_config
+
+    folder = preset.split("/")[0]
+    return load_config(preset, [*TINY.get(folder, TINY["nsp"]), *more])
+
+
 def records(run_dir: Path) -> list[dict]:
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for r in recs:
@@ -23,7 +49,7 @@ def records(run_dir: Path) -> list[dict]:
 
 
 def check_run_folder(run_dir: Path, capsys=None) -> dict:
-    """The files of a finished run; load_run, eval, table and report on it. Returns results.json."""
+    """The files of a finished run; load_run, eval, table, report and viz on it. Returns results.json."""
     import memnets
     from memnets.cli.main import main
 
@@ -44,7 +70,14 @@ def check_run_folder(run_dir: Path, capsys=None) -> dict:
     assert main(["table", str(run_dir)]) == 0
     out = run_dir.parent / f"{run_dir.name}-report.html"
     assert main(["report", str(run_dir), "--out", str(out)]) == 0
-    assert res["name"] in out.read_text()
+    page = out.read_text()
+    metric = res.get("metric", "seq_acc")
+    assert res["name"] in page and f"{next(iter(res['splits']))} {metric}" in page
+    # the model was rebuilt and run on its task's own sample
+    assert "no figures" not in page, page[page.find("no figures"):][:300]
+    figs = run_dir.parent / f"{run_dir.name}-figures"
+    assert main(["viz", str(run_dir), "--out", str(figs), "--dpi", "30"]) == 0
+    assert any(p.suffix == ".png" for p in figs.iterdir())
     if capsys is not None:
         capsys.readouterr()
     return res

@@ -93,6 +93,21 @@ def test_training_is_deterministic_and_mqar_runs():
     assert 0.0 <= r["accuracy"] <= 1.0 and r["loss"] > 0
 
 
+def test_lab_runs_are_engine_runs(tmp_path):
+    import memnets
+
+    r = train_retrieval(memory="delta", num_pairs=3, d_key=8, value_dim=4, steps=3, batch_size=4, eval_batch=8,
+                        run_dir=tmp_path / "cell")
+    res = json.loads((tmp_path / "cell" / "results.json").read_text())
+    assert res["family"] == "capacity" and res["steps"] == 3 and res["setting"]["num_pairs"] == 3
+    assert (r["loss"], r["accuracy"], r["params"]) == (res["splits"]["heldout"]["loss"],
+                                                        res["splits"]["heldout"]["accuracy"], res["params"])
+    run = memnets.load_run(tmp_path / "cell")
+    assert run.config.optim.kind == "adam" and run.config.optim.grad_clip == 1.0 and run.config.model.d_model == 8
+    with pytest.raises(ValueError, match="steps"):
+        train_retrieval(steps=0)
+
+
 def test_sweep_table_and_bad_input():
     s = run_sweep(["linear", "nam"], [2, 3], d_key=4, value_dim=4, steps=1, batch_size=2, eval_batch=4)
     assert [(r["memory"], r["num_pairs"]) for r in s["results"]] == [("linear", 2), ("linear", 3), ("nam", 2), ("nam", 3)]

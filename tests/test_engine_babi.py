@@ -7,12 +7,12 @@ import json
 
 import pytest
 
+from engine_helpers import TINY as ENGINE_TINY
 from engine_helpers import check_run_folder, ddp_matches_single, kill_and_resume_matches
 from memnets.cli.main import main
 from memnets.train import ConfigError, load_config, train
 
-TINY = ["epochs=3", "task.options.ls_max_epochs=1", "task.options.softmax_epochs=2", "task.options.anneal_every=1",
-        "log_every=5"]
+TINY = ENGINE_TINY["babi"]
 
 
 @pytest.fixture

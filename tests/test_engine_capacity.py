@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from engine_helpers import TINY as ENGINE_TINY
 from engine_helpers import check_run_folder
 from memnets.cli.main import main
 from memnets.train import ConfigError, load_config, train
 
-TINY = ["epochs=1", "task.train_size=64", "task.eval_size=32", "log_every=1", "model.d_model=16"]
+TINY = ENGINE_TINY["capacity"]
 
 
 def test_presets_match_the_harness_defaults():

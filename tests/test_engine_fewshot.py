@@ -8,11 +8,12 @@ import json
 
 import pytest
 
+from engine_helpers import TINY as ENGINE_TINY
 from engine_helpers import check_run_folder, ddp_matches_single, kill_and_resume_matches
 from memnets.cli.main import main
 from memnets.train import ConfigError, load_config, train
 
-PRE = ["epochs=2", "task.options.classes=40", "batch_size=16", "task.eval_size=10", "log_every=5", "time_limit_min=0"]
+PRE = ENGINE_TINY["fewshot"]
 
 
 def shot(backbone_run, *more):

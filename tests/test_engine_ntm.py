@@ -7,18 +7,15 @@ import json
 import pytest
 import torch.distributed as dist
 
-from engine_helpers import check_run_folder, ddp_matches_single, kill_and_resume_matches
+from engine_helpers import TINY as ENGINE_TINY
+from engine_helpers import check_run_folder, ddp_matches_single, kill_and_resume_matches, tiny_config
 from memnets.cli.main import main
 from memnets.train import ConfigError, apply_overrides, list_presets, load_config, train
 from memnets.train.task import FAMILIES, get_task, task_names
 
 NTM_PRESETS = ["ntm/copy", "ntm/copy-cpu", "ntm/repeat_copy", "ntm/associative_recall", "ntm/priority_sort"]
-TINY = ["epochs=2", "task.train_size=8", "batch_size=4", "task.eval_size=4", "log_every=1", "threads=1",
-        "model.options.memory_slots=16", "model.options.controller_size=16", "model.options.word_size=8"]
-
-
-def tiny(preset: str, *more: str):
-    return load_config(preset, [*TINY, *more])
+TINY = ENGINE_TINY["ntm"]
+tiny = tiny_config
 
 
 def test_registry_names_every_family_task():
@@ -28,6 +25,24 @@ def test_registry_names_every_family_task():
     with pytest.raises(ConfigError, match="expected one of"):
         get_task("nope")
     assert set(NTM_PRESETS) <= set(list_presets())
+
+
+def test_train_package_exports_the_engine_lazily():
+    import subprocess
+    import sys
+
+    import memnets.train as t
+    from memnets.train.loop import Trainer
+    from memnets.train.runs import load_run
+    from memnets.train.task import Task, get_task, register_task
+
+    assert (t.Trainer, t.Task, t.get_task, t.register_task, t.load_run) == \
+        (Trainer, Task, get_task, register_task, load_run)
+    assert {"Trainer", "Task", "get_task", "register_task", "load_run"} <= set(t.__all__)
+    code = ("import sys, memnets.train.checkpoint; "
+            "print(sorted(m for m in sys.modules if m.startswith('memnets.train')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['memnets.train', 'memnets.train.checkpoint']"  # no loop, tasks or models
 
 
 def test_presets_reproduce_the_copy_experiment():
@@ -74,6 +89,12 @@ def test_train_cli_and_experiment_alias(tmp_path, capsys):
     assert "memnets train ntm/copy-cpu" in capsys.readouterr().out
     a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in "ab")
     assert a["splits"] == b["splits"]
+
+
+def test_algorithmic_run_through_the_shared_checks(tmp_path, capsys):
+    res = train(tiny_config("cpu/reduce-lstm"), tmp_path / "nsp", quiet=True)
+    assert "family" not in res and res["steps"] == 2  # the algorithmic tasks' schema
+    check_run_folder(tmp_path / "nsp", capsys)
 
 
 def test_table_mixes_families(tmp_path, capsys):

@@ -5,7 +5,7 @@ Module-level imports (also under ``if``/``try`` at module level; not under
 ``if TYPE_CHECKING:``) make the graph that must be acyclic; an import inside a function is
 a lazy import and may point anywhere. The layer rules hold for every import, lazy ones
 included: the kernels in ``ops/`` and the memories in ``memories/`` never reach up into the
-models, the training engine, the tasks, the experiments or the command line.
+models, the training engine, the tasks or the command line.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ ROOT = "memnets"
 
 # layer -> the packages it must not import from (at module level or lazily)
 FORBIDDEN = {
-    "ops": ("memories", "models", "train", "tasks", "experiments", "cli"),
-    "memories": ("models", "train", "tasks", "experiments", "cli"),
+    "ops": ("memories", "models", "train", "tasks", "cli"),
+    "memories": ("models", "train", "tasks", "cli"),
 }
 
 

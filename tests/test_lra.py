@@ -7,15 +7,14 @@ import json
 import pytest
 import torch
 
+from engine_helpers import TINY as ENGINE_TINY
 from engine_helpers import check_run_folder, ddp_matches_single, kill_and_resume_matches
 from memnets.cli.main import main
 from memnets.models.lra import LRAClassifier
 from memnets.train import ConfigError, apply_overrides, load_config, train
 from memnets.train.families.lra import LRATask, default_min_len, load_data
 
-TINY = ["epochs=1", "max_steps=3", "task.train_size=24", "task.eval_size=8", "batch_size=4", "log_every=1",
-        "task.options.max_len=48", "model.d_model=16", "model.options.layers=1", "model.options.heads=2",
-        "model.options.ffn=32", "time_limit_min=0", "threads=1"]
+TINY = ENGINE_TINY["lra"]
 
 
 @pytest.mark.parametrize("pool", ["mean", "cls"])

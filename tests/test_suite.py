@@ -67,6 +67,22 @@ def test_suite_runs_skips_finished_runs_and_resumes_unfinished_ones(tmp_path, ca
     assert (runs / names[0] / "results.json").stat().st_mtime_ns == mtimes[names[0]]
 
 
+def test_suite_of_another_family_prints_its_table(tmp_path, capsys):
+    mqar = ["task.options.seq_len=32", "task.options.num_pairs=4", "task.options.vocab_size=32"]
+    suite = _suite(tmp_path, ["capacity/retrieval-delta", "capacity/mqar-delta"], [0],
+                   ["epochs=1", "task.train_size=64", "task.eval_size=16", "model.d_model=8"],
+                   f'[overrides_for]\n"capacity/mqar-delta" = {json.dumps(mqar)}\n')
+    runs = tmp_path / "runs"
+    assert main(["suite", "run", str(suite), "--runs-dir", str(runs), "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    for n in ("capacity-retrieval-delta-s0", "capacity-mqar-delta-s0"):
+        assert f"| {n} | done |" in out and (runs / n / "results.json").is_file()
+    assert "| reported |" in out and "accuracy (heldout " in out  # each run's own metric
+    assert "Table 1" not in out and "## capacity" in out
+    assert "**retrieval**, held-out accuracy (%)" in out and "**mqar**, held-out accuracy (%)" in out
+    assert out.count("| delta |") == 2  # the capacity family's table, as `memnets table` prints it
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie awaiting its reaper counts as dead)."""
     try:

@@ -46,29 +46,16 @@ def make_engine_run(root: Path, backbone: str) -> Path:
 
 
 def make_copy_run(root: Path) -> Path:
-    """A run directory in the NTM copy experiment's format (results.json, metrics.jsonl, model.pt)."""
-    from memnets.memories.ntm import NTM
-    from memnets.tasks.ntm_tasks import CopyTask, bits_per_sequence
+    """A run of the NTM copy task (``ntm/copy-cpu``, tiny): 1 epoch of 2 steps, sequences of length 4."""
+    from memnets.train import load_config
+    from memnets.train.loop import train
 
-    torch.manual_seed(0)
-    model = NTM(9, 8, memory_slots=12, word_size=8, controller_size=16)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    task = CopyTask(min_len=1, max_len=4, bits=8)
-    g = torch.Generator().manual_seed(0)
-    d = root / "copy"
-    d.mkdir()
-    with open(d / "metrics.jsonl", "w") as f:
-        for step in (1, 2, 3):
-            b = task.make_batch(2, g)
-            loss = bits_per_sequence(model(b.inputs)[0], b.targets, b.mask)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            f.write(json.dumps({"step": step, "sequences": 2 * step, "cost_bits": float(loss.detach())}) + "\n")
-    (d / "results.json").write_text(json.dumps({"task": "copy", "model": "ntm", "args": {"max_len": 4},
-                                                "steps": 3, "final_cost_bits": float(loss.detach())}))
-    torch.save({"model": model.state_dict(), "config": dict(model.config.__dict__), "step": 3}, d / "model.pt")
-    return d
+    cfg = load_config("ntm/copy-cpu", ["epochs=1", "task.train_size=4", "batch_size=2", "task.eval_size=2",
+                                       "log_every=1", "threads=1", "model.options.memory_slots=12",
+                                       "model.options.controller_size=16", "model.options.word_size=8",
+                                       "task.options.max_len=4", "task.splits={len4 = [4, 4]}", "select_split=len4"])
+    train(cfg, root / "copy", quiet=True)
+    return root / "copy"
 
 
 @pytest.fixture(scope="module")
@@ -153,20 +140,22 @@ def test_copy_run_figures(runs):
     figs = run_figures(runs["copy"], seed=0)
     heat = panels(figs["weightings"])
     assert len(heat) == 4
-    T = 2 * 4 + 1  # copy of length max_len = 4
+    T = 2 * 4 + 1  # copy of length 4 (the run's split len4)
     assert heat[0].images[0].get_array().shape == (9, T)  # input bits + delimiter over time
     rows, cols = heat[2].images[0].get_array().shape  # memory slots (the visited window) over time
     assert cols == T and 1 <= rows <= 12
-    assert figs["learning_curve"].axes[0].get_ylabel().startswith("cost_bits")
+    curve = figs["learning_curve"]
+    assert [ax.get_title() for ax in curve.axes] == ["training loss", "evaluation bit errors per sequence"]
 
 
 def test_copy_run_table_row(runs):
     from memnets.viz import results_row
 
+    res = json.loads((runs["copy"] / "results.json").read_text())
     row = results_row(runs["copy"])
-    assert row["task"] == "copy" and row["model"] == "ntm" and row["steps"] == "3"
-    n = sum(p.numel() for p in torch.load(runs["copy"] / "model.pt", weights_only=True)["model"].values())
-    assert row["params"] == str(n) and float(row["final cost (bits)"]) > 0
+    assert row["task"] == "copy" and row["model"] == "ntm" and row["steps"] == "2"
+    assert row["params"] == str(res["params"]) and float(row["final cost (bits)"]) > 0
+    assert "len4 bit_errors" in row
 
 
 def test_viz_bad_run_dir_exits_2(tmp_path, capsys):
@@ -192,6 +181,17 @@ def test_viz_mismatched_weights_exit_2(runs, tmp_path, capsys):
     (bad / "config.json").write_text(json.dumps(cfg))
     assert main(["viz", str(bad)]) == 2
     assert "cannot rebuild the model" in capsys.readouterr().err
+
+
+def test_viz_corrupt_weights_exit_2(runs, tmp_path, capsys):
+    import shutil
+
+    bad = tmp_path / "corrupt"
+    shutil.copytree(runs["ntm"], bad, ignore=shutil.ignore_patterns("figures"))
+    best = bad / "checkpoints" / "best.safetensors"
+    best.write_bytes(best.read_bytes()[:40])
+    assert main(["viz", str(bad)]) == 2
+    assert "corrupt" in capsys.readouterr().err
 
 
 def test_viz_bad_split_exits_2(runs, capsys):

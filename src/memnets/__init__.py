@@ -38,7 +38,7 @@ _LAZY = {
     # a trained run of `memnets train`, any task family: model, config, results
     "load_run": "memnets.train.runs",
 }
-_SUBMODULES = {"ops", "attention", "memories", "models", "tasks", "train", "bench", "viz", "registry", "state", "pretrained", "capacity", "datadir", "experiments"}
+_SUBMODULES = {"ops", "attention", "memories", "models", "tasks", "train", "bench", "viz", "registry", "state", "pretrained", "capacity", "datadir"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 

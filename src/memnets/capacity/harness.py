@@ -13,18 +13,24 @@ written with the whole sequence and read with each query after all writes.
   (with edits, the stale values of the same key count as wrong), or argmax for one-hot.
 * :class:`TokenModel` / :func:`train_mqar` — MQAR: embedding, token shift
   ``x_t = [E(w_t) ; E(w_{t−1})]``, one causal memory layer, linear head over the vocabulary.
+
+Both train through the engine (:func:`memnets.train.train`): a run is the ``retrieval`` or
+``mqar`` task (:mod:`memnets.train.families.capacity`) with the ``capacity/*-delta`` preset's
+optimiser (Adam, gradient-norm clip 1, constant rate), batch ``b`` drawn from ``(seed, b)``,
+and one evaluation on ``eval_batch`` held-out sequences after the last step.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_positive_int
-from ..tasks.retrieval import edit_retrieval_batch, mqar_batch, retrieval_batch
 from .adapters import build_adapter
 
 __all__ = ["RetrievalConfig", "MQARConfig", "RetrievalModel", "TokenModel", "retrieval_metrics",
@@ -100,54 +106,62 @@ def retrieval_metrics(pred: torch.Tensor, batch, value_kind: str = "random") -> 
     return loss, acc
 
 
-def _make_batch(cfg: RetrievalConfig, n: int, g: torch.Generator):
-    """A batch drawn on the CPU generator, moved to ``cfg.device``."""
-    if cfg.edits:
-        b = edit_retrieval_batch(n, cfg.num_pairs, cfg.num_writes, cfg.value_dim,
-                                 value_kind=cfg.value_kind, generator=g)
-    else:
-        b = retrieval_batch(n, cfg.num_pairs, cfg.value_dim, value_kind=cfg.value_kind, generator=g)
-    return type(b)(*(t.to(cfg.device) for t in b))
+def _engine_config(task: str, cfg, model: dict, options: dict):
+    """The :class:`~memnets.train.config.RunConfig` of one lab run: the ``capacity/<task>-delta``
+    preset with the run's memory, sizes and options; ``cfg.steps`` steps of ``cfg.batch_size``
+    in one epoch, Adam at ``cfg.lr`` (clip 1, constant rate), one evaluation on
+    ``cfg.eval_batch`` held-out sequences, a training record every step."""
+    from dataclasses import replace
+
+    from ..train import load_config
+
+    base = load_config(f"capacity/{task}-delta")
+    return replace(base, name=f"capacity-{task}-{cfg.memory}", seed=cfg.seed, epochs=1, batch_size=cfg.batch_size,
+                   log_every=1, device=cfg.device, threads=0, checkpoint_every=0, max_steps=0, time_limit_min=0,
+                   model=replace(base.model, backbone=cfg.memory, **model),
+                   task=replace(base.task, train_size=cfg.steps * cfg.batch_size, eval_size=cfg.eval_batch,
+                                options=options),
+                   optim=replace(base.optim, lr=cfg.lr))
 
 
-def _fit(model: nn.Module, cfg, run) -> dict:
-    """Adam on ``run(batch_size, generator) -> (loss, accuracy)`` for ``cfg.steps`` steps
-    (gradient-norm clip 1), then evaluation on ``cfg.eval_batch`` held-out samples."""
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    g = torch.Generator().manual_seed(cfg.seed)
-    t0, losses = time.perf_counter(), []
-    for _ in range(cfg.steps):
-        loss, _ = run(cfg.batch_size, g)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-    model.eval()
-    with torch.no_grad():
-        loss, acc = run(cfg.eval_batch, torch.Generator().manual_seed(10_000 + cfg.seed))
-    tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
-    return {**asdict(cfg), "loss": float(loss), "accuracy": float(acc), "train_loss": sum(tail) / len(tail),
-            "seconds": time.perf_counter() - t0, "params": sum(p.numel() for p in model.parameters())}
+def _fit(run_cfg, cfg, run_dir=None) -> dict:
+    """Train ``run_cfg`` with the engine (:func:`memnets.train.train`) into ``run_dir`` (default: a
+    temporary folder, removed after) and return the lab's row: the fields of ``cfg``, the held-out
+    ``loss`` and ``accuracy``, ``train_loss`` (mean of the last 10% of steps), ``seconds`` and
+    ``params``."""
+    import tempfile
+
+    from ..train import train
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="memnets-capacity-") as tmp:
+        d = Path(run_dir) if run_dir is not None else Path(tmp) / "run"
+        res = train(run_cfg, d, quiet=True)
+        records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    held = res["splits"]["heldout"]
+    tail = losses[-max(1, len(losses) // 10):] or [float("nan")]
+    return {**asdict(cfg), "loss": float(held["loss"]), "accuracy": float(held["accuracy"]),
+            "train_loss": sum(tail) / len(tail), "seconds": time.perf_counter() - t0, "params": res["params"]}
 
 
-def train_retrieval(cfg: RetrievalConfig | None = None, **overrides) -> dict:
+def train_retrieval(cfg: RetrievalConfig | None = None, *, run_dir: str | Path | None = None, **overrides) -> dict:
     """Train one memory on setting 1 (or 2 with ``edits``) from scratch; evaluate on fresh data.
 
+    The run is a ``retrieval`` task of the training engine (:mod:`memnets.train.families.capacity`,
+    preset ``capacity/retrieval-delta``), written to ``run_dir`` (default: a temporary folder).
     Returns a dict: the config, ``loss`` and ``accuracy`` on ``eval_batch`` held-out sequences,
     ``train_loss`` (mean of the last 10% of steps), ``seconds`` (wall time) and ``params``.
     Deterministic for a given ``seed`` (and thread count).
     """
     cfg = RetrievalConfig(**{**(asdict(cfg) if cfg else {}), **overrides})
-    check_positive_int("steps", cfg.steps, minimum=0)
-    torch.manual_seed(cfg.seed)
-    model = RetrievalModel(cfg.memory, cfg.num_pairs, cfg.d_key, cfg.value_dim).to(cfg.device)
-
-    def run(batch_size: int, g: torch.Generator):
-        b = _make_batch(cfg, batch_size, g)
-        return retrieval_metrics(model(b.keys, b.values, b.queries), b, cfg.value_kind)
-
-    return _fit(model, cfg, run)
+    check_positive_int("steps", cfg.steps)
+    options = {"num_pairs": cfg.num_pairs, "edits": cfg.edits, "value_kind": cfg.value_kind}
+    if cfg.num_writes is not None:
+        options["num_writes"] = cfg.num_writes
+    run_cfg = _engine_config("retrieval", cfg, {"d_model": cfg.d_key, "options": {"value_dim": cfg.value_dim}},
+                             options)
+    return _fit(run_cfg, cfg, run_dir)
 
 
 class TokenModel(nn.Module):
@@ -165,21 +179,12 @@ class TokenModel(nn.Module):
         return self.head(self.mem.causal(torch.cat([e, prev], dim=-1)))  # [B, T, V]
 
 
-def train_mqar(cfg: MQARConfig | None = None, **overrides) -> dict:
-    """Train one memory on MQAR; returns the config, held-out ``loss`` / ``accuracy`` over the
+def train_mqar(cfg: MQARConfig | None = None, *, run_dir: str | Path | None = None, **overrides) -> dict:
+    """Train one memory on MQAR (an ``mqar`` task of the training engine, preset
+    ``capacity/mqar-delta``); returns the config, held-out ``loss`` / ``accuracy`` over the
     query positions, ``train_loss``, ``seconds`` and ``params``."""
     cfg = MQARConfig(**{**(asdict(cfg) if cfg else {}), **overrides})
-    check_positive_int("steps", cfg.steps, minimum=0)
-    torch.manual_seed(cfg.seed)
-    model = TokenModel(cfg.memory, cfg.vocab_size, cfg.d_model).to(cfg.device)
-
-    def run(batch_size: int, g: torch.Generator):
-        b = mqar_batch(batch_size, cfg.seq_len, cfg.num_pairs, cfg.vocab_size, generator=g)
-        b = type(b)(*(t.to(cfg.device) for t in b))
-        logits = model(b.inputs)  # [B, T, V]
-        loss = F.cross_entropy(logits.flatten(0, 1), b.labels.flatten(), ignore_index=-100)
-        m = b.labels != -100
-        acc = (logits.argmax(-1)[m] == b.labels[m]).float().mean()
-        return loss, acc
-
-    return _fit(model, cfg, run)
+    check_positive_int("steps", cfg.steps)
+    run_cfg = _engine_config("mqar", cfg, {"d_model": cfg.d_model, "options": {}},
+                             {"seq_len": cfg.seq_len, "num_pairs": cfg.num_pairs, "vocab_size": cfg.vocab_size})
+    return _fit(run_cfg, cfg, run_dir)

@@ -20,8 +20,8 @@ def add_parser(sub) -> None:
 
 def _not_a_run(d: Path) -> str | None:
     """Why directory ``d`` holds no run the report can show (None when it holds one): a run has
-    ``config.json`` (``memnets train``, every task family) or a ``results.json`` naming its
-    ``task`` (e.g. a run of the former NTM copy script)."""
+    ``config.json`` (``memnets train``, every task family) or at least a ``results.json`` naming
+    its ``task`` (shown as a table row without figures)."""
     if (d / "config.json").is_file():
         return None
     expected = 'expected config.json (memnets train) or a results.json with a "task"'

@@ -1,4 +1,4 @@
-"""``memnets suite run|ls``: train a suite of presets × seeds, then print Table 1 beside the paper's.
+"""``memnets suite run|ls``: train a suite of presets × seeds, then print each task family's table.
 
 A suite is a TOML file, shipped under ``configs/suites/<name>.toml`` (looked up by name like
 presets) or given as a path::
@@ -18,7 +18,9 @@ started with ``memnets train ... --resume``, so one with a checkpoint continues 
 stopped and an empty one starts afresh. Runs are subprocesses (``--jobs`` at a time, each
 ``threads=1`` unless overridden) that die with the suite, so after Ctrl-C or a SIGKILL of the
 suite the same command carries on. At the end the suite prints each run's parameter count,
-wall time and figures, and Table 1 (``memnets table --paper`` over the run folders).
+wall time and figures, then one table per task family: Table 1 beside the paper's for the
+algorithmic tasks (``memnets table --paper`` over the run folders), the family's own table
+(``memnets table``: :meth:`memnets.train.task.Task.format_table`) for the others.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["add_parser", "Suite", "SuiteRun", "load_suite", "list_suites", "suite_runs", "run_status", "run_name",
-           "runs_table"]
+           "runs_table", "family_tables"]
 
 SUITE_KEYS = ("description", "presets", "seeds", "overrides", "seeds_for", "overrides_for")
 
@@ -172,12 +174,13 @@ def _checkpoint_step(run_dir: Path) -> int | None:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("suite", help="train a suite of presets x seeds and print Table 1 beside the paper's",
-                       description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("suite", help="train a suite of presets x seeds and print each family's table "
+                       "(Table 1 beside the paper's)", description=__doc__, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ss = p.add_subparsers(dest="suite_cmd", metavar="ACTION")
     ls = ss.add_parser("ls", help="list the shipped suites")
     ls.set_defaults(func=_ls)
-    r = ss.add_parser("run", help="run (or continue) a suite, then print Table 1", epilog=EPILOG,
+    r = ss.add_parser("run", help="run (or continue) a suite, then print its tables", epilog=EPILOG,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("suite", help="suite name (see `memnets suite ls`) or path to a suite .toml")
     r.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides passed to every run")
@@ -187,8 +190,9 @@ def add_parser(sub) -> None:
     r.add_argument("--threads", type=int, default=1,
                    help="torch threads per run (default 1; 0: torch's default; an override threads=N wins)")
     r.add_argument("--dry-run", action="store_true", help="print each run's status and command; train nothing")
-    r.add_argument("--metric", default="seq_acc", choices=("seq_acc", "tok_acc", "ans_acc"),
-                   help="accuracy shown in the table (default: sequence accuracy, the paper's)")
+    r.add_argument("--metric", default=None, choices=("seq_acc", "tok_acc", "ans_acc"),
+                   help="algorithmic tasks: the accuracy shown (default: sequence accuracy, the paper's); "
+                        "the other families show their main metric")
     r.add_argument("--out", default=None, help="also write the final tables (Markdown) to this file")
     r.set_defaults(func=_run)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -257,31 +261,87 @@ def _fmt_wall(s: float) -> str:
     return f"{s:.1f}s" if s < 10 else f"{s:.0f}s" if s < 120 else f"{s / 60:.1f}min"
 
 
-def runs_table(runs: list[SuiteRun], metric: str = "seq_acc") -> str:
-    """Markdown: each run's status, parameter count, wall time, reported epoch and figures."""
+_FRACTIONS = ("seq_acc", "tok_acc", "ans_acc", "accuracy", "acc")
+
+
+def _metric_of(res: dict, metric: str | None) -> str:
+    """The metric shown for a run: ``--metric`` for the algorithmic tasks (default ``seq_acc``),
+    the run's own main metric (``results.json`` ``metric``) for the other families."""
+    return str(res.get("metric") or metric or "seq_acc")
+
+
+def _value(metric: str, v) -> str:
+    if not isinstance(v, (int, float)):
+        return "–"
+    return f"{100 * v:.1f}" if metric in _FRACTIONS else f"{v:.4g}"
+
+
+def _figures(res: dict, metric: str | None) -> str:
+    """``split value ...`` of the run's metric at the reported evaluation (shares in %)."""
+    m = _metric_of(res, metric)
+    return " ".join(f"{k} {_value(m, (v or {}).get(m))}" for k, v in (res.get("splits") or {}).items())
+
+
+def runs_table(runs: list[SuiteRun], metric: str | None = None) -> str:
+    """Markdown: each run's status, parameter count, wall time, reported epoch and figures.
+
+    When every finished run is an algorithmic-task run the figures are the ID / OD-easy /
+    OD-hard columns of ``metric`` (default ``seq_acc``, %); otherwise one column gives each
+    run's main metric per split (``metric (split value ...)``)."""
+    from ..train.task import family_of
     from .table import _params
 
-    lines = ["| run | status | params | wall | epoch | selected by | ID | OD-easy | OD-hard |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    results = {r.name: json.loads((r.run_dir / "results.json").read_text())
+               for r in runs if (r.run_dir / "results.json").is_file()}
+    nsp = all(family_of(res) in ("nsp", None) for res in results.values())
+    if nsp:
+        lines = ["| run | status | params | wall | epoch | selected by | ID | OD-easy | OD-hard |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+    else:
+        lines = ["| run | status | params | wall | epoch | selected by | reported |", "|---|---|---|---|---|---|---|"]
     for r in runs:
-        f = r.run_dir / "results.json"
-        if not f.is_file():
-            lines.append(f"| {r.name} | {run_status(r.run_dir)} | – | – | – | – | – | – | – |")
+        res = results.get(r.name)
+        if res is None:
+            lines.append(f"| {r.name} | {run_status(r.run_dir)} | – | – | – | – | " + " | ".join(
+                ["–"] * (3 if nsp else 1)) + " |")
             continue
-        res = json.loads(f.read_text())
         sp = res.get("splits") or {}
-        acc = [f"{100 * sp[k][metric]:.1f}" if k in sp else "–" for k in ("id", "od_easy", "od_hard")]
+        if nsp:
+            m = metric or "seq_acc"
+            figs = [_value(m, sp[k].get(m)) if k in sp else "–" for k in ("id", "od_easy", "od_hard")]
+        else:
+            figs = [f"{_metric_of(res, metric)} ({_figures(res, metric)})"]
         status = "done (time limit)" if res.get("stopped_by_time_limit") else "done"
         lines.append(f"| {r.name} | {status} | {_params(res['params'])} | {_fmt_wall(res['wall_s'])} | "
                      f"{res.get('best_epoch')}/{res.get('epochs')} | {res.get('selection_decided_by', '–')} | "
-                     + " | ".join(acc) + " |")
+                     + " | ".join(figs) + " |")
     return "\n".join(lines)
+
+
+def family_tables(results: list[dict], metric: str | None = None) -> str:
+    """The tables of ``results`` (``results.json`` dicts), one per task family in order of first
+    appearance: Table 1 beside the paper's for the algorithmic tasks
+    (:func:`memnets.cli.table.format_table1_vs_paper`), the family's
+    :meth:`~memnets.train.task.Task.format_table` (as ``memnets table`` prints it) for the others."""
+    from ..train.task import family_of, family_task
+    from .table import format_table1_vs_paper
+
+    groups: dict[str, list[dict]] = {}
+    for r in results:
+        groups.setdefault(family_of(r) or "nsp", []).append(r)
+    parts = []
+    for fam, rs in groups.items():
+        if fam == "nsp":
+            parts.append("## Table 1: ours / the paper's\n\n" + format_table1_vs_paper(rs, metric or "seq_acc"))
+        else:
+            parts.append(f"## {fam}\n\n" + family_task(fam).format_table(rs))
+    return "\n\n".join(parts)
 
 
 def _run(args) -> int:
     from ..train.config import ConfigError, load_config
     from .main import UsageError
-    from .table import format_table1_vs_paper, load_results
+    from .table import load_results
 
     if args.jobs < 1:
         raise UsageError(f"--jobs expected a positive integer, got {args.jobs}")
@@ -333,8 +393,7 @@ def _run(args) -> int:
                 dt = time.perf_counter() - t0
                 if rc == 0 and run_status(r.run_dir) == "done":
                     res = json.loads((r.run_dir / "results.json").read_text())
-                    sp = res.get("splits") or {}
-                    figs = " ".join(f"{k} {100 * v[args.metric]:.1f}" for k, v in sp.items())
+                    figs = f"{_metric_of(res, args.metric)} {_figures(res, args.metric)}"
                     print(f"  {name}: done in {_fmt_wall(dt)} (epoch {res.get('best_epoch')}: {figs})", flush=True)
                 else:
                     failed.append(name)
@@ -359,7 +418,7 @@ def _run(args) -> int:
     text = "## Runs\n\n" + runs_table(runs, args.metric)
     results = load_results([r.run_dir for r in runs], warn=False)
     if results:
-        text += "\n\n## Table 1: ours / the paper's\n\n" + format_table1_vs_paper(results, args.metric)
+        text += "\n\n" + family_tables(results, args.metric)
     print()
     print(text)
     if args.out:

@@ -3,8 +3,10 @@
     memnets viz runs/reduce-ntm [--task-sample SEED] [--out DIR]
     memnets viz --model ntm|dnc|nam_tm|lsam|softmax|nam|linear|delta [--task-sample SEED] [--out DIR]
 
-With a run directory the trained model is rebuilt from it, run on one sample of its task and
-the figures that fit the model are written as PNGs (plus the learning curve). With ``--model``
+With a run directory (``memnets train``, any task family) the trained model is rebuilt from
+it, run on one sample of its task (the task's own: a digit window, a copy sequence, a test
+example, ...) and the figures that fit the model are written as PNGs (plus the learning
+curve of the run's metric). With ``--model``
 an untrained small model is shown on one copy-task sequence (or a random input for an
 attention layer).
 """
@@ -22,12 +24,12 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("viz", help="plot memory weightings, tapes, gates, attention maps and learning curves",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", nargs="?", help="a directory written by `memnets train` (or the NTM copy experiment)")
+    p.add_argument("run_dir", nargs="?", help="a directory written by `memnets train`")
     p.add_argument("--model", choices=QUICK_MODELS, help="plot an untrained small model instead of a run")
     p.add_argument("--task-sample", type=int, default=0, metavar="SEED", help="seed of the task sample (default 0)")
-    p.add_argument("--split", default=None, help="split whose digit range the sample uses (default: id)")
-    p.add_argument("--length", type=int, default=None,
-                   help="copy-task runs: length of the sample sequence (default: the training maximum, at most 20)")
+    p.add_argument("--split", default=None,
+                   help="split the sample is drawn from (default: the task's; id for the algorithmic tasks, "
+                        "the first split for the NTM tasks)")
     p.add_argument("--checkpoint", choices=("best", "last"), default="best", help="weights to load (default best)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output folder (default: <run_dir>/figures, or figures/<model> with --model)")
@@ -52,8 +54,7 @@ def _run(args) -> int:
         out = Path(args.out or Path("figures") / args.model)
     else:
         try:
-            figs = run_figures(args.run_dir, seed=args.task_sample, checkpoint=args.checkpoint, split=args.split,
-                               length=args.length)
+            figs = run_figures(args.run_dir, seed=args.task_sample, checkpoint=args.checkpoint, split=args.split)
         except RunDirError as e:
             raise UsageError(str(e)) from e
         out = Path(args.out or Path(args.run_dir) / "figures")

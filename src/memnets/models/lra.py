@@ -1,7 +1,7 @@
 """The Long Range Arena classifier (seed 000 Table 3; docs/maths.md §5, §11): token embedding,
 learned positions, a :class:`~memnets.models.transformer.TransformerEncoder` with any attention
-kind, pooling and a linear head. Trained by :mod:`memnets.experiments.lra`, timed by
-:mod:`memnets.bench.lra_steps`.
+kind, pooling and a linear head. Trained as the ``listops`` and ``text`` tasks of
+:mod:`memnets.train.families.lra` (``memnets train lra/...``), timed by :mod:`memnets.bench.lra_steps`.
 """
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ from .optim import make_optimizer
 from .task import RunSummary, Task, get_task
 
 __all__ = ["train", "Trainer", "build_model", "evaluate", "lr_factor", "selects", "selection_key", "selection_rule",
-           "RunExistsError"]
+           "update", "RunExistsError"]
 
 
 class RunExistsError(ConfigError):
@@ -365,10 +365,7 @@ class Trainer:
                 self._sync()
                 w0, c0 = time.perf_counter(), time.process_time()
             loss, stats = task.train_step(self.net, batch, cfg, self.device, self._autocast)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if self._finite_step(loss, self.step + 1):
-                self.opt.step()
+            if update(cfg, self.model, self.opt, loss, self.step + 1):
                 if task.time_steps:
                     self._sync()
                     self.timing = [self.timing[0] + time.perf_counter() - w0,
@@ -377,8 +374,7 @@ class Trainer:
                 for k, v in (stats() if callable(stats) else stats).items():
                     acc_stats[k] = acc_stats.get(k, 0.0) + float(v)
                 acc_n += 1
-            else:  # nan_policy = "skip": drop this update, keep the batch position
-                self.opt.zero_grad(set_to_none=True)
+            else:  # nan_policy = "skip": the update was dropped, keep the batch position
                 self.skipped += 1
                 self._say(f"step {self.step + 1}: non-finite loss or gradient, update skipped")
             self.step += 1
@@ -517,9 +513,6 @@ class Trainer:
             dist.broadcast(flag, 0)
         return bool(flag.item())
 
-    def _finite_step(self, loss: torch.Tensor, step: int) -> bool:
-        return _finite_step(self.cfg, self.model, loss, step)
-
     def _has_unused_parameters(self) -> bool:
         """Whether some parameter gets no gradient (e.g. the jump query of a NAM-TM without JUMP);
         DDP must then be told to look for unused parameters. RNG state is left untouched."""
@@ -531,6 +524,19 @@ class Trainer:
         model.zero_grad(set_to_none=True)
         torch.set_rng_state(rng)
         return unused
+
+
+def update(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, step: int) -> bool:
+    """One optimiser update from ``loss`` (``step``: 1-based, for messages): zero the gradients,
+    backward, clip and check them (:func:`_finite_step`) and step ``opt``. Returns False when
+    ``optim.nan_policy = "skip"`` dropped the update (the gradients are then cleared)."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if _finite_step(cfg, model, loss, step):
+        opt.step()
+        return True
+    opt.zero_grad(set_to_none=True)
+    return False
 
 
 def _finite_step(cfg: RunConfig, model: torch.nn.Module, loss: torch.Tensor, step: int) -> bool:

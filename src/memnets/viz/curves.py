@@ -4,10 +4,11 @@ Two record formats are read:
 
 * the training engine's (:mod:`memnets.train.loop`): ``{"kind": "train", "step", "loss",
   "tok_acc", ...}`` and ``{"kind": "eval", "step", "epoch", "splits": {name: {"seq_acc", ...}}}``;
-* plain step records such as the NTM copy experiment's ``{"step", "cost_bits", ...}``.
+* plain step records such as ``{"step", "cost_bits", ...}`` (no ``kind``: each one a training record).
 
 A training curve is drawn from ``loss`` (else ``cost_bits``) against ``step``; an evaluation
-panel (sequence accuracy per split against step) is added when eval records exist.
+panel (the task's metric per split against step: sequence accuracy for the algorithmic
+tasks, ``results.json``'s ``metric`` for the others) is added when eval records hold it.
 """
 from __future__ import annotations
 
@@ -69,15 +70,20 @@ def eval_curves(records: Sequence[dict], metric: str = "seq_acc") -> dict[str, t
     return out
 
 
-def plot_learning_curves(runs, *, title: str | None = None, log_loss: bool = True) -> Figure:
-    """Training loss and evaluation sequence accuracy against optimiser step.
+_METRIC_NAMES = {"seq_acc": "sequence accuracy", "accuracy": "accuracy", "bit_errors": "bit errors per sequence"}
+
+
+def plot_learning_curves(runs, *, title: str | None = None, log_loss: bool = True, metric: str = "seq_acc") -> Figure:
+    """Training loss and the evaluation ``metric`` (default: sequence accuracy) against optimiser step.
 
     Args:
         runs: a run directory, a list of them, or ``{label: records}`` (records as returned by
             :func:`read_metrics`).
         log_loss: log scale for the loss axis (when every value is positive and they span
             more than a factor 20).
-    Returns a Figure with 1 panel (loss) or 2 (loss, eval accuracy), one line per run (and
+        metric: the key of the evaluation metrics drawn in the second panel (the run's
+            ``results.json`` ``metric``, e.g. ``accuracy`` or ``bit_errors``).
+    Returns a Figure with 1 panel (loss) or 2 (loss, the eval metric), one line per run (and
     split). Raises ValueError when no run has a training curve.
     """
     if isinstance(runs, (str, Path)):
@@ -85,7 +91,7 @@ def plot_learning_curves(runs, *, title: str | None = None, log_loss: bool = Tru
     if not isinstance(runs, dict):
         runs = {Path(r).name: read_metrics(r) for r in runs}
     curves = {name: train_curve(recs) for name, recs in runs.items()}
-    evals = {name: eval_curves(recs) for name, recs in runs.items()}
+    evals = {name: eval_curves(recs, metric) for name, recs in runs.items()}
     if not any(curves.values()):
         raise ValueError("no training records (loss or cost_bits against step) in " + ", ".join(map(str, runs)))
     has_eval = any(evals.values())
@@ -113,10 +119,12 @@ def plot_learning_curves(runs, *, title: str | None = None, log_loss: bool = Tru
         for name, splits in evals.items():
             for split, (xs, ys) in splits.items():
                 ax.plot(xs, ys, marker="o", ms=3, lw=1.2, label=f"{name}: {split}" if many else split)
-        ax.set_title("evaluation sequence accuracy")
+        label = _METRIC_NAMES.get(metric, metric)
+        ax.set_title(f"evaluation {label}")
         ax.set_xlabel("optimiser step")
-        ax.set_ylabel("sequence accuracy")
-        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylabel(label)
+        if all(0.0 <= y <= 1.0 for splits in evals.values() for _, ys in splits.values() for y in ys):
+            ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return fig

@@ -36,7 +36,7 @@ figcaption { color: #57606a; font-size: 0.85em; }
 """
 
 _CAPTIONS = {
-    "learning_curve": "Learning curve: training loss and evaluation sequence accuracy per split.",
+    "learning_curve": "Learning curve: training loss and the evaluation metric per split.",
     "weightings": "Inputs, outputs and the write / read weightings over time (memory slot on y).",
     "dnc_memory": "DNC usage over time, the temporal link matrix after the last step, and read modes.",
     "tape_heads": "NAM-TM head positions on each tape and action probabilities over time.",
@@ -60,13 +60,28 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _metric_cell(metric: str, v) -> str | None:
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    if metric in _FRACTIONS:  # a share in [0, 1]: shown in %
+        return f"{100 * float(v):.1f}%"
+    return _fmt(float(v))
+
+
+_FRACTIONS = ("seq_acc", "tok_acc", "ans_acc", "accuracy", "acc")
+
+
 def results_row(run_dir: str | Path) -> dict[str, str]:
     """One table row for ``run_dir`` from its ``results.json`` (and ``config.json``).
 
-    Keys: ``run``, ``model``, ``task``, ``params``, ``steps``, ``best epoch``, one
-    ``<split> seq_acc`` per split (at the selected epoch, in %) and, for copy runs,
-    ``final cost (bits)``. Missing values are ``"–"``.
+    Keys: ``run``, ``model``, ``task``, ``params``, ``steps``, ``best epoch``, then one
+    ``<split> <metric>`` per split at the reported evaluation, ``metric`` being the run's main
+    metric (``results["metric"]``, docs/tasks.md; ``seq_acc`` for the algorithmic tasks;
+    shares in %), one ``<split> <metric>`` per held-out test split (``results["test"]``) and,
+    for the NTM tasks, ``final cost (bits)``. Missing values are ``"–"``.
     """
+    from ..train.task import family_of
+
     d = Path(run_dir)
     res = json.loads((d / "results.json").read_text()) if (d / "results.json").is_file() else {}
     cfg = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
@@ -78,17 +93,31 @@ def results_row(run_dir: str | Path) -> dict[str, str]:
         "steps": res.get("steps"),
         "best epoch": res.get("best_epoch"),
     }
-    if row["params"] is None and (d / "model.pt").is_file():  # NTM copy runs: count the saved weights
-        import torch
-
-        blob = torch.load(d / "model.pt", map_location="cpu", weights_only=True)
-        row["params"] = sum(int(t.numel()) for t in blob.get("model", {}).values())
-    for split, m in (res.get("splits") or {}).items():
-        if isinstance(m, dict) and "seq_acc" in m:
-            row[f"{split} seq_acc"] = f"{100 * float(m['seq_acc']):.1f}%"
+    metric = res.get("metric") or ("seq_acc" if family_of(res) in ("nsp", None) else None)
+    for part in ("splits", "test"):
+        for split, m in (res.get(part) or {}).items():
+            cell = _metric_cell(metric, m.get(metric)) if isinstance(m, dict) and metric else None
+            if cell is not None:
+                row[f"{split} {metric}"] = cell
     if "final_cost_bits" in res:
         row["final cost (bits)"] = res["final_cost_bits"]
     return {k: _fmt(v) for k, v in row.items()}
+
+
+def _run_metric(d: Path) -> str:
+    """The main metric of run ``d`` (``results.json`` ``metric``, else its task's; ``seq_acc``)."""
+    try:
+        res = json.loads((d / "results.json").read_text())
+        if res.get("metric"):
+            return str(res["metric"])
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        from ..train.task import get_task
+
+        return get_task(json.loads((d / "config.json").read_text())["task"]["name"]).metric
+    except (OSError, ValueError, KeyError, TypeError):
+        return "seq_acc"
 
 
 def _table(rows: list[dict[str, str]]) -> str:
@@ -116,7 +145,7 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html"
 
     if not run_dirs:
         raise ValueError("`run_dirs` expected at least one run directory")
-    rows, sections, curves = [], [], {}
+    rows, sections, curves, metrics = [], [], {}, set()
     for rd in run_dirs:
         d = Path(rd)
         row = results_row(d)
@@ -126,6 +155,7 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html"
             recs = read_metrics(d)
             if train_curve(recs):
                 curves[name] = recs
+                metrics.add(_run_metric(d))
         except FileNotFoundError:
             pass
         parts = [f'<h2 id="{html.escape(name)}">{html.escape(name)}</h2>',
@@ -145,7 +175,8 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html"
         sections.append("\n".join(parts))
     combined = ""
     if len(curves) > 1:
-        uri = figure_data_uri(plot_learning_curves(curves, title="all runs"), dpi)
+        metric = metrics.pop() if len(metrics) == 1 else "seq_acc"
+        uri = figure_data_uri(plot_learning_curves(curves, title="all runs", metric=metric), dpi)
         combined = (f'<h2>Learning curves</h2><figure><img src="{uri}" alt="learning curves of all runs">'
                     f'<figcaption>{html.escape(_CAPTIONS["learning_curve"])}</figcaption></figure>')
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

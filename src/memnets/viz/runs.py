@@ -1,20 +1,18 @@
 """From a model (or a run directory) and one task sample to the figures that fit the model.
 
-Two run formats are understood:
-
-* a training-engine run (``memnets train``; :mod:`memnets.train.loop`): ``config.json``,
-  ``metrics.jsonl``, ``results.json`` and ``checkpoints/`` (``best.safetensors`` or the
-  ``last.json`` pointer). The model is a :class:`~memnets.models.seq.SequenceTaskModel`
-  rebuilt from the config; the sample is one masked-completion window of its task
-  (:mod:`memnets.tasks.nsp`).
-* an NTM copy run (:mod:`memnets.experiments.ntm_copy`): ``results.json`` with
-  ``"task": "copy"``, ``metrics.jsonl`` and ``model.pt`` (weights + NTM config). The sample
-  is one copy sequence (:class:`~memnets.tasks.ntm_tasks.CopyTask`).
+A run directory is one written by ``memnets train`` (:mod:`memnets.train.loop`), of any task
+family: ``config.json``, ``metrics.jsonl``, ``results.json`` and ``checkpoints/``
+(``best.safetensors`` or the ``last.json`` pointer). The model is rebuilt from the config by the
+run's task (:mod:`memnets.train.task`), and the sample is the task's own
+(:meth:`~memnets.train.task.Task.sample`): one masked-completion window for the algorithmic
+tasks (:mod:`memnets.tasks.nsp`), one sequence of its split for the NTM tasks, one test
+example for LRA and bAbI, one image or support set for few-shot Omniglot, one sequence for the
+capacity tasks.
 
 Figures by memory: NTM — inputs/outputs/write/read weightings; DNC — the same plus usage,
 temporal links and read modes; NAM-TM — head positions and action probabilities per tape
 (and its gates); LSAM — read/write gates per head; attention models — the implied attention
-maps; every run — its learning curve.
+maps; every run — its learning curve (training loss and the task's metric per split).
 """
 from __future__ import annotations
 
@@ -29,7 +27,7 @@ from matplotlib.figure import Figure
 from .attention_maps import attention_map, collect_attention_maps
 from .curves import plot_learning_curves, read_metrics, train_curve
 from .plotting import plot_attention_maps, plot_dnc_memory, plot_gates, plot_read_write, plot_tape_heads, save_figure
-from .trace import collect_lsam_gates, memory_kind, memory_trace
+from .trace import collect_lsam_gates, memory_kind, memory_trace, record_module_inputs
 
 __all__ = ["RunDirError", "LoadedRun", "load_run", "run_sample", "model_figures", "run_figures",
            "write_figures", "QUICK_MODELS", "quick_model", "quick_figures"]
@@ -43,14 +41,22 @@ class RunDirError(ValueError):
 
 @dataclass
 class LoadedRun:
-    """A model rebuilt from a run directory. ``kind``: ``"engine"`` or ``"ntm_copy"``."""
+    """A model rebuilt from a run directory: ``config`` is ``config.json`` as a dict,
+    ``run_config`` the :class:`~memnets.train.config.RunConfig`, ``task`` the run's
+    :class:`~memnets.train.task.Task`."""
 
     run_dir: Path
-    kind: str
     name: str
     model: torch.nn.Module
     config: dict
     results: dict | None
+    run_config: Any = None
+    task: Any = None
+
+    @property
+    def metric(self) -> str:
+        """The main metric of the run's evaluations (``seq_acc`` for the algorithmic tasks)."""
+        return str((self.results or {}).get("metric") or getattr(self.task, "metric", None) or "seq_acc")
 
 
 def _read_json(path: Path) -> Any:
@@ -61,56 +67,70 @@ def _read_json(path: Path) -> Any:
 
 
 def load_run(run_dir: str | Path, checkpoint: str = "best") -> LoadedRun:
-    """Rebuild the trained model of ``run_dir`` in evaluation mode.
+    """Rebuild the trained model of ``run_dir`` (a ``memnets train`` run of any task family) in
+    evaluation mode, in its reported form (:meth:`~memnets.train.task.Task.before_test`).
 
     ``checkpoint``: ``"best"`` (falls back to the last checkpoint when there is no best) or
-    ``"last"``. Raises :class:`RunDirError` for a missing directory, an unknown layout or
-    missing weights.
+    ``"last"``. Raises :class:`RunDirError` for a missing directory, a directory without
+    ``config.json``, a model that cannot be rebuilt or missing weights.
     """
+    from ..train.checkpoint import CorruptCheckpointError, load_weights
+    from ..train.runs import RunError, read_config, weights_path
+    from ..train.task import get_task
+
     d = Path(run_dir)
     if not d.is_dir():
         raise RunDirError(f"{d} is not a directory")
+    if not (d / "config.json").is_file():
+        raise RunDirError(f"{d} is not a run directory: expected config.json + checkpoints/ (memnets train)")
+    try:
+        cfg = read_config(d)
+    except RunError as e:
+        raise RunDirError(str(e)) from e
+    raw = _read_json(d / "config.json")
     results = _read_json(d / "results.json") if (d / "results.json").is_file() else None
-    if (d / "config.json").is_file():
-        from ..train import build_model, config_from_dict
-        from ..train.checkpoint import load_weights
-
-        raw = _read_json(d / "config.json")
+    path = None
+    for which in ("last",) if checkpoint == "last" else ("best", "last"):
         try:
-            cfg = config_from_dict(raw)
-        except ValueError as e:
-            raise RunDirError(f"{d}/config.json is not a run config: {e}") from e
-        ck = d / "checkpoints"
-        path = ck / "best.safetensors"
-        if checkpoint == "last" or not path.is_file():
-            ptr = ck / "last.json"
-            path = ck / _read_json(ptr)["weights"] if ptr.is_file() else ck / "last.json"
-        if not path.is_file():
-            raise RunDirError(f"{d} has no saved weights (looked for checkpoints/best.safetensors and "
-                              f"checkpoints/last.json)")
-        torch.manual_seed(cfg.seed)
-        from safetensors import SafetensorError
+            path = weights_path(d, which)
+            break
+        except RunError:
+            continue
+    if path is None:
+        raise RunDirError(f"{d} has no saved weights (looked for checkpoints/best.safetensors and "
+                          f"checkpoints/last.json)")
+    task = get_task(cfg.task.name)
+    torch.manual_seed(cfg.seed)
+    from safetensors import SafetensorError
 
-        try:
-            model = build_model(cfg)
-        except (ImportError, RuntimeError) as e:  # backbone missing here
-            raise RunDirError(f"cannot rebuild the model of {d}: {e}") from e
-        try:
-            load_weights(path, model)
-        except (SafetensorError, OSError) as e:  # truncated or tampered file
-            raise RunDirError(f"{path} is corrupt or truncated: {e}") from e
-        except RuntimeError as e:  # weights of another shape
-            raise RunDirError(f"cannot rebuild the model of {d}: {e}") from e
-        return LoadedRun(d, "engine", cfg.name, model.eval(), raw, results)
-    if results is not None and results.get("task") == "copy" and (d / "model.pt").is_file():
-        from ..memories.ntm import NTM
+    try:
+        model = task.build_model(cfg)
+    except (ImportError, RuntimeError, OSError) as e:  # backbone or data missing here
+        raise RunDirError(f"cannot rebuild the model of {d}: {e}") from e
+    try:
+        load_weights(path, model)
+    except (CorruptCheckpointError, SafetensorError, OSError) as e:  # truncated or tampered file
+        raise RunDirError(f"{path} is corrupt or truncated: {e}") from e
+    except RuntimeError as e:  # weights of another shape
+        raise RunDirError(f"cannot rebuild the model of {d}: {e}") from e
+    task.before_test(model)
+    return LoadedRun(d, cfg.name, model.eval(), raw, results, cfg, task)
 
-        blob = torch.load(d / "model.pt", map_location="cpu", weights_only=True)
-        model = NTM(**blob["config"])
-        model.load_state_dict(blob["model"])
-        return LoadedRun(d, "ntm_copy", d.name, model.eval(), dict(blob["config"]), results)
-    raise RunDirError(f"{d} is not a run directory: expected config.json + checkpoints/ (memnets train) "
-                      f"or results.json + model.pt (NTM copy experiment)")
+
+def run_sample(run: LoadedRun, seed: int = 0, split: str | None = None) -> Any:
+    """One input for ``run``'s model (a batch of 1), drawn by the run's task with ``seed`` from
+    ``split`` (:meth:`~memnets.train.task.Task.sample`; default: ``"id"`` for the algorithmic
+    tasks when the run has it, else the training digits; the first split for the NTM tasks):
+    token ids ``[1, W]`` for the algorithmic tasks, a tensor or a tuple of tensors (the model's
+    arguments) for the others."""
+    cfg = run.run_config
+    splits = cfg.task.splits
+    if split is not None and split not in splits:
+        raise RunDirError(f"`split` expected one of {sorted(splits)}, got {split!r}")
+    try:
+        return run.task.sample(cfg, seed, split)
+    except (OSError, ValueError) as e:  # the task's data missing here
+        raise RunDirError(f"cannot draw a sample of {run.run_dir}: {e}") from e
 
 
 def _copy_sample(bits: int, length: int, seed: int) -> torch.Tensor:
@@ -118,25 +138,6 @@ def _copy_sample(bits: int, length: int, seed: int) -> torch.Tensor:
 
     task = CopyTask(min_len=length, max_len=length, bits=bits, seed=seed)
     return task.make_batch(1).inputs  # [1, 2L+1, bits+1]
-
-
-def run_sample(run: LoadedRun, seed: int = 0, split: str | None = None, length: int | None = None) -> torch.Tensor:
-    """One input for ``run``'s model: token ids ``[1, W]`` (engine runs; digits drawn from
-    ``split``, default ``"id"`` when the run has it, else the training range) or copy bits
-    ``[1, 2L+1, bits+1]`` (copy runs; ``length`` default the training maximum, at most 20)."""
-    if run.kind == "ntm_copy":
-        args = (run.results or {}).get("args", {})
-        L = length or min(int(args.get("max_len", 10)), 20)
-        return _copy_sample(run.model.config.input_size - 1, L, seed)
-    from ..tasks.nsp import make_split
-
-    task = run.config.get("task", {})
-    splits = task.get("splits") or {}
-    name = split or ("id" if "id" in splits else None)
-    if name is not None and name not in splits:
-        raise RunDirError(f"`split` expected one of {sorted(splits)}, got {name!r}")
-    lo, hi = splits[name] if name else task.get("train_digits", (1, 10))
-    return make_split(task.get("name", "reduce"), int(lo), int(hi), 1, seed).inputs  # [1, W]
 
 
 def _attention_figure(maps: dict[str, torch.Tensor], tokens=None, max_maps: int = 8, title: str | None = None) -> Figure:
@@ -193,13 +194,15 @@ def _nam_tm_figures(trace: dict, memory) -> dict[str, Figure]:
 
 
 @torch.no_grad()
-def model_figures(model: torch.nn.Module, x: torch.Tensor) -> dict[str, Figure]:
+def model_figures(model: torch.nn.Module, x: Any) -> dict[str, Figure]:
     """The figures that fit ``model`` on the single sample ``x`` (batch of 1).
 
     ``model``: a :class:`~memnets.models.seq.SequenceTaskModel` (``x``: token ids ``[1, W]``),
     a bare NTM / DNC / NAM-TM / LSAM memory (``x``: ``[1, T, F]``; outputs shown through σ),
-    or an attention layer (``x``: ``[1, S, d_model]``). Returns ``{name: Figure}``; empty when
-    nothing fits (e.g. a plain LSTM).
+    an attention layer (``x``: ``[1, S, d_model]``), or any other model with its input ``x``
+    (a tuple: the model's arguments), for which the NTM / DNC / NAM-TM memories, LSAMs and
+    attention layers inside it are shown on the inputs they receive. Returns ``{name:
+    Figure}``; empty when nothing fits (e.g. a plain LSTM).
     """
     from ..attention import MultiHeadBase
 
@@ -216,15 +219,7 @@ def model_figures(model: torch.nn.Module, x: torch.Tensor) -> dict[str, Figure]:
         memory = model.backbone
         tokens = [TOKEN_CHARS[int(i)] for i in x[0]]
         if memory_kind(memory) is None:
-            figs = {}
-            gates = collect_lsam_gates(model, x)
-            if gates:
-                figs["gates"] = plot_gates({k.removeprefix("backbone.").replace("backbone ", ""): v[0]
-                                            for k, v in gates.items()}, model_name="LSAM")
-            maps = collect_attention_maps(model, x)
-            if maps:
-                figs["attention"] = _attention_figure(maps, tokens=tokens)
-            return figs
+            return _inner_figures(model, (x,), tokens, memories=False)
         model.eval()
         trace = memory_trace(memory, model.embed(x))
         probs = torch.softmax(model.head(trace["output"]), -1)[0]  # [W, V]
@@ -232,24 +227,47 @@ def model_figures(model: torch.nn.Module, x: torch.Tensor) -> dict[str, Figure]:
         labels = list(TOKEN_CHARS[: model.vocab_size])
         return _memory_figures(trace, memory, onehot, probs, labels, labels, "token")
     if memory_kind(model) is None:
-        return {}
+        return _inner_figures(model, x if isinstance(x, tuple) else (x,))
     trace = memory_trace(model, x)
     return _memory_figures(trace, model, x[0], torch.sigmoid(trace["output"][0]), None, None, "output")
 
 
+def _inner_figures(model: torch.nn.Module, inputs: tuple, tokens=None, memories: bool = True) -> dict[str, Figure]:
+    """The figures of the memories inside ``model`` run on ``inputs``: the first NTM / DNC /
+    NAM-TM called with a batch-first ``[1, T, F]`` input (its input and σ of its output; with
+    ``memories``), the gates of every LSAM and the attention maps of every attention layer."""
+    figs: dict[str, Figure] = {}
+    calls = record_module_inputs(model, lambda m: memory_kind(m) in ("ntm", "dnc", "nam_tm"), *inputs) \
+        if memories else []
+    for _, memory, args, _ in calls[:1]:
+        if args and isinstance(args[0], torch.Tensor) and args[0].dim() == 3 and getattr(memory, "batch_first", True):
+            trace = memory_trace(memory, args[0][:1])
+            figs.update(_memory_figures(trace, memory, args[0][0], torch.sigmoid(trace["output"][0]), None, None,
+                                        "output"))
+    gates = collect_lsam_gates(model, *inputs)
+    if gates:
+        figs["gates"] = plot_gates({k.removeprefix("backbone.").replace("backbone ", ""): v[0]
+                                    for k, v in gates.items()}, model_name="LSAM")
+    maps = collect_attention_maps(model, *inputs)
+    if maps:
+        figs["attention"] = _attention_figure(maps, tokens=tokens)
+    return figs
+
+
 def run_figures(run_dir: str | Path, seed: int = 0, checkpoint: str = "best",
-                split: str | None = None, length: int | None = None) -> dict[str, Figure]:
-    """:func:`model_figures` of the run's model on one sample (``seed``; ``split`` / ``length``
-    as in :func:`run_sample`) plus its ``learning_curve`` (when ``metrics.jsonl`` holds
-    training records)."""
+                split: str | None = None) -> dict[str, Figure]:
+    """:func:`model_figures` of the run's model on one sample (``seed``, ``split``: see
+    :func:`run_sample`) plus its ``learning_curve`` (when ``metrics.jsonl`` holds training
+    records; its evaluation panel shows the task's metric)."""
     run = load_run(run_dir, checkpoint)
-    figs = model_figures(run.model, run_sample(run, seed, split, length))
+    figs = model_figures(run.model, run_sample(run, seed, split))
     try:
         records = read_metrics(run.run_dir)
     except FileNotFoundError:
         records = []
     if train_curve(records):
-        figs["learning_curve"] = plot_learning_curves({run.name: records}, title=f"{run.name}: learning curve")
+        figs["learning_curve"] = plot_learning_curves({run.name: records}, title=f"{run.name}: learning curve",
+                                                      metric=run.metric)
     return figs
 
 

@@ -1,8 +1,9 @@
 """The associative-retrieval tasks of the capacity lab as engine tasks (Schlag, Irie & Schmidhuber
 2021, Sec. 4.1; docs/maths.md §6, docs/capacity.md): ``retrieval`` (settings 1 and 2) and
 ``mqar`` (multi-query associative recall), one memory per run. The sweeps of ``memnets
-capacity`` (many short runs, one table) stay in :mod:`memnets.capacity`; these tasks give one
-of their cells a run folder, checkpoints, resume and DDP.
+capacity`` (many short runs, one table; :mod:`memnets.capacity`) train each of their cells as
+one of these tasks; ``memnets train capacity/...`` gives a cell a run folder, checkpoints,
+resume and DDP.
 
 ``retrieval``: :class:`~memnets.capacity.harness.RetrievalModel` — a learned embedding of the
 key symbols (width ``model.d_model``) and one memory adapter ``model.backbone`` (a name of
@@ -116,7 +117,10 @@ class RetrievalTask(Task):
         return {"heldout": self.batch(cfg, cfg.task.eval_size, torch.Generator().manual_seed(derive_seed("eval", self.name)))}
 
     def sample(self, cfg, seed: int = 0, split: str | None = None):
-        return self.batch(cfg, 1, torch.Generator().manual_seed(seed))
+        """The model's arguments for one fresh sequence: ``(keys [1, T], values [1, T, dv],
+        queries [1, Q])``."""
+        b = self.batch(cfg, 1, torch.Generator().manual_seed(seed))
+        return b.keys, b.values, b.queries
 
     @torch.no_grad()
     def evaluate(self, model, data, cfg, *, device, info, autocast=contextlib.nullcontext):
@@ -196,6 +200,10 @@ class MQARTask(RetrievalTask):
 
         o = self.options(cfg)
         return mqar_batch(n, o["seq_len"], o["num_pairs"], o["vocab_size"], generator=g)
+
+    def sample(self, cfg, seed: int = 0, split: str | None = None) -> torch.Tensor:
+        """Token ids ``[1, T]`` of one fresh sequence."""
+        return self.batch(cfg, 1, torch.Generator().manual_seed(seed)).inputs
 
     def forward(self, net, b, cfg, device, autocast=contextlib.nullcontext):
         b = type(b)(*(t.to(device) for t in b))

@@ -41,21 +41,11 @@ import torch.nn.functional as F
 from ..data import batch_indices, epoch_order
 from ..task import RunSummary, Task, common_results
 
-__all__ = ["LRATask", "PRESETS", "default_min_len", "load_data"]
+__all__ = ["LRATask", "default_min_len", "load_data"]
 
 MODEL_OPTIONS = {"layers": 2, "heads": 4, "ffn": 128, "dropout": 0.0, "pool": "mean", "norm_first": False,
                  "zero_init_out": False, "nam_length_norm": False}
 TASK_OPTIONS = {"max_len": 2000, "min_len": None, "data_seed": 0}
-
-# the model sizes of the cpu and paper configurations (configs/lra/*.toml; memnets bench lra-steps)
-PRESETS = {
-    "cpu": {"d_model": 64, "layers": 2, "heads": 4, "ffn": 128, "pool": "mean", "batch_size": 8,
-            "listops": {"max_len": 2000, "n_train": 2000, "n_test": 200},
-            "text": {"max_len": 1000, "n_train": 2000, "n_test": 500}},
-    "paper": {"d_model": 512, "layers": 4, "heads": 8, "pool": "cls", "batch_size": 32,
-              "listops": {"max_len": 2000, "ffn": 1024, "n_train": 96_000, "n_test": 2_000},
-              "text": {"max_len": 4000, "ffn": 2048, "n_train": 25_000, "n_test": 25_000}},
-}
 
 
 def default_min_len(max_len: int) -> int:
