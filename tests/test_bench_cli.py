@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch
+
 from memnets.bench.registry import format_table
 from memnets.cli.main import main
 
@@ -26,3 +29,17 @@ def test_unknown_suite_is_usage_error(capsys):
     except SystemExit as e:
         assert e.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_bench_gpu_device_is_resolved_like_a_runs(capsys):
+    """`--device` goes through memnets.train.env.resolve_device: auto picks CUDA when there is one,
+    and a device this machine lacks is refused with a plain message (exit 2)."""
+    from memnets.bench import gpu
+
+    res = gpu.run(device=None, sections=(), verbose=False)
+    assert res["gpu"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (cpu)")
+    assert gpu.run(device="cpu", sections=(), verbose=False)["gpu"] == "cpu (cpu)"
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: the refusal of a missing CUDA cannot be shown here")
+    assert main(["bench", "gpu", "--device", "cuda", "--tiny"]) == 2
+    assert "CUDA is not available on this machine" in capsys.readouterr().err

@@ -121,3 +121,38 @@ def test_slow_run_warns_early_and_says_under_trained(tmp_path, monkeypatch, caps
     assert "[after epoch" in text and "WARNING: the demo cannot train NAM-TM properly here" in text
     assert "UNDER-TRAINED: the NAM-TM run was stopped by its 1e-05-min time cap" in text
     assert "time_limit_min=" in text.split("UNDER-TRAINED")[1]
+
+
+def test_calibrate_times_the_engines_training_step(monkeypatch, keep_threads):
+    """The speed check runs the task's train_step, optim.kind's optimiser and the engine's update."""
+    import memnets.train.loop as loop
+    import memnets.train.optim as optim
+    from memnets.train.task import get_task
+
+    cfg = demo.demo_configs([*TINY, "optim.kind=sgd"])[0]
+    task = get_task(cfg.task.name)
+    seen = {"steps": 0, "updates": 0, "opt": None}
+    real_step, real_update, real_make = task.train_step, loop.update, optim.make_optimizer
+
+    def train_step(*a, **kw):
+        seen["steps"] += 1
+        return real_step(*a, **kw)
+
+    def update(cfg_, model, opt, loss, step):
+        seen["updates"] += 1
+        return real_update(cfg_, model, opt, loss, step)
+
+    def make_optimizer(optim_cfg, params):
+        seen["opt"] = opt = real_make(optim_cfg, params)
+        return opt
+
+    monkeypatch.setattr(task, "train_step", train_step)
+    monkeypatch.setattr(loop, "update", update)
+    monkeypatch.setattr(optim, "make_optimizer", make_optimizer)
+    rng = torch.get_rng_state()
+    c = demo.calibrate(cfg, min_seconds=0.0, max_steps=2)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert seen["steps"] == seen["updates"] == 3  # a warm-up step and two timed ones
+    assert isinstance(seen["opt"], torch.optim.SGD)
+    assert c["train_samples_per_s"] > 0 and c["epoch_s"] > 0
+    assert c["samples_per_s"] == pytest.approx(cfg.task.train_size / c["epoch_s"])

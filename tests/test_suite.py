@@ -259,3 +259,16 @@ def test_format_table1_vs_paper_pools_seeds_in_seed_order():
                           "splits": {"id": {"seq_acc": a}}}
     text = format_table1_vs_paper([mk(1, 0.2), mk(0, 0.1)])
     assert re.search(r"\| Reduce \| ID \|.*\| 15\.0 \(10\.0, 20\.0\) / 100\.0 \|", text)
+
+
+def test_suite_and_table_share_one_family_grouping():
+    """`memnets suite` and `memnets table` print the tables of memnets.cli.table.family_tables."""
+    from memnets.cli import suite, table
+
+    mk = lambda task, bb, a: {"task": task, "backbone": bb, "params": 5, "seed": 0,  # noqa: E731
+                              "splits": {"id": {"seq_acc": a}}}
+    rs = [mk("reduce", "dnc", 0.5), mk("fib", "transformer", 0.25)]
+    assert suite.family_tables(rs) == "## Table 1: ours / the paper's\n\n" + format_table1_vs_paper(rs)
+    assert suite.family_tables(rs) == table.family_tables(rs, paper=True, headings=True)
+    assert table.family_tables(rs) == table.format_table1(rs)  # one family: no heading
+    assert table.family_tables(rs, headings=True).startswith("## nsp\n\n| Model |")

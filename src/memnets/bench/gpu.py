@@ -340,12 +340,15 @@ SECTIONS = {"scan": _scan_section, "attention": _attention_section, "models": _m
 
 def run(quick: bool = False, *, device: str | torch.device | None = None, tiny: bool = False,
         sections: tuple[str, ...] = tuple(SECTIONS), max_seconds: float = 330.0, verbose: bool = True) -> dict:
-    """Run the sections and return a bench result dict (``rows`` carry the GPU name)."""
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    """Run the sections and return a bench result dict (``rows`` carry the GPU name).
+
+    ``device``: None or ``"auto"`` for CUDA when available, else the CPU; a device this machine
+    lacks raises :class:`~memnets.train.config.ConfigError` (:func:`memnets.train.env.resolve_device`).
+    """
+    from ..train.env import DistInfo, resolve_device
+
+    current = DistInfo(local_rank=torch.cuda.current_device()) if torch.cuda.is_available() else None
+    device = resolve_device("auto" if device is None else str(device), current)
     from ..ops.delta.fla_backend import fla_version
     bench = _Bench(device, max_seconds, verbose)
     t0 = time.perf_counter()

@@ -259,40 +259,41 @@ def calibrate(cfg, *, min_seconds: float = 1.0, max_steps: int = 16) -> dict[str
 
     Returns ``{"epoch_s", "samples_per_s", "train_samples_per_s"}``: the estimated wall time
     of one epoch (training + evaluation of every split) and the samples per second it implies
-    (``task.train_size / epoch_s``), and the training steps' own rate. Uses ``cfg.threads``
+    (``task.train_size / epoch_s``), and the training steps' own rate. A step is the engine's:
+    the task's batch and ``train_step`` (autocast as in training), then
+    :func:`memnets.train.loop.update` with ``optim.kind``'s optimiser. Uses ``cfg.threads``
     and ``cfg.device``; the global RNG state is left as it was.
     """
     import torch
-    import torch.nn.functional as F
 
-    from ..tasks.nsp import VOCAB_SIZE
-    from ..train.data import eval_splits, train_epoch_data
-    from ..train.env import resolve_device
-    from ..train.loop import build_model, evaluate
+    from ..train.env import DistInfo, resolve_device
+    from ..train.loop import _autocast, update
+    from ..train.optim import make_optimizer
+    from ..train.task import get_task
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
+    task = get_task(cfg.task.name)
 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    def autocast():
+        return _autocast(cfg, device)
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
-        data = train_epoch_data(cfg, 0)
-        bs = cfg.batch_size
-        nb = max(cfg.task.train_size // bs, 1)
+        model = task.build_model(cfg).to(device)
+        model.train()
+        opt = make_optimizer(cfg.optim, model.parameters())
+        data = task.train_data(cfg, 0)
+        nb = max(task.steps_per_epoch(cfg), 1)
 
         def step(i: int) -> None:
-            j = slice((i % nb) * bs, (i % nb + 1) * bs)
-            x, y = data.inputs[j].to(device), data.targets[j].to(device)
-            loss = F.cross_entropy(model(x).float().reshape(-1, VOCAB_SIZE), y.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            loss, _ = task.train_step(model, task.train_batch(cfg, data, 0, i % nb), cfg, device, autocast)
+            update(cfg, model, opt, loss, i + 1)
 
         step(0)  # warm-up
         sync()
@@ -301,12 +302,13 @@ def calibrate(cfg, *, min_seconds: float = 1.0, max_steps: int = 16) -> dict[str
             n += 1
             step(n)
         sync()
-        train_sps = n * bs / (time.perf_counter() - t0)
+        train_sps = n * cfg.batch_size / (time.perf_counter() - t0)
         k = max(min(32, cfg.task.eval_size), 1)
-        splits = eval_splits(cfg)
+        splits = task.eval_splits(cfg)
         t1 = time.perf_counter()
         for s in splits.values():
-            evaluate(model, type(s)(*(t[:k] for t in s)), batch_size=k, device=device)
+            task.evaluate(model, type(s)(*(t[:k] for t in s)), cfg, device=device, info=DistInfo(),
+                          autocast=autocast)
         sync()
         eval_s = (time.perf_counter() - t1) * cfg.task.eval_size / k
     epoch_s = cfg.task.train_size / train_sps + eval_s

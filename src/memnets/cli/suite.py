@@ -320,22 +320,12 @@ def runs_table(runs: list[SuiteRun], metric: str | None = None) -> str:
 
 def family_tables(results: list[dict], metric: str | None = None) -> str:
     """The tables of ``results`` (``results.json`` dicts), one per task family in order of first
-    appearance: Table 1 beside the paper's for the algorithmic tasks
-    (:func:`memnets.cli.table.format_table1_vs_paper`), the family's
-    :meth:`~memnets.train.task.Task.format_table` (as ``memnets table`` prints it) for the others."""
-    from ..train.task import family_of, family_task
-    from .table import format_table1_vs_paper
+    appearance, each under a heading: Table 1 of ``metric`` beside the paper's for the
+    algorithmic tasks, the family's own table (main metric) for the others
+    (:func:`memnets.cli.table.family_tables`, as ``memnets table --paper`` prints them)."""
+    from .table import family_tables as tables
 
-    groups: dict[str, list[dict]] = {}
-    for r in results:
-        groups.setdefault(family_of(r) or "nsp", []).append(r)
-    parts = []
-    for fam, rs in groups.items():
-        if fam == "nsp":
-            parts.append("## Table 1: ours / the paper's\n\n" + format_table1_vs_paper(rs, metric or "seq_acc"))
-        else:
-            parts.append(f"## {fam}\n\n" + family_task(fam).format_table(rs))
-    return "\n\n".join(parts)
+    return tables(results, metric, paper=True, headings=True)
 
 
 def _run(args) -> int:

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["add_parser", "format_table1", "format_table1_vs_paper", "load_results", "paper_cell",
+__all__ = ["add_parser", "family_tables", "format_table1", "format_table1_vs_paper", "load_results", "paper_cell",
            "PAPER_TABLE1", "MODEL_ORDER"]
 
 MODEL_ORDER = ["TF", "LSTM", "UT", "DNC", "LSAM", "NAM-TM", "No Jmp", "NTM", "LSAM (stack)", "biLSTM"]
@@ -175,6 +175,40 @@ def load_results(run_dirs, warn: bool = True) -> list[dict]:
     return results
 
 
+def family_tables(results: list[dict], metric: str | None = None, *, other_metric: str | None = None,
+                  paper: bool = False, headings: bool | None = None) -> str:
+    """The tables of ``results`` (``results.json`` dicts), one per task family in order of first
+    appearance (a run without a ``family`` is an algorithmic-task run, :func:`~memnets.train.task.family_of`).
+
+    The algorithmic tasks give Table 1 of ``metric`` (default ``seq_acc``): :func:`format_table1`,
+    or with ``paper`` :func:`format_table1_vs_paper`; the other families their
+    :meth:`~memnets.train.task.Task.format_table` of ``other_metric`` (default: the family's main
+    metric). Each table stands under a ``## <family>`` heading (``## Table 1: ours / the paper's``
+    for the algorithmic tasks with ``paper``): always with ``headings=True``, never with False,
+    and with None (``memnets table``) only when there are several families. ``memnets table``
+    and ``memnets suite run`` print these. A family's ValueError is raised again naming the
+    first run of the family (its ``run_dir``).
+    """
+    from ..train.task import family_of, family_task
+
+    groups: dict[str, list[dict]] = {}
+    for r in results:
+        groups.setdefault(family_of(r) or "nsp", []).append(r)
+    parts = []
+    for fam, rs in groups.items():
+        try:
+            if fam == "nsp":
+                t = (format_table1_vs_paper if paper else format_table1)(rs, metric or "seq_acc")
+            else:
+                t = family_task(fam).format_table(rs, other_metric)
+        except ValueError as e:
+            raise ValueError(f"{rs[0].get('run_dir', fam)}: {e}") from e
+        title = "Table 1: ours / the paper's" if fam == "nsp" and paper else fam
+        show = len(groups) > 1 if headings is None else headings
+        parts.append(f"## {title}\n\n{t}" if show else t)
+    return "\n\n".join(parts)
+
+
 def _paper() -> str:
     cols = MODEL_ORDER[:7]
     lines = ["| Model | | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols),
@@ -203,7 +237,7 @@ def _task_run_problem(res: dict, metric: str) -> str | None:
 
 
 def _run(args) -> int:
-    from ..train.task import family_of, family_task
+    from ..train.task import family_of
     from .main import UsageError
 
     if args.paper and not args.run_dirs:
@@ -218,34 +252,22 @@ def _run(args) -> int:
         if not results:
             raise UsageError(f"no results.json in {', '.join(map(str, args.run_dirs))} (expected run "
                              "directories of finished `memnets train` runs)")
-        groups: dict[str, list[dict]] = {}
         for r in results:
-            fam = family_of(r)
-            if fam is None or fam == "nsp":
+            if family_of(r) in (None, "nsp"):
                 if args.metric not in (None, "seq_acc", "tok_acc", "ans_acc"):
                     raise UsageError(f"--metric of an algorithmic-task run expected one of seq_acc, tok_acc, "
                                      f"ans_acc, got {args.metric!r}")
                 problem = _task_run_problem(r, args.metric or "seq_acc")
                 if problem:
                     raise UsageError(f"{r['run_dir']} is not an algorithmic-task run: {problem}")
-                fam = "nsp"
-            groups.setdefault(fam, []).append(r)
         for d in args.run_dirs:
             if not (Path(d) / "results.json").is_file():
                 why = "no results.json (unfinished run?)" if Path(d).is_dir() else "no such directory"
                 print(f"memnets table: skipping {d}: {why}", file=sys.stderr)
-        parts = []
-        for fam, rs in groups.items():
-            if fam == "nsp":
-                metric = args.metric or "seq_acc"
-                t = format_table1_vs_paper(rs, metric) if args.paper else format_table1(rs, metric)
-            else:
-                try:
-                    t = family_task(fam).format_table(rs, args.metric)
-                except ValueError as e:
-                    raise UsageError(f"{rs[0]['run_dir']}: {e}") from e
-            parts.append(t if len(groups) == 1 else f"## {fam}\n\n{t}")
-        text = "\n\n".join(parts)
+        try:
+            text = family_tables(results, args.metric, other_metric=args.metric, paper=args.paper)
+        except ValueError as e:
+            raise UsageError(str(e)) from e
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
