@@ -31,10 +31,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int |
     from .main import UsageError
 
     run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file():
-        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
-    _read_config(run_dir / "config.json")
-    try:
+    try:  # a missing or malformed config.json, a missing or unfitting checkpoint
         run = load_run(run_dir, checkpoint)
     except RunError as e:
         raise UsageError(str(e)) from e
@@ -56,20 +53,6 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int |
                 m = s.digits == n
                 out[f"{name}/{n}"] = evaluate(model, type(s)(*(t[m] for t in s)), batch_size=256)
     return out
-
-
-def _read_config(path: Path):
-    """The RunConfig saved in a run's ``config.json``; UsageError naming the file if malformed."""
-    from ..train import ConfigError, config_from_dict
-    from .main import UsageError
-
-    try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict):
-            raise ConfigError(f"expected a JSON object, got {type(data).__name__}")
-        return config_from_dict(data)
-    except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError and ConfigError are ValueErrors
-        raise UsageError(f"{path} is malformed: {e}") from e
 
 
 def _run(args) -> int:

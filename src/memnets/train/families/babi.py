@@ -60,6 +60,7 @@ import torch.nn.functional as F
 
 from ..data import derive_seed
 from ..task import RunSummary, Task, common_results
+from ._common import all_reduce_sum, check_options, decided_by_part
 
 __all__ = ["MemN2NTask", "SeqTask", "SeqQA", "PUBLISHED_MEAN_ERROR", "prepare", "prepare_seq", "trim", "batches",
            "encode_sequences"]
@@ -97,6 +98,41 @@ def batches(data, batch_size: int, gen: torch.Generator | None, bucket: bool = T
     if gen is not None:
         out = [out[i] for i in torch.randperm(len(out), generator=gen)]
     return out
+
+
+def _evaluate_qa(model, data, index_batches, forward, tasks: list[int], *, device, info,
+                 autocast=contextlib.nullcontext, extra: dict | None = None) -> dict[str, Any]:
+    """The metrics of one bAbI split (``data``: ``answers`` and ``tasks`` per example) for both
+    task kinds: ``forward(idx)`` gives the logits of the examples ``idx`` (this process's share
+    of each of ``index_batches``). ``{"accuracy", "error" (%), "loss", "n", **extra,
+    "task_error": {task: error %}}``, counted over every DDP process."""
+    was = model.training
+    model.eval()
+    col = {t: i for i, t in enumerate(tasks)}
+    tot = torch.zeros(3 + 2 * len(tasks), dtype=torch.float64)  # correct, loss sum, n, per task (correct, n)
+    for idx in index_batches:
+        idx = idx[info.rank::info.world]
+        if idx.numel() == 0:
+            continue
+        y = data.answers[idx].to(device)
+        with autocast():
+            logits = forward(idx).float()
+        ok = (logits.argmax(-1) == y).cpu()
+        tot[0] += float(ok.sum())
+        tot[1] += float(F.cross_entropy(logits, y, reduction="sum"))
+        tot[2] += idx.numel()
+        for t in data.tasks[idx].unique().tolist():
+            m = data.tasks[idx] == t
+            tot[3 + 2 * col[t]] += float(ok[m].sum())
+            tot[4 + 2 * col[t]] += float(m.sum())
+    tot = all_reduce_sum(tot, info, device)
+    model.train(was)
+    c = tot.tolist()
+    n = max(c[2], 1)
+    return {"accuracy": c[0] / n, "error": round(100.0 * (1 - c[0] / n), 2), "loss": c[1] / n, "n": int(c[2]),
+            **(extra or {}),
+            "task_error": {str(t): round(100.0 * (1 - c[3 + 2 * i] / max(c[4 + 2 * i], 1)), 2)
+                           for i, t in enumerate(tasks)}}
 
 
 _DATA: dict[tuple, tuple] = {}
@@ -147,12 +183,8 @@ class MemN2NTask(Task):
     def validate(self, cfg) -> None:
         from ..config import ConfigError
 
-        for where, known, given in (("model.options", MODEL_OPTIONS, cfg.model.options),
-                                    ("task.options", TASK_OPTIONS, cfg.task.options)):
-            for k in given:
-                if k not in known:
-                    raise ConfigError(f"unknown option `{where}.{k}` of the {self.name!r} task "
-                                      f"(known: {', '.join(known)})")
+        check_options(self.name, ("model.options", MODEL_OPTIONS, cfg.model.options),
+                      ("task.options", TASK_OPTIONS, cfg.task.options))
         if cfg.model.backbone != "memn2n":
             raise ConfigError(f"`model.backbone` of the {self.name!r} task expected 'memn2n', got {cfg.model.backbone!r}")
         mo, to = self.options(cfg)
@@ -237,40 +269,13 @@ class MemN2NTask(Task):
 
     @torch.no_grad()
     def evaluate(self, model, data, cfg, *, device, info, autocast=contextlib.nullcontext):
-        was = model.training
-        model.eval()
-        tasks = self.tasks(cfg)
-        col = {t: i for i, t in enumerate(tasks)}
-        tot = torch.zeros(3 + 2 * len(tasks), dtype=torch.float64)  # correct, loss sum, n, per task (correct, n)
-        for idx in batches(data, 256, None):
-            idx = idx[info.rank::info.world]
-            if idx.numel() == 0:
-                continue
+        def forward(idx):
             s, q = trim(data.stories[idx], data.queries[idx])
-            y = data.answers[idx].to(device)
-            with autocast():
-                logits = model(s.to(device), q.to(device)).float()
-            ok = (logits.argmax(-1) == y).cpu()
-            tot[0] += float(ok.sum())
-            tot[1] += float(F.cross_entropy(logits, y, reduction="sum"))
-            tot[2] += idx.numel()
-            for t in data.tasks[idx].unique().tolist():
-                m = data.tasks[idx] == t
-                tot[3 + 2 * col[t]] += float(ok[m].sum())
-                tot[4 + 2 * col[t]] += float(m.sum())
-        if info.enabled:
-            import torch.distributed as dist
+            return model(s.to(device), q.to(device))
 
-            tot = tot.to(device)
-            dist.all_reduce(tot)
-            tot = tot.cpu()
-        model.train(was)
-        c = tot.tolist()
-        n = max(c[2], 1)
-        return {"accuracy": c[0] / n, "error": round(100.0 * (1 - c[0] / n), 2), "loss": c[1] / n, "n": int(c[2]),
-                "linear_start": float(bool(getattr(model, "linear_start", False))),
-                "task_error": {str(t): round(100.0 * (1 - c[3 + 2 * i] / max(c[4 + 2 * i], 1)), 2)
-                               for i, t in enumerate(tasks)}}
+        return _evaluate_qa(model, data, batches(data, 256, None), forward, self.tasks(cfg), device=device, info=info,
+                            autocast=autocast,
+                            extra={"linear_start": float(bool(getattr(model, "linear_start", False)))})
 
     # ---------------------------------------------------------------- the recipe
     def selection_key(self, evals, cfg) -> tuple:
@@ -284,11 +289,8 @@ class MemN2NTask(Task):
                 f"loss, then the {cfg.select_ties} evaluation")
 
     def decided_by(self, evals, chosen, cfg):
-        keys = [self.selection_key(e, cfg) for e in evals]
-        for i, what in enumerate(("linear start", f"{cfg.select_split} accuracy", f"{cfg.select_split} loss")):
-            if sum(k[:i + 1] == chosen[:i + 1] for k in keys) == 1:
-                return what
-        return "select_ties"
+        return decided_by_part([self.selection_key(e, cfg) for e in evals], chosen,
+                               ("linear start", f"{cfg.select_split} accuracy", f"{cfg.select_split} loss"))
 
     def init_state(self, cfg) -> dict:
         _, to = self.options(cfg)
@@ -553,12 +555,8 @@ class SeqTask(MemN2NTask):
     def validate(self, cfg) -> None:
         from ..config import ConfigError
 
-        for where, known, given in (("model.options", SEQ_MODEL_OPTIONS, cfg.model.options),
-                                    ("task.options", SEQ_TASK_OPTIONS, cfg.task.options)):
-            for k in given:
-                if k not in known:
-                    raise ConfigError(f"unknown option `{where}.{k}` of the {self.name!r} task "
-                                      f"(known: {', '.join(known)})")
+        check_options(self.name, ("model.options", SEQ_MODEL_OPTIONS, cfg.model.options),
+                      ("task.options", SEQ_TASK_OPTIONS, cfg.task.options))
         if cfg.model.backbone not in SEQ_MODELS:
             raise ConfigError(f"`model.backbone` of the {self.name!r} task expected one of {list(SEQ_MODELS)}, "
                               f"got {cfg.model.backbone!r}")
@@ -620,39 +618,12 @@ class SeqTask(MemN2NTask):
 
     @torch.no_grad()
     def evaluate(self, model, data, cfg, *, device, info, autocast=contextlib.nullcontext):
-        was = model.training
-        model.eval()
-        tasks = self.tasks(cfg)
-        col = {t: i for i, t in enumerate(tasks)}
-        tot = torch.zeros(3 + 2 * len(tasks), dtype=torch.float64)
-        for idx in _seq_batches(data, 128, None):
-            idx = idx[info.rank::info.world]
-            if idx.numel() == 0:
-                continue
+        def forward(idx):
             lengths = data.lengths[idx]
-            y = data.answers[idx].to(device)
-            with autocast():
-                logits = model(data.tokens[idx, :int(lengths.max())].to(device), lengths.to(device)).float()
-            ok = (logits.argmax(-1) == y).cpu()
-            tot[0] += float(ok.sum())
-            tot[1] += float(F.cross_entropy(logits, y, reduction="sum"))
-            tot[2] += idx.numel()
-            for t in data.tasks[idx].unique().tolist():
-                m = data.tasks[idx] == t
-                tot[3 + 2 * col[t]] += float(ok[m].sum())
-                tot[4 + 2 * col[t]] += float(m.sum())
-        if info.enabled:
-            import torch.distributed as dist
+            return model(data.tokens[idx, :int(lengths.max())].to(device), lengths.to(device))
 
-            tot = tot.to(device)
-            dist.all_reduce(tot)
-            tot = tot.cpu()
-        model.train(was)
-        c = tot.tolist()
-        n = max(c[2], 1)
-        return {"accuracy": c[0] / n, "error": round(100.0 * (1 - c[0] / n), 2), "loss": c[1] / n, "n": int(c[2]),
-                "task_error": {str(t): round(100.0 * (1 - c[3 + 2 * i] / max(c[4 + 2 * i], 1)), 2)
-                               for i, t in enumerate(tasks)}}
+        return _evaluate_qa(model, data, _seq_batches(data, 128, None), forward, self.tasks(cfg), device=device,
+                            info=info, autocast=autocast)
 
     def selection_key(self, evals, cfg) -> tuple:
         v = evals[cfg.select_split]
@@ -664,11 +635,8 @@ class SeqTask(MemN2NTask):
                 f"then the {cfg.select_ties} evaluation")
 
     def decided_by(self, evals, chosen, cfg):
-        keys = [self.selection_key(e, cfg) for e in evals]
-        for i, what in enumerate((f"{cfg.select_split} accuracy", f"{cfg.select_split} loss")):
-            if sum(k[:i + 1] == chosen[:i + 1] for k in keys) == 1:
-                return what
-        return "select_ties"
+        return decided_by_part([self.selection_key(e, cfg) for e in evals], chosen,
+                               (f"{cfg.select_split} accuracy", f"{cfg.select_split} loss"))
 
     def init_state(self, cfg):
         return None

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from ..data import derive_seed
 from ..task import RunSummary, Task, common_results
+from ._common import all_reduce_sum, check_options
 
 __all__ = ["RetrievalTask", "MQARTask"]
 
@@ -60,12 +61,8 @@ class RetrievalTask(Task):
         from ...capacity.adapters import unavailable_reason
         from ..config import ConfigError
 
-        for where, known, given in (("task.options", self.known, cfg.task.options),
-                                    ("model.options", self.model_known, cfg.model.options)):
-            for k in given:
-                if k not in known:
-                    raise ConfigError(f"unknown option `{where}.{k}` of the {self.name!r} task "
-                                      f"(known: {', '.join(known)})")
+        check_options(self.name, ("task.options", self.known, cfg.task.options),
+                      ("model.options", self.model_known, cfg.model.options))
         reason = unavailable_reason(cfg.model.backbone)
         if reason:
             raise ConfigError(f"`model.backbone` of the {self.name!r} task: {reason}")
@@ -134,12 +131,7 @@ class RetrievalTask(Task):
             part = type(data)(*(t[j] for t in data))
             loss, acc = self.forward(model, part, cfg, device, autocast)
             tot += torch.tensor([float(loss) * len(j), float(acc) * len(j), len(j)], dtype=torch.float64)
-        if info.enabled:
-            import torch.distributed as dist
-
-            tot = tot.to(device)
-            dist.all_reduce(tot)
-            tot = tot.cpu()
+        tot = all_reduce_sum(tot, info, device)
         model.train(was)
         loss, acc, m = tot.tolist()
         return {"loss": loss / max(m, 1), "accuracy": acc / max(m, 1), "n": int(m)}

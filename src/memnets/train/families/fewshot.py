@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from ..data import derive_seed
 from ..task import RunSummary, Task, common_results
+from ._common import all_reduce_sum, check_options
 
 __all__ = ["PretrainTask", "FewShotTask", "PretrainNet", "base_images", "features"]
 
@@ -87,14 +88,6 @@ def base_images(classes: int = 0) -> torch.Tensor:
     return base[:classes] if classes else base
 
 
-def _check(known: dict, given: dict, where: str, task: str) -> None:
-    from ..config import ConfigError
-
-    for k in given:
-        if k not in known:
-            raise ConfigError(f"unknown option `{where}.{k}` of the {task!r} task (known: {', '.join(known)})")
-
-
 class PretrainTask(Task):
     """``omniglot_pretrain`` (see the module docstring)."""
 
@@ -107,7 +100,7 @@ class PretrainTask(Task):
     def validate(self, cfg) -> None:
         from ..config import ConfigError
 
-        _check(PRETRAIN_OPTIONS, cfg.task.options, "task.options", self.name)
+        check_options(self.name, ("task.options", PRETRAIN_OPTIONS, cfg.task.options))
         o = self.options(cfg)
         if o["mode"] not in ("episodic", "classifier"):
             raise ConfigError(f"`task.options.mode` expected 'episodic' or 'classifier', got {o['mode']!r}")
@@ -211,12 +204,7 @@ class PretrainTask(Task):
             q = l2_normalize(f[:, 1:]).reshape(-1, f.shape[-1])
             y = torch.arange(n, device=device).repeat_interleave(m - 1)
             accs[i] = float(((q @ w.T).argmax(-1) == y).double().mean())
-        if info.enabled:
-            import torch.distributed as dist
-
-            accs = accs.to(device)
-            dist.all_reduce(accs)
-            accs = accs.cpu()
+        accs = all_reduce_sum(accs, info, device)
         model.train(was)
         mean, half = mean_ci(accs)
         return {"accuracy": mean, "ci95": half, "n": len(data)}
@@ -285,8 +273,8 @@ class FewShotTask(Task):
     def validate(self, cfg) -> None:
         from ..config import ConfigError
 
-        _check(FEWSHOT_OPTIONS, cfg.task.options, "task.options", self.name)
-        _check({"hidden": 512}, cfg.model.options, "model.options", self.name)
+        check_options(self.name, ("task.options", FEWSHOT_OPTIONS, cfg.task.options),
+                      ("model.options", {"hidden": 512}, cfg.model.options))
         o = self.options(cfg)
         if cfg.model.backbone != "nam_gates":
             raise ConfigError(f"`model.backbone` of the {self.name!r} task expected 'nam_gates', got {cfg.model.backbone!r}")

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from ..data import batch_indices, epoch_order
 from ..task import RunSummary, Task, common_results
+from ._common import all_reduce_sum, check_options
 
 __all__ = ["LRATask", "default_min_len", "load_data"]
 
@@ -100,12 +101,8 @@ class LRATask(Task):
     def validate(self, cfg) -> None:
         from ..config import ConfigError
 
-        for where, known, given in (("model.options", MODEL_OPTIONS, cfg.model.options),
-                                    ("task.options", TASK_OPTIONS, cfg.task.options)):
-            for k in given:
-                if k not in known:
-                    raise ConfigError(f"unknown option `{where}.{k}` of the {self.name!r} task "
-                                      f"(known: {', '.join(known)})")
+        check_options(self.name, ("model.options", MODEL_OPTIONS, cfg.model.options),
+                      ("task.options", TASK_OPTIONS, cfg.task.options))
         mo, to = self.options(cfg)
         if mo["pool"] not in ("mean", "cls"):
             raise ConfigError(f"`model.options.pool` expected 'mean' or 'cls', got {mo['pool']!r}")
@@ -188,12 +185,7 @@ class LRATask(Task):
                 logits = model(xb).float()
             tot += torch.tensor([float((logits.argmax(-1) == yb).sum()),
                                  float(F.cross_entropy(logits, yb, reduction="sum")), len(j)], dtype=torch.float64)
-        if info.enabled:
-            import torch.distributed as dist
-
-            tot = tot.to(device)
-            dist.all_reduce(tot)
-            tot = tot.cpu()
+        tot = all_reduce_sum(tot, info, device)
         model.train(was)
         c, loss, n = tot.tolist()
         return {"accuracy": c / max(n, 1), "loss": loss / max(n, 1), "n": int(n)}

@@ -27,6 +27,7 @@ from ...tasks.nsp import TASKS, VOCAB_SIZE, NSPBatch, make_split, sequence_metri
 from ..data import batch_indices, derive_seed, epoch_order
 from ..env import DistInfo
 from ..task import RunSummary, Task
+from ._common import all_reduce_sum, decided_by_part
 
 __all__ = ["NSPTask", "evaluate", "selection_key", "selection_rule", "train_epoch_data", "eval_splits"]
 
@@ -70,19 +71,8 @@ def selection_rule(select_split: str = "od_easy", ties: str = "first", tiebreak:
 
 def _tie_level(evals: list[dict], chosen: tuple, select_split: str) -> str:
     """Which part of :func:`selection_key` singled out the chosen evaluation among ``evals``."""
-    keys = [selection_key(e, select_split) for e in evals]
-    for i, what in enumerate((f"{select_split} seq_acc", "id seq_acc", f"{select_split} loss")):
-        if sum(k[:i + 1] == chosen[:i + 1] for k in keys) == 1:
-            return what
-    return "select_ties"
-
-
-def _all_reduce(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    if info.enabled:
-        import torch.distributed as dist
-
-        dist.all_reduce(t)
-    return t
+    return decided_by_part([selection_key(e, select_split) for e in evals], chosen,
+                           (f"{select_split} seq_acc", "id seq_acc", f"{select_split} loss"))
 
 
 @torch.no_grad()
@@ -107,7 +97,7 @@ def evaluate(model: torch.nn.Module, batch, *, batch_size: int = 256, device: to
         m = sequence_metrics(logits.float(), x, y)
         m["loss_sum"] = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
         tot += torch.tensor([float(m[k]) for k in keys], dtype=torch.float64)
-    tot = _all_reduce(tot.to(device), info).cpu()
+    tot = all_reduce_sum(tot, info, device)
     c = dict(zip(keys, tot.tolist()))
     model.train(was)
     return {"seq_acc": c["seq_correct"] / max(c["n"], 1), "tok_acc": c["tok_correct"] / max(c["tok_total"], 1),

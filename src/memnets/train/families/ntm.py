@@ -43,6 +43,7 @@ from ...tasks.ntm_tasks import (AssociativeRecallTask, CopyTask, PrioritySortTas
                                 bits_per_sequence)
 from ..data import derive_seed
 from ..task import RunSummary, Task, common_results
+from ._common import all_reduce_sum, decided_by_part
 
 __all__ = ["NTMTask", "GENERATORS", "make_generator"]
 
@@ -169,12 +170,7 @@ class NTMTask(Task):
             wrong = (((out > 0).float() != y).float().sum(-1) * m).sum(-1)  # [B]
             tot += torch.tensor([float(bits_per_sequence(out, y, m)) * n, float(bit_errors(out, y, m)) * n,
                                  float((wrong == 0).sum()), n], dtype=torch.float64)
-        if info.enabled:
-            import torch.distributed as dist
-
-            tot = tot.to(device)
-            dist.all_reduce(tot)
-            tot = tot.cpu()
+        tot = all_reduce_sum(tot, info, device)
         model.train(was)
         c, e, ok, n = tot.tolist()
         n = max(n, 1)
@@ -189,11 +185,8 @@ class NTMTask(Task):
                 f"then the {cfg.select_ties} evaluation")
 
     def decided_by(self, evals, chosen, cfg):
-        keys = [self.selection_key(e, cfg) for e in evals]
-        for i, what in enumerate((f"{cfg.select_split} bit_errors", f"{cfg.select_split} cost_bits")):
-            if sum(k[:i + 1] == chosen[:i + 1] for k in keys) == 1:
-                return what
-        return "select_ties"
+        return decided_by_part([self.selection_key(e, cfg) for e in evals], chosen,
+                               (f"{cfg.select_split} bit_errors", f"{cfg.select_split} cost_bits"))
 
     def progress(self, evals) -> str:
         return "bit_errors: " + " ".join(f"{n} {m['bit_errors']:.2f}" for n, m in evals.items())
