@@ -296,9 +296,11 @@ class NAMTuringMachine(nn.Module):
         key_tape_mode: "position" (docs/maths.md §3) or "transposed" (``WR(Kᵀ, k, H_w, p_w, p_e)``,
             a later option of the authors' code); see :func:`nam_tm_step`.
         impl: "auto" or "fused" — the controller GRU, heads and key tape as hand-differentiated
-            whole-sequence loops (:mod:`memnets.ops.gru`, :mod:`memnets.ops.nam_tm_heads`) and
-            the value tape as one :func:`memnets.ops.nam_scan`; "reference" — the per-step
-            cell, one autograd graph per step. Both compute the same function.
+            whole-sequence recurrences (:mod:`memnets.ops.gru`, :mod:`memnets.ops.nam_tm_heads`)
+            and the value tape read after write at the head positions: on the CPU as C kernels
+            (:mod:`memnets.ops._native`; :func:`memnets.ops.nam_tape.nam_tape_scan`), elsewhere
+            as TorchScript loops and one :func:`memnets.ops.nam_scan`; "reference" — the
+            per-step cell, one autograd graph per step. All compute the same function.
 
     ``forward(x [B, T, input_size], state=None, tape_length=None, return_aux=False)
     -> (y [B, T, D], NAMTMState[, NAMTMAux])``. The controller runs over each call's input

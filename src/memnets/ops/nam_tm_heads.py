@@ -16,8 +16,12 @@ NAM memory addressed by the head sequence, so once the heads are known it is one
 Without JUMP among the actions the key tape is never read, so it is neither written nor
 returned changed, and the heads move by the shifts alone.
 
-The loops (:func:`forward_loop`, :func:`backward_loop`) are written in the subset of Python
-that TorchScript compiles, as :mod:`memnets.memories._lsam_loops` is; the Function saves
+On the CPU (float32/float64) the whole recurrence, forward and backward, is one C kernel
+(memnets/ops/_native/nam_tm_heads.c, :mod:`memnets.ops._native`): one sequence at a time to
+the end, its key tape in cache, the backward walking the tape back from copies saved every
+:data:`_SEGMENT` steps. Elsewhere (CUDA, no C compiler, ``MEMNETS_NATIVE=0``) the loops below
+run. The loops (:func:`forward_loop`, :func:`backward_loop`) are written in the subset of
+Python that TorchScript compiles, as :mod:`memnets.ops.lsam.loops` is; the Function saves
 every step's key tape and walks the steps in reverse with a hand-derived backward. They take
 lists of per-step views made once before the loop (no indexing or reshaping per step), and
 what depends on forward values only is prepared for all steps at once (``p_w k``, ``−p_e``).
