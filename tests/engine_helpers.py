@@ -120,7 +120,7 @@ def ddp_matches_single(cfg, tmp_path: Path, rtol: float = 1e-4, atol: float = 1e
     return both, single
 
 
-def _step(run_dir: Path) -> int:
+def checkpoint_step(run_dir: Path) -> int:
     try:
         return int(json.loads((run_dir / "checkpoints" / "last.json").read_text())["step"])
     except (OSError, ValueError, KeyError):
@@ -134,7 +134,7 @@ def _child(argv: list[str]) -> None:
     os._exit(main(argv))
 
 
-def _launch(cfg_path: Path, run_dir: Path, resume: bool) -> multiprocessing.Process:
+def launch_train(cfg_path: Path, run_dir: Path, resume: bool) -> multiprocessing.Process:
     argv = ["train", str(cfg_path), "--run-dir", str(run_dir), "--quiet"] + (["--resume"] if resume else [])
     proc = multiprocessing.get_context("fork").Process(target=_child, args=(argv,))
     proc.start()
@@ -156,16 +156,16 @@ def kill_and_resume_matches(cfg, tmp_path: Path, kill_after: list[int]) -> dict:
     ref = train(cfg, tmp_path / "ref", quiet=True)
     run_dir = tmp_path / "killed"
     for i, target in enumerate(kill_after):
-        proc = _launch(cfg_path, run_dir, resume=i > 0)
+        proc = launch_train(cfg_path, run_dir, resume=i > 0)
         deadline = time.time() + 120
-        while time.time() < deadline and proc.is_alive() and _step(run_dir) < target:
+        while time.time() < deadline and proc.is_alive() and checkpoint_step(run_dir) < target:
             time.sleep(0.002)
         if proc.is_alive():
             os.kill(proc.pid, signal.SIGKILL)
         proc.join()
         assert proc.exitcode == -signal.SIGKILL, f"run {i} was not killed (exit code {proc.exitcode})"
         assert not (run_dir / "results.json").exists()
-    proc = _launch(cfg_path, run_dir, resume=True)
+    proc = launch_train(cfg_path, run_dir, resume=True)
     proc.join(timeout=300)
     assert proc.exitcode == 0
     res = json.loads((run_dir / "results.json").read_text())

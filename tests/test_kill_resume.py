@@ -15,10 +15,10 @@ import json
 import os
 import random
 import signal
-import multiprocessing
-import sys
 import time
 from pathlib import Path
+
+from engine_helpers import checkpoint_step, launch_train
 
 from memnets.train import load_config, train
 
@@ -56,27 +56,6 @@ def _records(run_dir: Path) -> list[dict]:
     return recs
 
 
-def _step(run_dir: Path) -> int:
-    try:
-        return int(json.loads((run_dir / "checkpoints" / "last.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return -1
-
-
-def _child(argv: list[str]) -> None:
-    from memnets.cli.main import main
-
-    sys.stdout = open(os.devnull, "w")
-    os._exit(main(argv))
-
-
-def _launch(cfg_path: Path, run_dir: Path, resume: bool) -> multiprocessing.Process:
-    argv = ["train", str(cfg_path), "--run-dir", str(run_dir), "--quiet"] + (["--resume"] if resume else [])
-    proc = multiprocessing.get_context("fork").Process(target=_child, args=(argv,))
-    proc.start()
-    return proc
-
-
 def test_repeated_sigkill_then_resume_matches_uninterrupted(tmp_path):
     cfg_path = tmp_path / "killme.toml"
     cfg_path.write_text(TOML)
@@ -91,12 +70,12 @@ def test_repeated_sigkill_then_resume_matches_uninterrupted(tmp_path):
     run_dir = tmp_path / "killed"
     killed_at = []
     for i, target in enumerate(targets):
-        proc = _launch(cfg_path, run_dir, resume=i > 0)
+        proc = launch_train(cfg_path, run_dir, resume=i > 0)
         deadline = time.time() + 60
-        while time.time() < deadline and proc.is_alive() and _step(run_dir) < target:
+        while time.time() < deadline and proc.is_alive() and checkpoint_step(run_dir) < target:
             time.sleep(0.002)
         if i == 0 and proc.is_alive():  # a second writer while the first one is alive: refused
-            other = _launch(cfg_path, run_dir, resume=True)
+            other = launch_train(cfg_path, run_dir, resume=True)
             other.join(timeout=60)
             assert other.exitcode == 2 and proc.is_alive()
         time.sleep(rng.uniform(0.0, 0.03))
@@ -105,11 +84,11 @@ def test_repeated_sigkill_then_resume_matches_uninterrupted(tmp_path):
         proc.join()
         assert proc.exitcode == -signal.SIGKILL, f"run {i} was not killed (exit code {proc.exitcode})"
         assert not (run_dir / "results.json").exists()
-        killed_at.append(_step(run_dir))
+        killed_at.append(checkpoint_step(run_dir))
     assert len(killed_at) == KILLS and killed_at[-1] < STEPS
     assert len(set(killed_at)) >= 3, killed_at  # the kills are spread over the run
 
-    proc = _launch(cfg_path, run_dir, resume=True)
+    proc = launch_train(cfg_path, run_dir, resume=True)
     proc.join(timeout=120)
     assert proc.exitcode == 0
     res = json.loads((run_dir / "results.json").read_text())
