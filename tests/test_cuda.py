@@ -61,6 +61,15 @@ def test_sequence_backbones_match_cpu(backbone):
     _same_on_cuda(model, tokens)
 
 
+def test_nam_tm_unit_key_heads_match_cpu():
+    """normalize_heads="all": the C kernel on the CPU, the per-step loop on CUDA, one function."""
+    from memnets.memories import NAMTuringMachine
+
+    torch.manual_seed(0)
+    m = NAMTuringMachine(6, 8, num_tapes=2, tape_length=5, normalize_heads="all")
+    _same_on_cuda(m, torch.randn(3, 9, 6), out=lambda y: y[0])
+
+
 @pytest.mark.parametrize("attention", ["softmax", "linear", "nam", "delta"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_modules_match_cpu(attention, causal):

@@ -21,6 +21,10 @@ CASES = [  # actions, normalize_heads, key_tape_mode, separate_erase, controller
     (NOJMP, False, "position", False, "gru", 2, 2, 5, 6),
     (NOJMP, True, "position", True, "gru", 1, 3, 7, 4),
     (("JUMP", "NOOP"), False, "transposed", False, "gru", 1, 2, 5, 3),
+    (ACTIONS, "all", "position", False, "gru", 1, 2, 5, 7),  # μ(H_w) on the key tape too
+    (ACTIONS, "all", "position", True, "gru", 2, 1, 4, 1),
+    (ACTIONS, "all", "transposed", False, "lstm", 1, 3, 6, 5),
+    (NOJMP, "all", "position", False, "gru", 1, 2, 5, 4),
 ]
 
 
@@ -65,8 +69,10 @@ def test_auto_is_fused_and_impl_is_checked():
         m.impl = "chunked"
 
 
-@pytest.mark.parametrize("order,transposed", [([0, 1, 2, 3], False), ([3, 0, 1, 2], True), ([2, 0, 1], False)])
-def test_heads_gradcheck(order, transposed):
+@pytest.mark.parametrize("order,transposed,unit_keys", [([0, 1, 2, 3], False, False), ([3, 0, 1, 2], True, False),
+                                                        ([2, 0, 1], False, False), ([0, 1, 2, 3], False, True),
+                                                        ([3, 0, 1, 2], True, True)])
+def test_heads_gradcheck(order, transposed, unit_keys):
     g = torch.Generator().manual_seed(3)
     T, N, C, L = 4, 3, 3, 4
     A = len(order)
@@ -77,9 +83,11 @@ def test_heads_gradcheck(order, transposed):
     pe = torch.rand(T, N, generator=g, dtype=DT).requires_grad_()
     h0 = torch.softmax(torch.randn(N, 2, L, generator=g, dtype=DT), -1).requires_grad_()
     K0 = torch.randn(N, C, L, generator=g, dtype=DT).requires_grad_()
-    for compiled in (True, False):
+    if unit_keys:  # heads away from unit norm, so that μ(H_w) matters
+        h0 = (2 * torch.softmax(torch.randn(N, 2, L, generator=g, dtype=DT), -1)).requires_grad_()
+    for compiled in ((True,) if unit_keys else (True, False)):  # unit_keys: the C kernel only
         assert torch.autograd.gradcheck(
-            lambda *a: nam_tm_heads(*a, order=order, transposed=transposed, compiled=compiled),
+            lambda *a: nam_tm_heads(*a, order=order, transposed=transposed, compiled=compiled, unit_keys=unit_keys),
             (act, q, k, pw, pe, h0, K0))
 
 
@@ -207,3 +215,62 @@ def test_value_tape_chunks_are_equal_and_short():
         c = _scan_chunk(T)
         n = -(-T // c)
         assert 1 <= c <= 32 and n == -(-T // 32) and n * c - T < n
+
+
+def test_unit_key_heads_keep_the_key_tape_bounded():
+    """normalize_heads="all" writes the key tape at μ(H_w): a full write then reads back its key
+    at that head (the erase is a projection), whatever the head's norm. With the raw head of
+    norm 2 the same writes expand the tape threefold per step (K'h = 4k − 3Kh)."""
+    from memnets.memories.nam_tm import nam_tm_step
+
+    g = torch.Generator().manual_seed(7)
+    C, L = 4, 6
+    h = torch.zeros(L, dtype=DT)
+    h[2] = 2.0  # a head of norm 2: the jump term can give such heads
+    one = torch.tensor(1.0, dtype=DT)
+    act = torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=DT)  # NOOP: the heads stay
+    norms = {}
+    for nh in ("all", True):
+        K = torch.zeros(C, L, dtype=DT)
+        tape = torch.zeros(C, L, dtype=DT)
+        for _ in range(12):
+            k = unit(torch.randn(C, generator=g, dtype=DT))
+            _, tape, K, _, _ = nam_tm_step(tape, K, h, h, k, k, k, one, one, one, act, act, normalize_heads=nh)
+            if nh == "all":
+                torch.testing.assert_close(K @ unit(h), k)  # the key just written, nothing else
+        norms[nh] = float(K.norm())
+    assert norms["all"] <= 1.0 + 1e-9
+    assert norms[True] > 1e4
+
+
+def test_unit_key_heads_without_the_kernel_run_the_step_loop(monkeypatch):
+    """Where the C kernel is missing (CUDA, no compiler) normalize_heads="all" runs the per-step
+    loop: the same numbers as the reference; the heads Function itself refuses it there."""
+    import memnets.memories.nam_tm as nt
+
+    torch.manual_seed(0)
+    m = NAMTuringMachine(5, 8, num_tapes=2, tape_length=5, normalize_heads="all").double()
+    x = torch.randn(2, 6, 5, dtype=DT)
+    st = m.init_state(2, dtype=DT)
+    st = NAMTMState(*(s + 0.3 * torch.randn_like(s) for s in st))
+    y_kernel = m(x, st)[0]
+    monkeypatch.setattr(nt, "kernel_available", lambda like: False)
+    with monkeypatch.context() as mp:
+        mp.setattr(nt, "nam_tm_heads", None)  # not called: the step loop runs
+        y_loop = m(x, st)[0]
+    m.impl = "reference"
+    y_ref = m(x, st)[0]
+    torch.testing.assert_close(y_loop, y_ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(y_kernel, y_ref, rtol=1e-10, atol=1e-12)
+    g = torch.Generator().manual_seed(1)
+    act = torch.softmax(torch.randn(3, 2, 2, 4, generator=g, dtype=DT), -1)
+    q = k = unit(torch.randn(3, 2, 4, generator=g, dtype=DT))
+    p = torch.rand(3, 2, generator=g, dtype=DT)
+    h0, K0 = torch.softmax(torch.randn(2, 2, 5, dtype=DT), -1), torch.zeros(2, 4, 5, dtype=DT)
+    with pytest.raises(ValueError, match="unit_keys"):
+        nam_tm_heads(act, q, k, p, p, h0, K0, [0, 1, 2, 3], compiled=False, unit_keys=True)
+
+
+def test_normalize_heads_is_checked():
+    with pytest.raises(ValueError, match="normalize_heads"):
+        NAMTuringMachine(4, 8, num_tapes=2, normalize_heads="keys")

@@ -31,7 +31,7 @@ from .._checks import check_positive_int, check_shape, check_tensor
 from ..ops import nam_read, nam_scan, nam_write, unit
 from ..ops import nam_tape
 from ..ops.gru import gru_module_forward
-from ..ops.nam_tm_heads import nam_tm_heads
+from ..ops.nam_tm_heads import kernel_available, nam_tm_heads
 from ..registry import register_model
 from ..ops._amp import run_rnn
 
@@ -63,6 +63,20 @@ class NAMTMAux(NamedTuple):
     write_actions: torch.Tensor
 
 
+def head_norms(normalize_heads: bool | str) -> tuple[bool, bool]:
+    """``(unit_values, unit_keys)`` of the NAM-TM option ``normalize_heads`` (docs/maths.md §3):
+    False — raw heads everywhere; True or "values" — the value tape is written and read at
+    μ(H_w), μ(H_r) (the authors' later option); "all" — the key tape is written at μ(H_w) too,
+    which keeps its erase a projection and the jump ``K'ᵀq`` bounded."""
+    if normalize_heads in (False, None):
+        return False, False
+    if normalize_heads in (True, "values"):
+        return True, False
+    if normalize_heads == "all":
+        return True, True
+    raise ValueError(f"`normalize_heads` expected False, True, 'values' or 'all', got {normalize_heads!r}")
+
+
 def move_head(h: torch.Tensor, act: torch.Tensor, jump: torch.Tensor | None,
               actions: Sequence[str] = ACTIONS) -> torch.Tensor:
     """H' = Σ_a act_a · move_a(H) (docs/maths.md §3). h, jump: ``[..., L]``; act: ``[..., A]``."""
@@ -74,7 +88,7 @@ def move_head(h: torch.Tensor, act: torch.Tensor, jump: torch.Tensor | None,
 
 
 def nam_tm_step(tape, key_tape, h_r, h_w, v, k, q_jump, p_r, p_w, p_e, act_r, act_w,
-                actions: Sequence[str] = ACTIONS, normalize_heads: bool = False,
+                actions: Sequence[str] = ACTIONS, normalize_heads: bool | str = False,
                 key_tape_mode: str = "position"):
     """One NAM-TM step for one tape per batch element, from :func:`nam_write` / :func:`nam_read`.
 
@@ -83,21 +97,24 @@ def nam_tm_step(tape, key_tape, h_r, h_w, v, k, q_jump, p_r, p_w, p_e, act_r, ac
         v: value ``[..., C]``; k: unit key ``[..., C]``; q_jump: unit query ``[..., C]``.
         p_r, p_w, p_e: ``[...]`` in [0, 1]; act_r, act_w: ``[..., A]`` action probabilities.
         actions: names of the A actions, a subset of ``ACTIONS`` in any order.
-        normalize_heads: use μ(H) for the value tape's write and read.
+        normalize_heads: True or "values" — use μ(H) for the value tape's write and read;
+            "all" — and μ(H_w) for the key tape's write as well (:func:`head_norms`).
         key_tape_mode: "position" — ``K' = WR(K, H_w, k, p_w, p_e)`` (docs/maths.md §3); "transposed" —
             ``K'ᵀ = WR(Kᵀ, k, H_w, p_w, p_e)``, the key tape as a NAM memory from keys to
             positions (docs/maths.md §12 option), so ``K'ᵀ k = H_w`` after a full write (Thm 3.1).
     Returns:
         ``(r [..., C], tape, key_tape, h_r, h_w)`` after the step.
     """
-    hw = unit(h_w) if normalize_heads else h_w
-    hr = unit(h_r) if normalize_heads else h_r
+    unit_values, unit_keys = head_norms(normalize_heads)
+    hw = unit(h_w) if unit_values else h_w
+    hr = unit(h_r) if unit_values else h_r
+    hk = unit(h_w) if unit_keys else h_w  # the key tape's head
     tape = nam_write(tape, hw, v, p_w, p_e)  # write value
     r = nam_read(tape, hr, p_r)  # read (after the write)
     if key_tape_mode == "transposed":
-        key_tape = nam_write(key_tape.transpose(-1, -2), k, h_w, p_w, p_e).transpose(-1, -2)
+        key_tape = nam_write(key_tape.transpose(-1, -2), k, hk, p_w, p_e).transpose(-1, -2)
     else:
-        key_tape = nam_write(key_tape, h_w, k, p_w, p_e)  # write key
+        key_tape = nam_write(key_tape, hk, k, p_w, p_e)  # write key
     jump = nam_read(key_tape.transpose(-1, -2), q_jump) if "JUMP" in actions else None  # [..., L]
     return r, tape, key_tape, move_head(h_r, act_r, jump, actions), move_head(h_w, act_w, jump, actions)
 
@@ -111,8 +128,11 @@ def _fused_step(tape, key_tape, heads, v, k, q, p, act, order, normalize_heads, 
     of the actions. Contractions are broadcast-and-sum (on CPU
     they beat batched matmuls of this size).
     """
+    unit_values, unit_keys = head_norms(normalize_heads)
     h_w = heads[:, :, 1]  # [B, Tn, L]
-    hv = unit(heads) if normalize_heads else heads  # value-tape addresses (read, write)
+    hv = unit(heads) if unit_values else heads  # value-tape addresses (read, write)
+    if unit_keys:
+        h_w = hv[:, :, 1] if unit_values else unit(h_w)  # the key tape's head
     h_read, hv_w = hv[:, :, 0], hv[:, :, 1]
     p_w, p_e = p[..., 1:2], p[..., 2:3]  # [B, Tn, 1]
     u = v * p_w - (tape * hv_w.unsqueeze(-2)).sum(-1) * p_e  # [B, Tn, C]
@@ -183,6 +203,7 @@ class _NAMTMLayer(nn.Module):
         self.num_tapes, self.width, self.actions = num_tapes, C, tuple(actions)
         self.order = [ACTIONS.index(a) for a in actions]
         self.normalize_heads, self.separate_erase = normalize_heads, separate_erase
+        self.unit_values, self.unit_keys = head_norms(normalize_heads)
         rnn = nn.GRU if controller == "gru" else nn.LSTM
         hc = hidden_size // 2 if bidirectional else hidden_size
         self.controller = rnn(input_size, hc, batch_first=True, bidirectional=bidirectional)
@@ -198,6 +219,9 @@ class _NAMTMLayer(nn.Module):
         B, T, _ = x.shape
         Tn, C, A = self.num_tapes, self.width, len(self.actions)
         fused = self.impl != "reference"
+        # μ(H_w) on the key tape runs in the C kernel only; elsewhere the step loop below
+        loop = not fused or (self.unit_keys and self.key is not None and not kernel_available(
+            x.new_empty(0, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)))
         if fused and isinstance(self.controller, nn.GRU):
             hc = gru_module_forward(self.controller, x)
         else:
@@ -216,7 +240,7 @@ class _NAMTMLayer(nn.Module):
         q = unit_(q) if "JUMP" in self.actions else ctrl.new_zeros(B, T, Tn, C)  # [B, T, Tn, C]
         v = self.value(x).view(B, T, Tn, C)
         heads = torch.stack([h_r, h_w], 2)  # [B, Tn, 2, L]
-        if fused:
+        if not loop:
             return self._forward_fused(x, tape, key_tape, heads, act, p, q, v)
         k = unit(self.key(x).view(B, T, Tn, C)).unbind(1) if self.key is not None else [None] * T
         reads, pos = [], []
@@ -258,9 +282,9 @@ class _NAMTMLayer(nn.Module):
             # batch-major throughout: [B, T, Tn, ...] (the kernels read each sequence's steps nearby)
             Hs, key_tape = nam_tm_heads(act, q if jump else None, k, p_w, p_e, heads.reshape(N, 2, L),
                                         key_tape.reshape(N, C, L), self.order, self.transposed_keys,
-                                        batch_major=True)
+                                        batch_major=True, unit_keys=self.unit_keys)
             pos, final = Hs.split([T, 1], 1)  # [B, T, Tn, 2, L]: positions used at step t; split: one cat back
-            hv = _unit(pos) if self.normalize_heads else pos
+            hv = _unit(pos) if self.unit_values else pos
             h_read, hv_w = hv.unbind(-2)  # views of one tensor: the C kernel reads them in place
             if nam_tape.available(v):  # the value tape step by step in C (faster at tape sizes)
                 r, tape = nam_tape.nam_tape_scan(h_read, hv_w, v, p_w, p_e, p_r, tape)
@@ -291,7 +315,11 @@ class NAMTuringMachine(nn.Module):
             is the last layer's (only it has ``W_o``). A given ``state`` sets every layer's
             starting tape: layer l continues from ``state.tape[l]``, its own final tape of the
             previous call, so a long input can run in pieces layer by layer.
-        normalize_heads: value tape accessed with μ(H) (later option of the authors' code).
+        normalize_heads: True or "values" — the value tape is accessed at μ(H) (later option of
+            the authors' code); "all" — the key tape is written at μ(H_w) too (docs/maths.md §3:
+            without it a head of norm above √2 makes the key tape's erase expand, and the jump
+            feeds that back into the heads). On the CPU "all" runs in the C kernel; elsewhere
+            the per-step loop runs.
         separate_erase: a separate erase gate p_e (else p_e = p_w).
         key_tape_mode: "position" (docs/maths.md §3) or "transposed" (``WR(Kᵀ, k, H_w, p_w, p_e)``,
             a later option of the authors' code); see :func:`nam_tm_step`.
@@ -310,7 +338,7 @@ class NAMTuringMachine(nn.Module):
     def __init__(self, input_size: int, hidden_size: int, num_tapes: int = 1, tape_length: int = 32,
                  actions: Sequence[str] = ACTIONS, controller: str = "gru",
                  bidirectional_controller: bool = True, num_layers: int = 1,
-                 normalize_heads: bool = False, separate_erase: bool = False, key_tape_mode: str = "position",
+                 normalize_heads: bool | str = False, separate_erase: bool = False, key_tape_mode: str = "position",
                  impl: str = "auto"):
         super().__init__()
         if impl not in ("auto", "fused", "reference"):
@@ -327,6 +355,7 @@ class NAMTuringMachine(nn.Module):
             raise ValueError(f"`actions` expected distinct names among {ACTIONS}, got {actions!r}")
         if key_tape_mode not in ("position", "transposed"):
             raise ValueError(f"`key_tape_mode` expected 'position' or 'transposed', got {key_tape_mode!r}")
+        head_norms(normalize_heads)  # checks the value
         if controller not in ("gru", "lstm"):
             raise ValueError(f"`controller` expected 'gru' or 'lstm', got {controller!r}")
         self.input_size, self.hidden_size, self.num_tapes = input_size, hidden_size, num_tapes

@@ -45,7 +45,7 @@ from . import _native
 from ._script import script_once
 from ._workspace import WorkspacePool
 
-__all__ = ["nam_tm_heads", "forward_loop", "backward_loop", "loops"]
+__all__ = ["nam_tm_heads", "kernel_available", "forward_loop", "backward_loop", "loops"]
 
 LEFT, NOOP, RIGHT, JUMP = 0, 1, 2, 3
 
@@ -187,8 +187,8 @@ def _action_grads(Hs: torch.Tensor, J: Optional[torch.Tensor], DH: torch.Tensor,
     return out
 
 
-_HEAD = [_native.LONG] * 3 + [_native.INT] + [_native.LONG] * 3 + [_native.PTR, _native.INT, _native.INT]
-_SIGNATURES = {  # T, B, Tn, bm, L, C, A, order, has_jump, transposed, pointers, S, pointers, n0, n1
+_HEAD = [_native.LONG] * 3 + [_native.INT] + [_native.LONG] * 3 + [_native.PTR, _native.INT, _native.INT, _native.INT]
+_SIGNATURES = {  # T, B, Tn, bm, L, C, A, order, has_jump, transposed, unit_keys, pointers, S, pointers, n0, n1
     "nam_tm_heads_fwd": _HEAD + [_native.PTR] * 7 + [_native.LONG] + [_native.PTR] * 4 + [_native.LONG] * 2,
     "nam_tm_heads_bwd": _HEAD + [_native.PTR] * 7 + [_native.LONG] + [_native.PTR] * 12 + [_native.LONG] * 2,
 }
@@ -242,17 +242,20 @@ def _dims(act: torch.Tensor, bm: bool):
 
 class _HeadScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, act, q, k, pw, pe, H0, K0, order, transposed, compiled, bm):
+    def forward(ctx, act, q, k, pw, pe, H0, K0, order, transposed, compiled, bm, unit_keys):
         T, B, Tn = _dims(act, bm)
         N, L = B * Tn, H0.shape[-1]
         has_jump = JUMP in order
         kernel = _kernel(act, compiled)
         if bm and kernel is None:
             raise RuntimeError("the batch-major layout needs the C kernel (memnets.ops._native)")
+        if unit_keys and kernel is None:
+            raise RuntimeError("`unit_keys` needs the C kernel (memnets.ops._native)")
         ctx.kernel = kernel
         if kernel is not None:
             Hs = act.new_empty((B, T + 1, Tn, 2, L) if bm else (T + 1, N, 2, L))  # returned: not pooled
-            lease, K_T = _HeadScan._native_forward(kernel[0], act, q, k, pw, pe, H0, K0, Hs, order, transposed, bm)
+            lease, K_T = _HeadScan._native_forward(kernel[0], act, q, k, pw, pe, H0, K0, Hs, order, transposed, bm,
+                                                   unit_keys)
         else:
             Hs = act.new_empty(T + 1, N, 2, L)
             lease = None
@@ -264,7 +267,7 @@ class _HeadScan(torch.autograd.Function):
             K_T = lease.space[0][T].transpose(1, 2).contiguous() if has_jump else K0.clone()
         ctx.save_for_backward(act, q, k, pw, pe, H0, K0, Hs)
         ctx.order, ctx.transposed, ctx.compiled, ctx.has_jump, ctx.bm = order, transposed, compiled, has_jump, bm
-        ctx.lease = lease
+        ctx.lease, ctx.unit_keys = lease, unit_keys
         return Hs, K_T
 
     @staticmethod
@@ -272,7 +275,7 @@ class _HeadScan(torch.autograd.Function):
         return [_steps(act[..., i:i + 1]) for i in range(act.shape[-1])]  # [N, 2, 1] per action and step
 
     @staticmethod
-    def _native_forward(fwd, act, q, k, pw, pe, H0, K0, Hs, order, transposed, bm):
+    def _native_forward(fwd, act, q, k, pw, pe, H0, K0, Hs, order, transposed, bm, unit_keys=False):
         """The C kernel: fills ``Hs``; returns the lease of the saved key tapes (every
         :data:`_SEGMENT` steps and the last), ``a``, ``u``/``w`` and the jumps, and the
         final key tape."""
@@ -289,8 +292,8 @@ class _HeadScan(torch.autograd.Function):
             Kc[0].copy_(K0.transpose(1, 2))
         work = act.new_empty(len(parts), 2, L, C) if lease is not None else None
         orders = (ctypes.c_int * len(order))(*order)
-        args = (T, B, Tn, int(bm), L, C, A, orders, int(lease is not None), int(transposed), _ptr(act), _ptr(q),
-                _ptr(k), _ptr(pw), _ptr(pe), _ptr(Hs), _ptr(Kc), _SEGMENT, _ptr(Aa), _ptr(U), _ptr(J))
+        args = (T, B, Tn, int(bm), L, C, A, orders, int(lease is not None), int(transposed), int(unit_keys),
+                _ptr(act), _ptr(q), _ptr(k), _ptr(pw), _ptr(pe), _ptr(Hs), _ptr(Kc), _SEGMENT, _ptr(Aa), _ptr(U), _ptr(J))
         _native.parallel(lambda i, n0, n1: fwd(*args, _ptr(work[i]) if work is not None else None, n0, n1), parts)
         return lease, (Kc[-1].transpose(1, 2).contiguous() if Kc is not None else K0.clone())
 
@@ -302,7 +305,8 @@ class _HeadScan(torch.autograd.Function):
         T, B, Tn = _dims(act, bm)
         N, L, A, C = B * Tn, Hs.shape[-1], act.shape[-1], K0.shape[1]
         if has_jump and lease.space is None:  # a second backward through the graph: recompute
-            lease, _ = _HeadScan._native_forward(fwd, act, q, k, pw, pe, H0, K0, Hs.clone(), order, transposed, bm)
+            lease, _ = _HeadScan._native_forward(fwd, act, q, k, pw, pe, H0, K0, Hs.clone(), order, transposed, bm,
+                                                 ctx.unit_keys)
         gH = torch.zeros_like(Hs) if gH is None else gH.contiguous()
         new = act.new_empty
         dact, dH0 = new(act.shape), new(N, 2, L)
@@ -315,14 +319,15 @@ class _HeadScan(torch.autograd.Function):
         parts = _native.ranges(N, T * N * L * (6 * C + 4 * A))
         work = new(len(parts), 1, L, C) if has_jump else None
         orders = (ctypes.c_int * len(order))(*order)
-        args = (T, B, Tn, int(bm), L, C, A, orders, int(has_jump), int(transposed), _ptr(act), _ptr(q), _ptr(k),
+        args = (T, B, Tn, int(bm), L, C, A, orders, int(has_jump), int(transposed), int(ctx.unit_keys), _ptr(act),
+                _ptr(q), _ptr(k),
                 _ptr(pw), _ptr(pe), _ptr(Hs), _ptr(Kc), _SEGMENT, _ptr(Aa), _ptr(U), _ptr(J), _ptr(gH), _ptr(dK),
                 _ptr(dact), _ptr(dq), _ptr(dk), _ptr(dpw), _ptr(dpe), _ptr(dH0))
         _native.parallel(lambda i, n0, n1: bwd(*args, _ptr(work[i]) if work is not None else None, n0, n1), parts)
         if has_jump:
             lease.release()
-            return dact, dq, dk, dpw, dpe, dH0, dK.transpose(1, 2), None, None, None, None
-        return dact, None, None, None, None, dH0, gK, None, None, None, None
+            return dact, dq, dk, dpw, dpe, dH0, dK.transpose(1, 2), None, None, None, None, None
+        return dact, None, None, None, None, dH0, gK, None, None, None, None, None
 
     @staticmethod
     def _run(act, q, k, pw, pe, H0, K0, Hs, lease, order, transposed, compiled):
@@ -390,13 +395,14 @@ class _HeadScan(torch.autograd.Function):
         else:
             dK0 = gK
         _POOL.give(bkey, bspace)  # and of the backward's
-        return dact, dq, dk, dpw, dpe, dH0, dK0, None, None, None, None
+        return dact, dq, dk, dpw, dpe, dH0, dK0, None, None, None, None, None
 
 
 
 def nam_tm_heads(act: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor], p_w: torch.Tensor,
                  p_e: torch.Tensor, h0: torch.Tensor, key_tape: torch.Tensor, order: List[int],
-                 transposed: bool = False, compiled: bool = True, batch_major: bool = False):
+                 transposed: bool = False, compiled: bool = True, batch_major: bool = False,
+                 unit_keys: bool = False):
     """Run the heads and key tape over T steps (N = batch·tapes sequences).
 
     Args:
@@ -413,6 +419,9 @@ def nam_tm_heads(act: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch
             and the heads come back as ``[B, T+1, Tn, 2, L]``: the C kernel reads each
             sequence's steps from nearby memory this way. Elsewhere the same values go through
             the time-major path.
+        unit_keys: the key tape is written at (position mode) or with (transposed) the unit
+            write head ``μ(H_w)`` instead of ``H_w`` (the NAM-TM's ``normalize_heads="all"``).
+            C kernel only: :func:`kernel_available` says where it runs.
     Returns:
         ``(heads [T+1, N, 2, L], key_tape [N, C, L])``: ``heads[t]`` is the position used at
         step t, ``heads[T]`` the final one; the key tape after the last step.
@@ -421,6 +430,9 @@ def nam_tm_heads(act: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch
     has_jump = JUMP in order
     if has_jump and (q is None or k is None):
         raise ValueError("`q` and `k` are required when `order` includes JUMP")
+    if unit_keys and has_jump and _kernel(act, compiled) is None:
+        raise ValueError("`unit_keys` needs the C kernel (memnets.ops._native), which is not available for "
+                         f"{act.dtype} on {act.device.type}; see kernel_available")
     if batch_major and _kernel(act, compiled) is None:  # the time-major path, and back
         B, T, Tn = act.shape[:3]
 
@@ -432,4 +444,11 @@ def nam_tm_heads(act: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch
         q = k = act.new_empty(0)
     return _HeadScan.apply(act.contiguous(), q.contiguous(), k.contiguous(), p_w.unsqueeze(-1).contiguous(),
                            p_e.unsqueeze(-1).contiguous(), h0.contiguous(), key_tape.contiguous(), order,
-                           bool(transposed), bool(compiled), bool(batch_major))
+                           bool(transposed), bool(compiled), bool(batch_major), bool(unit_keys and has_jump))
+
+
+def kernel_available(x: torch.Tensor) -> bool:
+    """Whether the C kernel runs :func:`nam_tm_heads` for tensors like ``x`` (CPU, float32/float64,
+    a C compiler, ``MEMNETS_NATIVE`` not 0)."""
+    return _kernel(x, True) is not None
+

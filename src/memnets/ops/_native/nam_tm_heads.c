@@ -14,6 +14,7 @@
  * The maths is in docs/maths.md (NAM-TM); the Python docstrings give each product.
  */
 #include <stddef.h>
+#include <math.h>
 #include <string.h>
 
 

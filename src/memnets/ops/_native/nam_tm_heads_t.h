@@ -31,13 +31,28 @@ static inline void FN(move_dots)(REAL *restrict out, const REAL *restrict src, c
     out[0] = s0; out[1] = s1; out[2] = s2; out[3] = s3;
 }
 
+/* y = x / max(|x|, eps), eps = 1e-6 (memnets.memories.nam_tm._unit); returns y; *n = the divisor,
+ * *free = whether the norm was not clamped */
+static inline const REAL *FN(unit_row)(REAL *restrict y, const REAL *restrict x, long L, REAL *n, int *free)
+{
+    REAL s = 0;
+    for (long l = 0; l < L; ++l) s += x[l] * x[l];
+    const REAL norm = sqrt(s), eps = (REAL)1e-6;
+    *free = norm >= eps;
+    *n = *free ? norm : eps;
+    for (long l = 0; l < L; ++l) y[l] = x[l] / *n;
+    return y;
+}
+
 void FN(nam_tm_heads_fwd)(long T, long B, long Tn, int bm, long L, long C, long A, const int *order,
-                            int has_jump, int transposed, const REAL *act, const REAL *q,
+                            int has_jump, int transposed, int unit_keys, const REAL *act, const REAL *q,
                             const REAL *k, const REAL *pw, const REAL *pe, REAL *Hs, REAL *Kc,
                             long S, REAL *Aa, REAL *U, REAL *J, REAL *work, long n0,
                             long n1)
 {
     const long LC = L * C, X = transposed ? L : C, N = B * Tn;
+    REAL hu[L], hn;
+    int hfree;
     for (long n = n0; n < n1; ++n) {
         const long b = n / Tn, h = n % Tn;
         if (has_jump) memcpy(work, Kc + n * LC, sizeof(REAL) * LC); /* K_0 */
@@ -61,7 +76,8 @@ void FN(nam_tm_heads_fwd)(long T, long B, long Tn, int bm, long L, long C, long 
             if (has_jump) {
                 /* K_t in work[t % 2]; K_t saved every S steps, K_T at the end */
                 const REAL *restrict Kt = work + (t % 2) * LC;
-                const REAL *restrict hw = H + L;
+                /* the key tape's head: H_w, or mu(H_w) with unit_keys */
+                const REAL *restrict hw = unit_keys ? FN(unit_row)(hu, H + L, L, &hn, &hfree) : H + L;
                 const REAL *restrict kk = k + tn * C;
                 const REAL *restrict qq = q + tn * C;
                 REAL *restrict Kn = work + ((t + 1) % 2) * LC;
@@ -92,7 +108,7 @@ void FN(nam_tm_heads_fwd)(long T, long B, long Tn, int bm, long L, long C, long 
 }
 
 void FN(nam_tm_heads_bwd)(long T, long B, long Tn, int bm, long L, long C, long A, const int *order,
-                            int has_jump, int transposed, const REAL *act, const REAL *q,
+                            int has_jump, int transposed, int unit_keys, const REAL *act, const REAL *q,
                             const REAL *k, const REAL *pw, const REAL *pe, const REAL *Hs,
                             const REAL *Kc, long S, const REAL *Aa, const REAL *U, const REAL *J,
                             const REAL *gH, REAL *dK, REAL *dact, REAL *dq, REAL *dk, REAL *dpw,
@@ -101,7 +117,8 @@ void FN(nam_tm_heads_bwd)(long T, long B, long Tn, int bm, long L, long C, long 
     const long LC = L * C, X = transposed ? L : C, M = L > C ? L : C, N = B * Tn;
     long jpos = -1;
     for (long i = 0; i < A; ++i) if (order[i] == 3) jpos = i;
-    REAL dHn[2 * L], dH[2 * L], dj[L], dv[M], da[M], sc[L];
+    REAL dHn[2 * L], dH[2 * L], dj[L], dv[M], da[M], sc[L], hu[L], dhu[L], hn;
+    int hfree;
     for (long n = n0; n < n1; ++n) {
         REAL *dKr = has_jump ? dK + n * LC : NULL; /* of K_{t+1}^T, then of K_t^T */
         const long b = n / Tn, h = n % Tn;
@@ -144,7 +161,7 @@ void FN(nam_tm_heads_bwd)(long T, long B, long Tn, int bm, long L, long C, long 
             }
             if (has_jump) {
                 REAL *restrict Kn = work; /* K_{t+1}, then K_t */
-                const REAL *restrict hw = H + L;
+                const REAL *restrict hw = unit_keys ? FN(unit_row)(hu, H + L, L, &hn, &hfree) : H + L;
                 const REAL *restrict kk = k + tn * C;
                 const REAL *restrict qq = q + tn * C;
                 const REAL *restrict a = Aa + tn * X;
@@ -152,8 +169,10 @@ void FN(nam_tm_heads_bwd)(long T, long B, long Tn, int bm, long L, long C, long 
                 const REAL p_w = pw[tn], p_e = pe[tn];
                 REAL *restrict dqq = dq + tn * C;
                 REAL *restrict dkk = dk + tn * C;
-                REAL *restrict dhw = dH + L;
+                /* the gradient of the key tape's head: into dH_w, or into dhu and then through mu */
+                REAL *restrict dhw = unit_keys ? dhu : dH + L;
                 REAL sw = 0, se = 0;
+                if (unit_keys) for (long l = 0; l < L; ++l) dhu[l] = 0;
                 for (long l = 0; l < L; ++l) dj[l] = W[jpos] * dHn[l] + W[A + jpos] * dHn[L + l];
                 for (long c = 0; c < C; ++c) dqq[c] = 0;
                 if (!transposed) {
@@ -179,6 +198,11 @@ void FN(nam_tm_heads_bwd)(long T, long B, long Tn, int bm, long L, long C, long 
                         da[l] = -p_e * dv[l];
                     }
                     FN(rows_back_acc)(dKr, Kn, u, kk, da, kk, dkk, L, C); /* K = K' - k w^T; a = K^T k */
+                }
+                if (unit_keys) { /* dH_w += (dhu - mu <mu, dhu>) / n  (the projection only where not clamped) */
+                    REAL s = 0;
+                    if (hfree) for (long l = 0; l < L; ++l) s += hu[l] * dhu[l];
+                    for (long l = 0; l < L; ++l) dH[L + l] += (dhu[l] - hu[l] * s) / hn;
                 }
                 dpw[tn] = sw;
                 dpe[tn] = -se;
