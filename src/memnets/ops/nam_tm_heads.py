@@ -13,6 +13,9 @@ NAM memory addressed by the head sequence, so once the heads are known it is one
     heads               H'_h = Σ_a act_{h,a} · move_a(H_h)    (h = read, write head)
                         LEFT = roll(H, −1), NOOP = H, RIGHT = roll(H, +1), JUMP = j
 
+With ``unit_keys`` (the NAM-TM's ``normalize_heads="all"``) the key tape is written at (or,
+transposed, with) ``μ(H_w)`` in place of ``H_w``; the C kernel only.
+
 Without JUMP among the actions the key tape is never read, so it is neither written nor
 returned changed, and the heads move by the shifts alone.
 

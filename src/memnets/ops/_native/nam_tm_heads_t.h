@@ -32,14 +32,14 @@ static inline void FN(move_dots)(REAL *restrict out, const REAL *restrict src, c
 }
 
 /* y = x / max(|x|, eps), eps = 1e-6 (memnets.memories.nam_tm._unit); returns y; *n = the divisor,
- * *free = whether the norm was not clamped */
-static inline const REAL *FN(unit_row)(REAL *restrict y, const REAL *restrict x, long L, REAL *n, int *free)
+ * *unclamped = whether the norm was at least eps */
+static inline const REAL *FN(unit_row)(REAL *restrict y, const REAL *restrict x, long L, REAL *n, int *unclamped)
 {
     REAL s = 0;
     for (long l = 0; l < L; ++l) s += x[l] * x[l];
     const REAL norm = sqrt(s), eps = (REAL)1e-6;
-    *free = norm >= eps;
-    *n = *free ? norm : eps;
+    *unclamped = norm >= eps;
+    *n = *unclamped ? norm : eps;
     for (long l = 0; l < L; ++l) y[l] = x[l] / *n;
     return y;
 }
