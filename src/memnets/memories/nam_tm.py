@@ -108,7 +108,7 @@ def nam_tm_step(tape, key_tape, h_r, h_w, v, k, q_jump, p_r, p_w, p_e, act_r, ac
     unit_values, unit_keys = head_norms(normalize_heads)
     hw = unit(h_w) if unit_values else h_w
     hr = unit(h_r) if unit_values else h_r
-    hk = unit(h_w) if unit_keys else h_w  # the key tape's head
+    hk = hw if unit_keys else h_w  # the key tape's head (unit_keys implies unit_values)
     tape = nam_write(tape, hw, v, p_w, p_e)  # write value
     r = nam_read(tape, hr, p_r)  # read (after the write)
     if key_tape_mode == "transposed":
@@ -131,8 +131,8 @@ def _fused_step(tape, key_tape, heads, v, k, q, p, act, order, normalize_heads, 
     unit_values, unit_keys = head_norms(normalize_heads)
     h_w = heads[:, :, 1]  # [B, Tn, L]
     hv = unit(heads) if unit_values else heads  # value-tape addresses (read, write)
-    if unit_keys:
-        h_w = hv[:, :, 1] if unit_values else unit(h_w)  # the key tape's head
+    if unit_keys:  # the key tape's head (unit_keys implies unit_values)
+        h_w = hv[:, :, 1]
     h_read, hv_w = hv[:, :, 0], hv[:, :, 1]
     p_w, p_e = p[..., 1:2], p[..., 2:3]  # [B, Tn, 1]
     u = v * p_w - (tape * hv_w.unsqueeze(-2)).sum(-1) * p_e  # [B, Tn, C]

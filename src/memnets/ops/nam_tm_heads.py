@@ -252,8 +252,6 @@ class _HeadScan(torch.autograd.Function):
         kernel = _kernel(act, compiled)
         if bm and kernel is None:
             raise RuntimeError("the batch-major layout needs the C kernel (memnets.ops._native)")
-        if unit_keys and kernel is None:
-            raise RuntimeError("`unit_keys` needs the C kernel (memnets.ops._native)")
         ctx.kernel = kernel
         if kernel is not None:
             Hs = act.new_empty((B, T + 1, Tn, 2, L) if bm else (T + 1, N, 2, L))  # returned: not pooled
