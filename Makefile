@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench venv clean
+.PHONY: demo test test-slow test-fla bench venv clean
 
 venv: $(STAMP)
 
@@ -22,6 +22,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" --timeout=600
+
+# The NAM -> fla mapping on fla's reference recurrences and, through Triton's interpreter, on
+# fla's own step-by-step kernels (CPU): installs the `gpu` extra (~300 MB of triton) and numpy.
+test-fla: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,gpu]' numpy
+	$(BIN)/python -m pytest -q tests/test_nam_scan_fla.py tests/test_fla_interpret.py
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

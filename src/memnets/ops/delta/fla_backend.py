@@ -151,7 +151,10 @@ def nam_scan_fla(
             return p.to(dtype)
         return torch.full((B, T, H), float(p), dtype=dtype, device=q.device)
 
-    h0 = None if state is None else state.float().transpose(-1, -2)  # fla's state is [B, H, dk, dv]
+    # fla's state is [B, H, dk, dv]. Contiguous here: fla's autograd Functions make their inputs
+    # contiguous inside forward, where a copy no longer requires grad, so a transposed view
+    # would lose the initial state's gradient (IPLR) or fail in backward (delta rule).
+    h0 = None if state is None else state.float().transpose(-1, -2).contiguous()
     extra = {} if (chunk_size is None or which != "chunk") else {"chunk_size": chunk_size}
     pw = prob(p_w)
     if delta:
