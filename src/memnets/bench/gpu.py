@@ -14,6 +14,8 @@ Sections (each row records the GPU name, ``torch.cuda.get_device_name()``):
 - ``models``: one training step (forward, backward of a mean-square loss, Adam) of LSAM, DNC and
   NAM-TM against cuDNN ``nn.LSTM`` of the same width, at the CPU benchmark's sizes
   (:mod:`memnets.bench.models_nam`, :mod:`memnets.bench.models_classic`) and at paper widths.
+  With ``--compile MODE ...`` each of our models is also timed under ``torch.compile`` in those
+  modes (``reduce-overhead``: CUDA graphs), with the speed-up over its eager row.
 
 ``--quick`` runs a small subset (about a minute); ``--tiny`` shrinks every size so that the whole
 script runs on a CPU (a smoke test of the code, not a measurement). Each section stops starting
@@ -275,7 +277,7 @@ def _train_step(model: torch.nn.Module, x: torch.Tensor, run: Callable) -> Calla
     return step
 
 
-def _models_section(bench: _Bench, quick: bool, tiny: bool) -> None:
+def _models_section(bench: _Bench, quick: bool, tiny: bool, compile_modes: tuple[str, ...] = ()) -> None:
     from ..memories.dnc import DNC
     from ..memories.lsam import LSAM
     from ..memories.nam_tm import NAMTuringMachine
@@ -283,14 +285,28 @@ def _models_section(bench: _Bench, quick: bool, tiny: bool) -> None:
     dev = bench.device
     dtype = torch.float32
 
-    def case(name, cfg, build, run, B, T, Fi, warmup=2, repeat=5, note=""):
+    def case(name, cfg, build, run, B, T, Fi, warmup=2, repeat=5, note="", compile_mode=None):
         def make():
             torch.manual_seed(0)
             model = build().to(dev)
+            if compile_mode is not None:  # compiled during the warm-up steps, which are not timed
+                model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
             x = torch.randn(B, T, Fi, device=dev)
             return _train_step(model, x, run(model))
-        return bench.measure("models", name, cfg, dtype, make, warmup, repeat, note=note,
-                             extra={"B": B, "T": T})
+        extra = {"B": B, "T": T} if compile_mode is None else {"B": B, "T": T, "compile": compile_mode}
+        return bench.measure("models", name, cfg, dtype, make, warmup, repeat, note=note, extra=extra)
+
+    def ours_rows(name, cfg, build, B, T, Fi):
+        """Our model eager, then compiled in each of ``compile_modes`` (with its ratio to eager)."""
+        eager = case(name, cfg, build, lambda m: (lambda x: m(x)[0]), B, T, Fi)
+        for mode in compile_modes:
+            row = case(f"{name} compile={mode}", cfg, build, lambda m: (lambda x: m(x)[0]), B, T, Fi,
+                       warmup=3, compile_mode=mode)
+            if eager["ms"] and row["ms"]:
+                row["speedup_vs_eager"] = round(eager["ms"] / row["ms"], 3)
+                r = row["speedup_vs_eager"]
+                row["note"] = f"{r:.2f}x faster than eager" if r >= 1 else f"{1 / r:.2f}x slower than eager"
+        return eager
 
     def lstm_row(cfg, Fi, D, B, T, bi=False):
         return case("nn.LSTM (cuDNN)" + (" bi" if bi else ""), cfg,
@@ -311,7 +327,7 @@ def _models_section(bench: _Bench, quick: bool, tiny: bool) -> None:
 
             def build(D=D, H=H, bi=bi):
                 return LSAM(D, D, H, bidirectional=bi)
-            ours = case("LSAM" + (" bi" if bi else ""), cfg, build, lambda m: (lambda x: m(x)[0]), B, T, D)
+            ours = ours_rows("LSAM" + (" bi" if bi else ""), cfg, build, B, T, D)
             paired(base, ours)
     # DNC: the CPU benchmark's copy-task size, and a wider controller.
     dnc_sizes = [(4, 10, 16, 8, 8, 2)] if tiny else [(32, 41, 64, 16, 20, 4)] + ([] if quick else [(32, 41, 256, 32, 64, 4)])
@@ -321,7 +337,7 @@ def _models_section(bench: _Bench, quick: bool, tiny: bool) -> None:
 
         def build(Hc=Hc, N=N, W=W, R=R):
             return DNC(9, 8, memory_slots=N, word_size=W, read_heads=R, controller_size=Hc)
-        ours = case("DNC", cfg, build, lambda m: (lambda x: m(x)[0]), B, T, 9)
+        ours = ours_rows("DNC", cfg, build, B, T, 9)
         paired(base, ours)
     # NAM-TM: the CPU benchmark's size, and the paper's 8 tapes x 128.
     tm_sizes = [(4, 8, 16, 32, 2, 8)] if tiny else [(32, 50, 64, 128, 4, 32)] + ([] if quick else [(32, 50, 256, 1024, 8, 32)])
@@ -331,16 +347,24 @@ def _models_section(bench: _Bench, quick: bool, tiny: bool) -> None:
 
         def build(Fi=Fi, D=D, Tn=Tn, L=L):
             return NAMTuringMachine(Fi, D, num_tapes=Tn, tape_length=L)
-        ours = case("NAM-TM", cfg, build, lambda m: (lambda x: m(x)[0]), B, T, Fi)
+        ours = ours_rows("NAM-TM", cfg, build, B, T, Fi)
         paired(base, ours)
 
 
 SECTIONS = {"scan": _scan_section, "attention": _attention_section, "models": _models_section}
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+
 def run(quick: bool = False, *, device: str | torch.device | None = None, tiny: bool = False,
-        sections: tuple[str, ...] = tuple(SECTIONS), max_seconds: float = 330.0, verbose: bool = True) -> dict:
+        sections: tuple[str, ...] = tuple(SECTIONS), max_seconds: float = 330.0, verbose: bool = True,
+        compile_modes: tuple[str, ...] = ()) -> dict:
     """Run the sections and return a bench result dict (``rows`` carry the GPU name).
+
+    ``compile_modes``: the ``models`` section also times LSAM, DNC and NAM-TM under
+    ``torch.compile`` in each of these modes (``reduce-overhead`` uses CUDA graphs on CUDA), each
+    row with its speed-up over the eager row.
 
     ``device``: None or ``"auto"`` for CUDA when available, else the CPU; a device this machine
     lacks raises :class:`~memnets.train.config.ConfigError` (:func:`memnets.train.env.resolve_device`).
@@ -350,12 +374,18 @@ def run(quick: bool = False, *, device: str | torch.device | None = None, tiny: 
     current = DistInfo(local_rank=torch.cuda.current_device()) if torch.cuda.is_available() else None
     device = resolve_device("auto" if device is None else str(device), current)
     from ..ops.delta.fla_backend import fla_version
+    bad = [m for m in compile_modes if m not in COMPILE_MODES]
+    if bad:
+        raise ValueError(f"`compile_modes` expected modes among {list(COMPILE_MODES)}, got {bad}")
     bench = _Bench(device, max_seconds, verbose)
     t0 = time.perf_counter()
     for name in sections:
         bench.start_section(name)
         s0 = time.perf_counter()
-        SECTIONS[name](bench, quick, tiny)
+        if name == "models":
+            SECTIONS[name](bench, quick, tiny, compile_modes=tuple(compile_modes))
+        else:
+            SECTIONS[name](bench, quick, tiny)
         if verbose:
             print(f"[{name}] section took {time.perf_counter() - s0:.1f} s", flush=True)
     try:
@@ -368,7 +398,8 @@ def run(quick: bool = False, *, device: str | torch.device | None = None, tiny: 
              f"total {time.perf_counter() - t0:.0f} s"]
     return {"suite": "gpu", "title": "GPU: NAM scan, attention and models (forward+backward)",
             "columns": COLUMNS, "rows": bench.rows, "notes": notes, "gpu": bench.gpu,
-            "fla": fla_version(), "triton": triton_version, "quick": quick, "tiny": tiny}
+            "fla": fla_version(), "triton": triton_version, "quick": quick, "tiny": tiny,
+            "compile_modes": list(compile_modes)}
 
 
 def main(argv=None) -> dict:  # ``python -m memnets.bench.gpu``
@@ -382,9 +413,11 @@ def main(argv=None) -> dict:  # ``python -m memnets.bench.gpu``
     p.add_argument("--device", default=None)
     p.add_argument("--sections", nargs="+", choices=sorted(SECTIONS), default=list(SECTIONS))
     p.add_argument("--max-seconds", type=float, default=330.0)
+    p.add_argument("--compile", nargs="+", choices=COMPILE_MODES, default=[])
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    res = run(a.quick, device=a.device, tiny=a.tiny, sections=tuple(a.sections), max_seconds=a.max_seconds)
+    res = run(a.quick, device=a.device, tiny=a.tiny, sections=tuple(a.sections), max_seconds=a.max_seconds,
+              compile_modes=tuple(a.compile))
     res["env"] = bench_env()
     print(format_table(res))
     if a.out:

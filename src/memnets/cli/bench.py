@@ -25,6 +25,9 @@ def add_parser(sub) -> None:
                    help="gpu suite: which sections to run (default: all)")
     g.add_argument("--max-seconds", type=float, default=330.0,
                    help="gpu suite: time budget; rows left when a section's share is spent are skipped")
+    g.add_argument("--compile", nargs="+", metavar="MODE", default=None,
+                   choices=["default", "reduce-overhead", "max-autotune"],
+                   help="gpu suite: also time LSAM, DNC and NAM-TM under torch.compile in these modes")
     p.set_defaults(func=_run)
 
 
@@ -39,14 +42,15 @@ def _run(args) -> int:
         from ..bench import gpu
         from ..bench.registry import bench_env
 
-        opts = dict(device=args.device, tiny=args.tiny, max_seconds=args.max_seconds)
+        opts = dict(device=args.device, tiny=args.tiny, max_seconds=args.max_seconds,
+                    compile_modes=tuple(args.compile or ()))
         if args.sections:
             opts["sections"] = tuple(s for s in gpu.SECTIONS if s in args.sections)
         result = gpu.run(quick=args.quick, verbose=args.json != "-", **opts)
         result["env"] = bench_env()
     else:
-        if args.out or args.device or args.tiny or args.sections:
-            raise SystemExit("--out, --device, --tiny and --sections belong to the gpu suite")
+        if args.out or args.device or args.tiny or args.sections or args.compile:
+            raise SystemExit("--out, --device, --tiny, --sections and --compile belong to the gpu suite")
         result = run_suite(args.suite, quick=args.quick)
     if args.out:
         with open(args.out, "w") as f:

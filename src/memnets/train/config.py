@@ -130,6 +130,7 @@ class RunConfig:
     equal in all three is reported, the ``first`` or the ``last`` (the most trained model).
     ``amp``: ``auto`` (bf16 autocast on CUDA
     only), ``bf16`` (bf16 autocast on CUDA and on the CPU) or ``none``. ``threads``: torch intra-op threads (0: torch's default).
+    ``compile``: ``torch.compile`` the module the training steps call (``none``: eager).
     ``time_limit_min``: stop at the first epoch end past this wall time (0: no limit; a run
     stopped this way is not reproducible step for step).
     """
@@ -152,6 +153,9 @@ class RunConfig:
     amp: str = _field("auto", help="mixed precision: auto (bf16 autocast on CUDA only), bf16 (bf16 autocast "
                       "on CUDA and on the CPU) or none")
     threads: int = _field(0, help="torch intra-op CPU threads (0: torch's default)")
+    compile: str = field(default="none", metadata={
+        "help": "torch.compile the training forward: none, default, reduce-overhead (CUDA graphs on "
+                "CUDA) or max-autotune; evaluation stays eager", "omit_empty": True})
     tensorboard: bool = _field(False, help="also write TensorBoard event files to RUN_DIR/tb (needs the "
                                "tensorboard package, `pip install memnets[tensorboard]`; without it the run "
                                "goes on without them)")
@@ -172,6 +176,7 @@ class RunConfig:
 _CHOICES = {
     ("schedule", "kind"): ("exp", "constant", "cosine", "rsqrt"),
     ("amp",): ("auto", "bf16", "none"),
+    ("compile",): ("none", "default", "reduce-overhead", "max-autotune"),
     ("select_ties",): ("first", "last"),
     ("optim", "nan_policy"): ("raise", "skip"),
     ("optim", "kind"): ("adamw", "adam", "sgd"),
@@ -344,7 +349,7 @@ def config_from_dict(data: dict) -> RunConfig:
 def _plain(x: Any) -> Any:
     if dataclasses.is_dataclass(x):
         return {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)
-                if not (f.metadata.get("omit_empty") and not getattr(x, f.name))}
+                if not (f.metadata.get("omit_empty") and getattr(x, f.name) in (f.default, "", 0, None, ()))}
     if isinstance(x, dict):
         return {k: _plain(v) for k, v in x.items()}
     if isinstance(x, (tuple, list)):

@@ -191,7 +191,7 @@ def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
             raise ConfigError(f"cannot resume {run_dir}: {cfg_file} is malformed ({e})") from e
         old = flatten(config_to_dict(saved))
         new = flatten(config_to_dict(cfg))
-        free = {"time_limit_min", "tensorboard", "threads", "description"}  # may change on resume
+        free = {"time_limit_min", "tensorboard", "threads", "description", "compile"}  # may change on resume
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in free)
         if diff:
             raise ConfigError(f"cannot resume {run_dir}: config differs in {', '.join(diff)}")
@@ -294,6 +294,9 @@ class Trainer:
 
             self.net = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                            find_unused_parameters=self._has_unused_parameters())
+        if cfg.compile != "none":
+            # The training forward only; evaluation (other shapes, no grad) stays eager on self.model.
+            self.net = torch.compile(self.net, mode=None if cfg.compile == "default" else cfg.compile)
         self.splits = self.task.eval_splits(cfg)
         self.nb = self.task.steps_per_epoch(cfg)
         self.total = self.nb * cfg.epochs
