@@ -269,3 +269,33 @@ def test_memnets_train_default_amp_on_cuda_trains_every_backbone(tmp_path, backb
     losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if json.loads(x)["kind"] == "train"]
     assert res["steps"] == 3 and len(losses) == 3 and all(math.isfinite(v) for v in losses)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+@pytest.mark.parametrize("backbone", ["transformer", "lsam", "nam_tm", "dnc"])
+def test_memnets_train_compile_on_cuda_follows_eager(tmp_path, backbone, mode):
+    """`compile` on CUDA (inductor; reduce-overhead adds CUDA graphs), float32: the training
+    losses follow the eager run's to float32 rounding, and the weights are saved unprefixed."""
+    import json
+
+    from memnets.models.seq import SIZES
+    from memnets.train import ModelConfig, OptimConfig, RunConfig, TaskConfig, train
+
+    def run(name, compile_mode):
+        tiny = dict(SIZES["tiny"][backbone])
+        cfg = RunConfig(name=name, epochs=1, batch_size=8, log_every=1, device="cuda", amp="none",
+                        compile=compile_mode, model=ModelConfig(backbone, tiny.pop("d_model"), tiny),
+                        task=TaskConfig(name="reduce", train_digits=(1, 3), train_size=24, eval_size=8,
+                                        splits={"id": (2, 3), "od_easy": (4, 4), "od_hard": (5, 5)}),
+                        optim=OptimConfig(lr=3e-3))
+        train(cfg, tmp_path / name, quiet=True)
+        return [json.loads(x)["loss"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+                if json.loads(x)["kind"] == "train"]
+
+    torch._dynamo.reset()
+    eager, compiled = run("eager", "none"), run("compiled", mode)
+    assert len(eager) == len(compiled) == 3
+    assert compiled == pytest.approx(eager, rel=1e-3, abs=1e-4)
+    from safetensors.torch import load_file
+    keys = load_file(str(tmp_path / "compiled" / "checkpoints" / "best.safetensors")).keys()
+    assert keys and not any(k.startswith("_orig_mod") for k in keys)
