@@ -86,6 +86,65 @@ def test_bench_compile_belongs_to_the_gpu_suite(capsys):
         main(["bench", "ops", "--compile", "default"])
 
 
+def _backbones():
+    from memnets.models.seq import BACKBONES
+    return list(BACKBONES)
+
+
+@pytest.mark.parametrize("backbone", _backbones())
+def test_every_sequence_backbone_traces_into_one_graph(backbone):
+    """Under compile the memories take their reference paths and nn.GRU / nn.LSTM are traced:
+    no graph break, so reduce-overhead can replay the whole forward as one CUDA graph."""
+    from memnets.models.seq import SIZES, SequenceTaskModel, backbone_available
+    ok, why = backbone_available(backbone)
+    if not ok:
+        pytest.skip(f"backbone {backbone!r} not available: {why}")
+    torch.manual_seed(0)
+    kw = dict(SIZES["tiny"][backbone])
+    model = SequenceTaskModel(backbone, vocab_size=16, d_model=kw.pop("d_model"), **kw)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(allow_rnn=True):  # as compile_module sets it
+        ex = torch._dynamo.explain(model)(torch.randint(0, 16, (3, 12)))
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), [b.reason.splitlines()[0] for b in ex.break_reasons]
+
+
+def _memories():
+    from memnets.memories.dnc import DNC
+    from memnets.memories.lsam import LSAM
+    from memnets.memories.nam_tm import NAMTuringMachine
+    return {
+        "LSAM": (lambda: LSAM(12, 12, 4, bidirectional=True), 12),
+        "DNC": (lambda: DNC(9, 8, memory_slots=8, word_size=6, read_heads=2, controller_size=16), 9),
+        "NAM-TM": (lambda: NAMTuringMachine(10, 16, num_tapes=2, tape_length=8), 10),
+        "NAM-TM unit keys": (lambda: NAMTuringMachine(10, 16, num_tapes=2, tape_length=8, normalize_heads="all"), 10),
+    }
+
+
+@pytest.mark.parametrize("name", list(_memories()))
+def test_compiled_memory_equals_its_fused_eager_path(name):
+    """float64: the compiled module (reference path, traced) and the eager one (fused path, C
+    kernels where built) give the same outputs and gradients."""
+    build, Fi = _memories()[name]
+    torch.manual_seed(0)
+    model = build().double()
+    assert model.impl in ("auto", "fused")
+    x = torch.randn(3, 7, Fi, dtype=torch.float64)
+    w = None
+    grads = []
+    torch._dynamo.reset()
+    for run in (model, torch.compile(model, backend="eager")):
+        xi = x.clone().requires_grad_()
+        y = run(xi)[0]
+        w = torch.randn_like(y) if w is None else w
+        model.zero_grad(set_to_none=True)
+        (y * w).sum().backward()
+        grads.append([y.detach(), xi.grad] + [p.grad for p in model.parameters()])
+    for a, b in zip(*grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-10)
+
+
 @pytest.mark.slow
 def test_compile_with_inductor_trains_like_eager(tmp_path):
     """The real backend (inductor, C++ on the CPU): the same losses to float32 rounding."""

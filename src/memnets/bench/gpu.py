@@ -32,6 +32,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..ops._impl import COMPILE_MODES, compile_module
+
 __all__ = ["run", "time_cuda", "COLUMNS"]
 
 COLUMNS = ["section", "name", "config", "dtype", "ms", "note"]
@@ -290,7 +292,7 @@ def _models_section(bench: _Bench, quick: bool, tiny: bool, compile_modes: tuple
             torch.manual_seed(0)
             model = build().to(dev)
             if compile_mode is not None:  # compiled during the warm-up steps, which are not timed
-                model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
+                model = compile_module(model, compile_mode)
             x = torch.randn(B, T, Fi, device=dev)
             return _train_step(model, x, run(model))
         extra = {"B": B, "T": T} if compile_mode is None else {"B": B, "T": T, "compile": compile_mode}
@@ -352,9 +354,6 @@ def _models_section(bench: _Bench, quick: bool, tiny: bool, compile_modes: tuple
 
 
 SECTIONS = {"scan": _scan_section, "attention": _attention_section, "models": _models_section}
-
-
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
 def run(quick: bool = False, *, device: str | torch.device | None = None, tiny: bool = False,

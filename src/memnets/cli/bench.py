@@ -8,6 +8,7 @@ __all__ = ["add_parser"]
 
 def add_parser(sub) -> None:
     from ..bench.registry import SUITES
+    from ..ops._impl import COMPILE_MODES
 
     p = sub.add_parser("bench", help="benchmark ops and models (ratios measured in one run)",
                        description=__doc__)
@@ -26,7 +27,7 @@ def add_parser(sub) -> None:
     g.add_argument("--max-seconds", type=float, default=330.0,
                    help="gpu suite: time budget; rows left when a section's share is spent are skipped")
     g.add_argument("--compile", nargs="+", metavar="MODE", default=None,
-                   choices=["default", "reduce-overhead", "max-autotune"],
+                   choices=COMPILE_MODES,
                    help="gpu suite: also time LSAM, DNC and NAM-TM under torch.compile in these modes")
     p.set_defaults(func=_run)
 

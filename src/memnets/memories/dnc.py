@@ -29,7 +29,7 @@ from ..ops.dnc import (DNCRecurrence, dnc_access_fused, dnc_allocation, dnc_dire
                        dnc_precedence, dnc_read_weights, dnc_retention, dnc_usage, dnc_write_weighting,
                        interface_permutation, interface_sizes)
 from ..registry import register_model
-from ..ops._impl import resolve_impl
+from ..ops._impl import resolve_impl, runs_fused
 
 __all__ = ["DNC", "DNCConfig", "DNCState", "DNCAccessState", "DNCControllerState", "DNCAux"]
 
@@ -208,7 +208,7 @@ class DNC(nn.Module):
 
     def _cell(self, gx: torch.Tensor, state: DNCState, offdiag: torch.Tensor | None = None):
         h, ctrl = self._controller(gx, state.reads, state.controller)
-        if self.impl != "reference":
+        if runs_fused(self.impl):
             if offdiag is None:
                 offdiag = self._offdiag(gx)
             reads, access, modes = self._access_fused(self.interface(h), state.access, offdiag)
@@ -283,7 +283,7 @@ class DNC(nn.Module):
             raise ValueError(f"`x` expected a sequence of length T >= 1, got {list(x.shape)}")
         state = self.init_state(B, x.device, x.dtype) if state is None else state
         self._check_state(state, B)
-        if self.impl != "reference" and not return_aux and self._scan_applies(x, state):
+        if runs_fused(self.impl) and not return_aux and self._scan_applies(x, state):
             return self._forward_scan(x, state)
         gx = self.ctrl_x(x).unbind(1)  # T x [B, 4C]
         offdiag = self._offdiag(x)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from .._checks import check_input_dtype, check_positive_int, check_shape, check_tensor
 from ..ops.lsam import lsam_cell_step, lsam_scan, lsam_scan_reference
 from ..registry import register_model
-from ..ops._impl import resolve_impl
+from ..ops._impl import resolve_impl, runs_fused
 
 __all__ = ["LSAMCell", "LSAMCellState", "LSAM", "LSAMState", "lsam_scan", "lsam_scan_reference",
            "lsam_cell_step"]
@@ -229,7 +229,7 @@ class LSAM(nn.Module):
         for l in range(self.num_layers):
             w_ih, w_hh, b = self.layer_weights(l)
             sl = slice(l * dirs, (l + 1) * dirs)
-            scan = lsam_scan_reference if self.impl == "reference" else lsam_scan
+            scan = lsam_scan if runs_fused(self.impl) else lsam_scan_reference
             out, M_T, h_T = scan(inp, w_ih, w_hh, b, state.memory[sl], state.h[sl], Hp)
             mems.append(M_T)
             hs.append(h_T)

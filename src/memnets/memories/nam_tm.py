@@ -34,6 +34,7 @@ from ..ops.gru import gru_module_forward
 from ..ops.nam_tm_heads import kernel_available, nam_tm_heads
 from ..registry import register_model
 from ..ops._amp import run_rnn
+from ..ops._impl import runs_fused
 
 __all__ = ["NAMTuringMachine", "NAMTMState", "NAMTMAux", "nam_tm_step", "move_head", "ACTIONS"]
 
@@ -218,7 +219,7 @@ class _NAMTMLayer(nn.Module):
     def forward(self, x, tape, key_tape, h_r, h_w):
         B, T, _ = x.shape
         Tn, C, A = self.num_tapes, self.width, len(self.actions)
-        fused = self.impl != "reference"
+        fused = runs_fused(self.impl)
         # μ(H_w) on the key tape runs in the C kernel only; elsewhere the step loop below
         loop = not fused or (self.unit_keys and self.key is not None and not kernel_available(
             x.new_empty(0, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)))

@@ -15,13 +15,25 @@ that applies.
 
 ``nam_scan`` itself is an op, not a memory: its ``impl`` names the algorithms
 (``auto | reference | chunked | fla``).
+
+Under ``torch.compile`` the memories take their reference paths (:func:`runs_fused`): the
+hand-written backward passes, C kernels, TorchScript loops and reused workspaces of the fused
+paths are opaque to the compiler and split the model into many graphs, while plain autograd
+ops trace into one graph that the compiler can fuse and, with ``mode="reduce-overhead"``,
+replay as a CUDA graph. The two paths compute the same function (the tests hold them equal).
+:func:`compile_module` also lets the compiler trace ``nn.GRU`` / ``nn.LSTM`` (the NAM-TM's
+controller, the LSTM baselines), so that every sequence model is one graph.
 """
 from __future__ import annotations
 
 import warnings
 from typing import Mapping
 
-__all__ = ["IMPLS", "resolve_impl", "check_impl", "nam_scan_impl"]
+import torch
+
+__all__ = ["IMPLS", "resolve_impl", "check_impl", "nam_scan_impl", "runs_fused", "compile_module", "COMPILE_MODES"]
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 IMPLS = ("auto", "reference", "fused")
 
@@ -52,3 +64,20 @@ def resolve_impl(owner: str, impl: str, deprecated: Mapping[str, str] | None = N
 def nam_scan_impl(impl: str) -> str:
     """The :func:`memnets.ops.nam_scan` ``impl`` for a module's ``"auto" | "reference" | "fused"``."""
     return _NAM_SCAN[impl]
+
+
+def runs_fused(impl: str) -> bool:
+    """Whether a memory with this resolved ``impl`` runs its fused path now: not for
+    ``"reference"``, and not while ``torch.compile`` traces it (module docstring)."""
+    return impl != "reference" and not torch.compiler.is_compiling()
+
+
+def compile_module(module: torch.nn.Module, mode: str = "default") -> torch.nn.Module:
+    """``torch.compile(module)`` in ``mode`` (:data:`COMPILE_MODES`; ``"default"`` is torch's
+    ``mode=None``), with dynamo's tracing of ``nn.GRU`` / ``nn.LSTM`` switched on
+    (``torch._dynamo.config.allow_rnn``, process-wide; without it each RNN call splits the graph
+    and a loop around one makes the whole frame run eagerly)."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"`mode` expected one of {list(COMPILE_MODES)}, got {mode!r}")
+    torch._dynamo.config.allow_rnn = True
+    return torch.compile(module, mode=None if mode == "default" else mode)

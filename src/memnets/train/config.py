@@ -26,6 +26,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..ops._impl import COMPILE_MODES
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -176,7 +178,7 @@ class RunConfig:
 _CHOICES = {
     ("schedule", "kind"): ("exp", "constant", "cosine", "rsqrt"),
     ("amp",): ("auto", "bf16", "none"),
-    ("compile",): ("none", "default", "reduce-overhead", "max-autotune"),
+    ("compile",): ("none",) + COMPILE_MODES,
     ("select_ties",): ("first", "last"),
     ("optim", "nan_policy"): ("raise", "skip"),
     ("optim", "kind"): ("adamw", "adam", "sgd"),

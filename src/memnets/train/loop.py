@@ -296,7 +296,9 @@ class Trainer:
                            find_unused_parameters=self._has_unused_parameters())
         if cfg.compile != "none":
             # The training forward only; evaluation (other shapes, no grad) stays eager on self.model.
-            self.net = torch.compile(self.net, mode=None if cfg.compile == "default" else cfg.compile)
+            from ..ops._impl import compile_module
+
+            self.net = compile_module(self.net, cfg.compile)
         self.splits = self.task.eval_splits(cfg)
         self.nb = self.task.steps_per_epoch(cfg)
         self.total = self.nb * cfg.epochs

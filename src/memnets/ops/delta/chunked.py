@@ -105,9 +105,12 @@ class _ChunkScan(torch.autograd.Function):
         strict = lower.tril(-1)
         A = torch.bmm(k3, k3.mT).mul_(pe3).mul_(strict)  # stril(P_e K Kᵀ)
         Tm = unit_lower_inverse(A)  # (I + A)⁻¹
-        R = k.new_empty(NB, C, dv + dk)  # [P_w V, P_e K] (written in place: torch.cat along
-        torch.mul(v3, pw3, out=R[..., :dv])  # the last dim is far slower on CPU)
-        torch.mul(k3, pe3, out=R[..., dv:])
+        if torch.compiler.is_compiling():  # the compiler refuses out= into a strided view
+            R = torch.cat([v3 * pw3, k3 * pe3], -1)
+        else:
+            R = k.new_empty(NB, C, dv + dk)  # [P_w V, P_e K] (written in place: torch.cat along
+            torch.mul(v3, pw3, out=R[..., :dv])  # the last dim is far slower on CPU)
+            torch.mul(k3, pe3, out=R[..., dv:])
         W = torch.bmm(Tm, R).view(N, BH, C, dv + dk)  # [W_v, W_k]
         Wk = W[..., dv:]
 
