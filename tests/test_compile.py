@@ -156,3 +156,24 @@ def test_compile_with_inductor_trains_like_eager(tmp_path):
     assert len(a) == len(b) > 0
     for ra, rb in zip(a, b):
         assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-4, abs=1e-5)
+
+
+def test_memn2n_with_random_noise_trains_compiled():
+    """MemN2N's random noise (data-dependent sizes) runs eagerly inside the compiled model."""
+    from memnets.memories.memn2n import MemN2N
+    torch.manual_seed(0)
+    model = MemN2N(12, 8, 3, 10, sentence_size=5, random_noise=0.3).train()
+    query = torch.randint(1, 12, (4, 5))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager")
+    for M in (6, 7, 9):  # batches of several story lengths: the second makes M a dynamic size
+        stories = torch.randint(1, 12, (4, M, 5))
+        stories[:, :, 3:] = 0
+        torch.manual_seed(M)
+        y = compiled(stories, query)
+        torch.manual_seed(M)
+        ref = model(stories, query)  # the same noise draws, eagerly
+        torch.testing.assert_close(y, ref)
+        model.zero_grad(set_to_none=True)
+        y.sum().backward()
+        assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

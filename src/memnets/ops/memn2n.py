@@ -152,6 +152,7 @@ def memory_attention(u: torch.Tensor, m: torch.Tensor, mask: torch.Tensor,
     return torch.softmax(scores, dim=-1) * mask.to(scores.dtype)
 
 
+@torch.compiler.disable  # data-dependent sizes (nonzero, the grown memory): run eagerly under torch.compile
 def random_noise(stories: torch.Tensor, mask: torch.Tensor, rate: float = 0.1,
                  generator: torch.Generator | None = None,
                  attend_empty: bool = False, capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
