@@ -146,11 +146,19 @@ def test_compiled_memory_equals_its_fused_eager_path(name):
 
 
 @pytest.mark.slow
-def test_compile_with_inductor_trains_like_eager(tmp_path):
-    """The real backend (inductor, C++ on the CPU): the same losses to float32 rounding."""
+@pytest.mark.parametrize("preset", ["cpu/reduce-transformer", "cpu/reduce-nam_tm"])
+def test_compile_with_inductor_trains_like_eager(tmp_path, preset):
+    """The real backend (inductor, C++ on the CPU): the same losses to float32 rounding (the
+    NAM-TM: its C kernels eagerly, its reference path compiled)."""
+    from memnets.train import train
+    more = ["model.options={num_layers = 1, num_heads = 2}"] if "transformer" in preset else []
+
+    def run(name, *extra):
+        train(tiny_config(preset, "max_steps=4", *more, *extra), tmp_path / name, quiet=True)
+
     torch._dynamo.reset()
-    _run(tmp_path, "eager")
-    _run(tmp_path, "inductor", "compile=default")
+    run("eager")
+    run("inductor", "compile=default")
     a = [r for r in records(tmp_path / "eager") if r["kind"] == "train"]
     b = [r for r in records(tmp_path / "inductor") if r["kind"] == "train"]
     assert len(a) == len(b) > 0
