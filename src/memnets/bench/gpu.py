@@ -311,7 +311,7 @@ def _models_section(bench: _Bench, quick: bool, tiny: bool, compile_modes: tuple
         return eager
 
     def lstm_row(cfg, Fi, D, B, T, bi=False):
-        return case("nn.LSTM (cuDNN)" + (" bi" if bi else ""), cfg,
+        return case(("nn.LSTM (cuDNN)" if dev.type == "cuda" else "nn.LSTM") + (" bi" if bi else ""), cfg,
                     lambda: torch.nn.LSTM(Fi, D // 2 if bi else D, batch_first=True, bidirectional=bi),
                     lambda m: (lambda x: m(x)[0]), B, T, Fi)
 
