@@ -272,3 +272,18 @@ def test_suite_and_table_share_one_family_grouping():
     assert suite.family_tables(rs) == table.family_tables(rs, paper=True, headings=True)
     assert table.family_tables(rs) == table.format_table1(rs)  # one family: no heading
     assert table.family_tables(rs, headings=True).startswith("## nsp\n\n| Model |")
+
+
+def test_gpu_paper_suite_runs_the_paper_scale_presets_in_bf16_on_cuda():
+    s = load_suite("gpu-paper")
+    runs = suite_runs(s, "runs/x")
+    assert len(runs) == 10 and s.seeds == [0]
+    tasks = set()
+    for r in runs:
+        cfg = load_config(r.preset, r.overrides)
+        assert (cfg.device, cfg.amp, cfg.checkpoint_every) == ("cuda", "bf16", 500), r.name
+        tasks.add((cfg.task.name, cfg.model.backbone))
+        if r.preset.startswith("babi/"):
+            assert cfg.time_limit_min == 0 and cfg.epochs == 100  # the GPU presets' 7-minute cap lifted
+    assert {("fib", "nam_tm"), ("fib", "transformer")} <= tasks
+    assert {t for t, _ in tasks} == {"fib", "listops", "text", "babi_seq"}, tasks
