@@ -104,7 +104,10 @@ def test_suite_interrupted_continues_on_rerun(tmp_path, how):
     runs = tmp_path / "runs"
     run = runs / "cpu-reduce-lstm_attention-s3"
     cmd = [sys.executable, "-m", "memnets.cli.main", "suite", "run", str(suite), "--runs-dir", str(runs)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    # SIGINT back to its default in the suite: a test runner started as a background job
+    # ignores SIGINT, and its children would inherit that (Python then installs no handler)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120
         while not (run / "checkpoints" / "last.json").is_file():
