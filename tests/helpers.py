@@ -27,3 +27,23 @@ def copy_cost_before_after(model: torch.nn.Module, task: CopyTask, steps: int = 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
         opt.step()
     return start, cost()
+
+
+def backbone_names() -> list[str]:
+    """Every sequence backbone (memnets.models.seq.BACKBONES), for parametrize."""
+    from memnets.models.seq import BACKBONES
+    return list(BACKBONES)
+
+
+def tiny_backbone_model(backbone: str) -> torch.nn.Module:
+    """A SequenceTaskModel of ``backbone`` at its tiny size (vocabulary 16, seed 0); skips the
+    test when the backbone cannot be built here."""
+    import pytest
+
+    from memnets.models.seq import SIZES, SequenceTaskModel, backbone_available
+    ok, why = backbone_available(backbone)
+    if not ok:
+        pytest.skip(f"backbone {backbone!r} not available: {why}")
+    torch.manual_seed(0)
+    kw = dict(SIZES["tiny"][backbone])
+    return SequenceTaskModel(backbone, vocab_size=16, d_model=kw.pop("d_model"), **kw)

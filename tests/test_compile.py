@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine_helpers import records, tiny_config
+from helpers import backbone_names, tiny_backbone_model
 
 
 @pytest.fixture
@@ -86,22 +87,11 @@ def test_bench_compile_belongs_to_the_gpu_suite(capsys):
         main(["bench", "ops", "--compile", "default"])
 
 
-def _backbones():
-    from memnets.models.seq import BACKBONES
-    return list(BACKBONES)
-
-
-@pytest.mark.parametrize("backbone", _backbones())
+@pytest.mark.parametrize("backbone", backbone_names())
 def test_every_sequence_backbone_traces_into_one_graph(backbone):
     """Under compile the memories take their reference paths and nn.GRU / nn.LSTM are traced:
     no graph break, so reduce-overhead can replay the whole forward as one CUDA graph."""
-    from memnets.models.seq import SIZES, SequenceTaskModel, backbone_available
-    ok, why = backbone_available(backbone)
-    if not ok:
-        pytest.skip(f"backbone {backbone!r} not available: {why}")
-    torch.manual_seed(0)
-    kw = dict(SIZES["tiny"][backbone])
-    model = SequenceTaskModel(backbone, vocab_size=16, d_model=kw.pop("d_model"), **kw)
+    model = tiny_backbone_model(backbone)
     torch._dynamo.reset()
     with torch._dynamo.config.patch(allow_rnn=True):  # as compile_module sets it
         ex = torch._dynamo.explain(model)(torch.randint(0, 16, (3, 12)))

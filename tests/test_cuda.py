@@ -11,6 +11,8 @@ import copy
 import pytest
 import torch
 
+from helpers import backbone_names, tiny_backbone_model
+
 CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda")
 pytestmark = pytest.mark.skipif(not CUDA, reason="CUDA is not available on this machine")
@@ -43,20 +45,9 @@ def _same_on_cuda(module: torch.nn.Module, *inputs: torch.Tensor, out=lambda y: 
             torch.testing.assert_close(xg.grad.cpu(), xc.grad, rtol=tol, atol=tol, msg=f"gradient of input {i}")
 
 
-def _backbones():
-    from memnets.models.seq import BACKBONES
-    return list(BACKBONES)
-
-
-@pytest.mark.parametrize("backbone", _backbones())
+@pytest.mark.parametrize("backbone", backbone_names())
 def test_sequence_backbones_match_cpu(backbone):
-    from memnets.models.seq import SIZES, SequenceTaskModel, backbone_available
-    ok, why = backbone_available(backbone)
-    if not ok:
-        pytest.skip(f"backbone {backbone!r} not available: {why}")
-    torch.manual_seed(0)
-    kw = dict(SIZES["tiny"][backbone])
-    model = SequenceTaskModel(backbone, vocab_size=16, d_model=kw.pop("d_model"), **kw)
+    model = tiny_backbone_model(backbone)
     tokens = torch.randint(0, 16, (3, 12))
     _same_on_cuda(model, tokens)
 
