@@ -64,11 +64,17 @@ def _label(res: dict) -> str:
 
 
 def format_table1(results: list[dict], metric: str = "seq_acc") -> str:
-    """Markdown table from ``results.json`` dicts (models as columns, task × split as rows)."""
-    cells: dict[tuple[str, str, str], float] = {}
+    """Markdown table from ``results.json`` dicts (models as columns, task × split as rows).
+
+    Several runs of one task and column (seeds, or repeats) share a cell: it reads
+    ``mean (run a, run b)`` in %, the runs in seed order (then by name and run directory), so
+    the table does not depend on the order the runs are given in; a note under the table
+    says how many cells pool several runs.
+    """
+    cells: dict[tuple[str, str, str], list[float]] = {}
     params: dict[str, set] = {}
     tasks, splits, cols = [], [], []
-    for r in results:
+    for r in sorted(results, key=_run_order):
         col, task = _label(r), TASK_LABEL.get(r["task"], r["task"])
         cols += [col] if col not in cols else []
         tasks += [task] if task not in tasks else []
@@ -76,7 +82,7 @@ def format_table1(results: list[dict], metric: str = "seq_acc") -> str:
         for split, m in (r.get("splits") or {}).items():
             s = SPLIT_LABEL.get(split, split)
             splits += [s] if s not in splits else []
-            cells.setdefault((task, s, col), m[metric])
+            cells.setdefault((task, s, col), []).append(m[metric])
     order = {m: i for i, m in enumerate(MODEL_ORDER)}
     cols.sort(key=lambda c: order.get(c, len(order)))
     tasks.sort(key=lambda t: ["Palin", "Fib", "Reduce"].index(t) if t in ("Palin", "Fib", "Reduce") else 9)
@@ -84,9 +90,26 @@ def format_table1(results: list[dict], metric: str = "seq_acc") -> str:
     lines.append("| Parameters | | " + " | ".join("/".join(_params(n) for n in sorted(params[c])) for c in cols) + " |")
     for t in tasks:
         for i, s in enumerate(splits):
-            row = [f"{100 * cells[(t, s, c)]:.1f}%" if (t, s, c) in cells else "–" for c in cols]
+            row = [_cell(cells[(t, s, c)]) if (t, s, c) in cells else "–" for c in cols]
             lines.append(f"| {t if i == 0 else ''} | {s} | " + " | ".join(row) + " |")
+    pooled = sum(len(v) > 1 for v in cells.values())
+    if pooled:
+        lines += ["", f"{pooled} cell{'s' if pooled > 1 else ''} pool several runs: mean (each run, in seed order)."]
     return "\n".join(lines)
+
+
+def _run_order(r: dict) -> tuple:
+    """Runs in seed order, then by name and run directory: a table's cells do not depend on
+    the order the run directories were given in."""
+    seed = r.get("seed", 0)
+    return (seed if isinstance(seed, (int, float)) else 0, str(r.get("name", "")), str(r.get("run_dir", "")))
+
+
+def _cell(vals: list[float]) -> str:
+    """One run: ``98.8%``; several: ``77.4% (55.9, 98.8)``, the mean then each run."""
+    if len(vals) == 1:
+        return f"{100 * vals[0]:.1f}%"
+    return f"{100 * sum(vals) / len(vals):.1f}% ({', '.join(f'{100 * v:.1f}' for v in vals)})"
 
 
 def paper_cell(task: str, split: str, col: str) -> float | None:
@@ -111,7 +134,7 @@ def format_table1_vs_paper(results: list[dict], metric: str = "seq_acc") -> str:
     """
     groups: dict[tuple[str, str], list[dict]] = {}
     cols = list(MODEL_ORDER[:7])
-    for r in sorted(results, key=lambda r: (r.get("seed", 0), r.get("name", ""))):
+    for r in sorted(results, key=_run_order):
         col, task = _label(r), TASK_LABEL.get(r["task"], r["task"])
         cols += [col] if col not in cols else []
         groups.setdefault((task, col), []).append(r)
