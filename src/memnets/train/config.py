@@ -184,6 +184,27 @@ _CHOICES = {
     ("optim", "kind"): ("adamw", "adam", "sgd"),
 }
 
+# numeric keys: (lowest, bound above (exclusive) or None, lowest excluded?, the range in words)
+_RANGES: dict[str, tuple[float, float | None, bool, str]] = {
+    "seed": (0, None, False, "an integer >= 0"),
+    "epochs": (1, None, False, "an integer >= 1"),
+    "batch_size": (1, None, False, "an integer >= 1"),
+    "eval_every": (1, None, False, "an integer >= 1"),
+    "log_every": (1, None, False, "an integer >= 1"),
+    "checkpoint_every": (0, None, False, "an integer >= 0 (0: at epoch ends only)"),
+    "threads": (0, None, False, "an integer >= 0 (0: torch's default)"),
+    "time_limit_min": (0, None, False, "a number of minutes >= 0 (0: no limit)"),
+    "model.d_model": (1, None, False, "an integer >= 1"),
+    "task.train_size": (1, None, False, "an integer >= 1"),
+    "task.eval_size": (1, None, False, "an integer >= 1"),
+    "optim.lr": (0, None, False, "a number >= 0"),
+    "optim.weight_decay": (0, None, False, "a number >= 0"),
+    "optim.betas": (0, 1, False, "numbers in [0, 1)"),
+    "optim.grad_clip": (0, None, False, "a number >= 0 (0: no clipping)"),
+    "schedule.gamma": (0, None, True, "a number > 0"),
+    "schedule.warmup_steps": (0, None, False, "an integer >= 0"),
+}
+
 _DEVICE = re.compile(r"(auto|cpu|mps|cuda(:\d+)?)")
 
 
@@ -198,9 +219,15 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError(f"`max_steps` expected an integer >= 0, got {cfg.max_steps}")
     if not _DEVICE.fullmatch(cfg.device):
         raise ConfigError(f"`device` expected auto, cpu, cuda, cuda:N or mps, got {cfg.device!r}")
-    for key in ("epochs", "batch_size", "eval_every", "log_every"):
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"`{key}` expected an integer >= 1, got {getattr(cfg, key)}")
+    for key, (lo, hi, lo_open, what) in _RANGES.items():
+        obj: Any = cfg
+        for p in key.split("."):
+            obj = getattr(obj, p)
+        for i, v in enumerate(obj if isinstance(obj, tuple) else (obj,)):
+            bad = v < lo or (lo_open and v == lo) or (hi is not None and v >= hi)
+            if bad:
+                name = f"{key}[{i}]" if isinstance(obj, tuple) else key
+                raise ConfigError(f"`{name}` expected {what}, got {v}")
     from .task import get_task
 
     get_task(cfg.task.name).validate(cfg)  # ConfigError for an unknown task or a setting it cannot run

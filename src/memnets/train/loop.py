@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -43,7 +44,7 @@ from .optim import make_optimizer
 from .task import RunSummary, Task, get_task
 
 __all__ = ["train", "Trainer", "build_model", "evaluate", "lr_factor", "selects", "selection_key", "selection_rule",
-           "update", "RunExistsError"]
+           "update", "RunExistsError", "model_config_error"]
 
 
 class RunExistsError(ConfigError):
@@ -168,6 +169,8 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = F
     run_dir = Path(run_dir or Path("runs") / cfg.name)
     info = setup_distributed()
     lock = ck.RunLock(run_dir) if info.is_main else None
+    # the folders this run would create: removed again (when still empty) if it cannot start
+    new_dirs = [d for d in (run_dir, *run_dir.parents) if not d.exists()]
     try:
         if lock:
             lock.acquire()
@@ -175,7 +178,62 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = F
     finally:
         if lock:
             lock.release()
+            for d in new_dirs:  # deepest first; a folder holding anything stays
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
         cleanup_distributed(info)
+
+
+_UNEXPECTED = re.compile(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
+
+
+def _class_named(name: str, cfg: RunConfig) -> type | None:
+    """The model class called ``name`` (for a message): the backbone's, else one in memnets or torch.nn."""
+    from ..models.seq import BACKBONES
+
+    module, cls = BACKBONES.get(cfg.model.backbone, (None, None))[:2]
+    if cls == name and module in sys.modules:
+        return getattr(sys.modules[module], cls, None)
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is not None and (mod_name.startswith("memnets.") or mod_name == "torch.nn"):
+            obj = getattr(mod, name, None)
+            if isinstance(obj, type):
+                return obj
+    return None
+
+
+def model_config_error(cfg: RunConfig, e: Exception) -> ConfigError:
+    """A one-line ConfigError for an exception raised while building ``cfg``'s model: an
+    unknown ``model.options`` key is named with the backbone's closest option ("did you
+    mean"), anything else is reported as a value the model cannot take."""
+    import difflib
+    import inspect
+
+    m = _UNEXPECTED.search(str(e))
+    if m:
+        cls_name, key = m.groups()
+        cls = _class_named(cls_name, cfg)
+        opts: list[str] = []
+        if cls is not None:
+            try:
+                opts = [p.name for p in inspect.signature(cls.__init__).parameters.values()
+                        if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            except (TypeError, ValueError):
+                opts = []
+        close = difflib.get_close_matches(key, opts, n=2, cutoff=0.6)
+        close += [o for o in opts if o not in close and o.split("_")[0] == key.split("_")[0]
+                  and difflib.SequenceMatcher(None, key, o).ratio() >= 0.5][:1]
+        if close and difflib.SequenceMatcher(None, key, close[0]).ratio() >= 0.85:
+            close = close[:1]  # one clear match
+        hint = "; did you mean " + " or ".join(f"`model.options.{c}`" for c in close[:2]) + "?" if close else ""
+        known = f" (its options: {', '.join(opts)})" if opts else ""
+        return ConfigError(f"`model.options.{key}` is not an option of the {cfg.model.backbone!r} model "
+                           f"({cls_name}){hint}{known}")
+    opts_text = ", ".join(f"{k}={v!r}" for k, v in cfg.model.options.items()) or "none"
+    return ConfigError(f"cannot build the {cfg.model.backbone!r} model with d_model={cfg.model.d_model} and "
+                       f"model.options {opts_text}: {type(e).__name__}: {e}")
 
 
 def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
@@ -241,7 +299,13 @@ class Trainer:
             has_ckpt = bool(flag.item())
         self.has_ckpt = has_ckpt
         torch.manual_seed(cfg.seed)  # identical initial weights in every process
-        self.model = build_model(cfg).to(self.device)
+        try:
+            model = build_model(cfg)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError, RuntimeError, ZeroDivisionError, AssertionError, IndexError) as e:
+            raise model_config_error(cfg, e) from e
+        self.model = model.to(self.device)
         from ..registry import count_parameters
 
         self.n_params = count_parameters(self.model)
