@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from .._checks import check_tensor
 from .nam import unit
+from .varlen import attention_varlen, check_cu_seqlens, same_sequence_mask
 
 __all__ = ["nam_attention", "nam_attention_quadratic", "linear_attention", "elu_feature_map"]
 
@@ -93,6 +94,18 @@ def _scale(fn: str, scale) -> float | None:
     return float(scale)
 
 
+def _packed_offsets(fn: str, query, key, cu_seqlens) -> list[int] | None:
+    """The offsets of ``cu_seqlens`` (None without it); query and key must share the packed length."""
+    if cu_seqlens is None:
+        return None
+    if query.shape[-2] != key.shape[-2]:
+        raise ValueError(
+            f"{fn}: `cu_seqlens` packs query and key alike, so they need the same length, "
+            f"got L={query.shape[-2]} and S={key.shape[-2]}"
+        )
+    return check_cu_seqlens(cu_seqlens, key.shape[-2])
+
+
 def nam_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -105,6 +118,7 @@ def nam_attention(
     causal: bool | None = None,
     chunk_size: int = 64,
     eps: float = 1e-6,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Normalized outer-product attention ``scale · μ(Q) (μ(K)ᵀ V)`` (docs/maths.md §5).
 
@@ -123,14 +137,23 @@ def nam_attention(
       the output is not a softmax average that a temperature would sharpen.
     - ``attn_mask`` must be None and ``dropout_p`` 0: there is no score matrix to mask or to drop
       entries from; both raise ValueError otherwise.
+    - ``cu_seqlens`` (flash-linear-attention's convention, :mod:`memnets.ops.varlen`): query, key
+      and value hold N sequences one after the other along the sequence axis (``[..., T, d]``,
+      usually ``[1, H, T, d]``; query and key of the same length T), and ``cu_seqlens`` is the 1-D
+      int32/int64 tensor of offsets ``[0, l₁, l₁ + l₂, …, T]``. Each sequence attends only to
+      itself, causal or not: the output equals running each sequence alone (the bidirectional
+      form uses each sequence's own summary ``μ(K)ᵀV``). Bad offsets raise ValueError.
     """
     fn = "nam_attention"
     causal = _sdpa_keywords(fn, attn_mask, dropout_p, is_causal, causal)
     s = _scale(fn, scale)
     _check_qkv(query, key, value, fn)
+    offsets = _packed_offsets(fn, query, key, cu_seqlens)
     qn, kn = unit(query, eps=eps), unit(key, eps=eps)
     if s is not None:
         qn = qn * s
+    if offsets is not None:
+        return attention_varlen(qn, kn, value, offsets, causal=causal, chunk_size=chunk_size)
     if not causal:
         return qn @ (kn.transpose(-1, -2) @ value)  # [..., L, dk] @ [..., dk, dv]
     if query.shape[-2] != key.shape[-2]:
@@ -152,21 +175,26 @@ def nam_attention_quadratic(
     *,
     causal: bool | None = None,
     eps: float = 1e-6,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reference form ``scale · (μ(Q) μ(K)ᵀ [masked lower-triangular]) V``, quadratic in S.
 
     Takes the keywords of :func:`nam_attention` (``attn_mask``, ``dropout_p``, ``is_causal``,
-    ``scale``, ``causal``) with the same meaning and the same refusals.
+    ``scale``, ``causal``, ``cu_seqlens``) with the same meaning and the same refusals
+    (``cu_seqlens``: scores between tokens of different sequences are zero).
     """
     fn = "nam_attention_quadratic"
     causal = _sdpa_keywords(fn, attn_mask, dropout_p, is_causal, causal)
     s = _scale(fn, scale)
     _check_qkv(query, key, value, fn)
+    offsets = _packed_offsets(fn, query, key, cu_seqlens)
     scores = unit(query, eps=eps) @ unit(key, eps=eps).transpose(-1, -2)  # [..., L, S]
     if s is not None:
         scores = scores * s
     if causal:
         scores = scores.tril()
+    if offsets is not None:
+        scores = scores * same_sequence_mask(offsets, scores.device).to(scores.dtype)
     return scores @ value
 
 
@@ -183,13 +211,20 @@ def linear_attention(
     *,
     chunk_size: int = 64,
     eps: float = 1e-6,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Linear Transformer attention: ``φ(Q)(φ(K)ᵀV) / (φ(Q) Σφ(K))`` with ``φ = elu + 1``."""
+    """Linear Transformer attention: ``φ(Q)(φ(K)ᵀV) / (φ(Q) Σφ(K))`` with ``φ = elu + 1``.
+
+    ``cu_seqlens``: a packed batch as in :func:`nam_attention` (each sequence attends only to
+    itself, numerator and normaliser alike; causal or not)."""
     _check_qkv(query, key, value, "linear_attention")
+    offsets = _packed_offsets("linear_attention", query, key, cu_seqlens)
     fq, fk = elu_feature_map(query), elu_feature_map(key)
     ones = value.new_ones(value.shape[:-1] + (1,))
     vz = torch.cat([value, ones], dim=-1)  # the normaliser rides along as an extra column
-    if causal:
+    if offsets is not None:
+        num = attention_varlen(fq, fk, vz, offsets, causal=causal, chunk_size=chunk_size)
+    elif causal:
         if query.shape[-2] != key.shape[-2]:
             raise ValueError("linear_attention: causal=True expects query and key of the same length")
         num = _causal_chunked(fq, fk, vz, chunk_size)

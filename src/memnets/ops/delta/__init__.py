@@ -17,6 +17,7 @@ from .._amp import autocast_device, to_float32
 from .chunked import nam_scan_chunked
 from .fla_backend import fla_reasons, nam_scan_fla
 from .reference import nam_scan_reference, nam_step_reference
+from ..varlen import check_cu_seqlens, nam_scan_varlen
 
 __all__ = ["nam_scan", "nam_step", "supports", "resolve_impl", "IMPLS"]
 
@@ -82,14 +83,16 @@ def _check_values(q, k, v, probs: dict[str, Prob], state: torch.Tensor | None) -
             raise ValueError(f"`{name}` expected finite values, got NaN or Inf")
 
 
-def _validate(q, k, v, initial_state, seq: bool):
+def _validate(q, k, v, initial_state, seq: bool, cu_seqlens=None):
+    """Shape and dtype checks; ``(B, H, dk, dv, N, offsets)`` with ``N`` the number of states
+    (``B``, or the number of packed sequences with ``cu_seqlens``, whose offsets come last)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t)
     lead = ["B", "T", "H"] if seq else ["B", "H"]
     nd = len(lead) + 1
     if k.dim() != nd:
         check_shape("k", k, lead + ["dk"], [None] * nd)
-    if k.shape[0] == 0 or (seq and k.shape[1] == 0):
+    if k.shape[0] == 0 or (seq and k.shape[1] == 0 and cu_seqlens is None):
         raise ValueError(f"`k` expected non-empty batch{' and time' if seq else ''} dims, got {list(k.shape)}")
     dk = k.shape[-1]
     check_shape("q", q, lead + ["dk"], list(k.shape))
@@ -100,19 +103,29 @@ def _validate(q, k, v, initial_state, seq: bool):
     if not k.is_floating_point():
         raise TypeError(f"`k` expected a floating-point tensor, got {k.dtype}")
     B, H = k.shape[0], k.shape[-2]
+    N, offsets = B, None
+    if cu_seqlens is not None:
+        offsets = check_cu_seqlens(cu_seqlens, k.shape[1])
+        if B != 1:
+            raise ValueError(
+                f"`k` expected batch size 1 with `cu_seqlens` (the sequences concatenated along time, "
+                f"[1, T, H, dk]), got {list(k.shape)}"
+            )
+        N = len(offsets) - 1
     if initial_state is not None:
-        check_shape("initial_state", initial_state, ["B", "H", "dv", "dk"], [B, H, dv, dk])
+        check_shape("initial_state", initial_state, ["N" if offsets else "B", "H", "dv", "dk"], [N, H, dv, dk])
     for name, t in (("q", q), ("v", v), ("initial_state", initial_state)):
         if t is not None and (t.dtype != k.dtype or t.device != k.device):
             raise TypeError(
                 f"`{name}` expected dtype {k.dtype} on {k.device} like `k`, got {t.dtype} on {t.device}"
             )
-    return B, H, dk, dv
+    return B, H, dk, dv, N, offsets
 
 
-def _prepare(q, k, v, p_w, p_e, p_r, state, seq: bool, validate: bool):
-    """Checks shared by nam_scan / nam_step; probabilities as tensors, the state as zeros if None."""
-    B, H, dk, dv = _validate(q, k, v, state, seq=seq)
+def _prepare(q, k, v, p_w, p_e, p_r, state, seq: bool, validate: bool, cu_seqlens=None):
+    """Checks shared by nam_scan / nam_step; probabilities as tensors, the state as zeros if None
+    (one per packed sequence with ``cu_seqlens``); also the packed offsets (or None)."""
+    B, H, dk, dv, N, offsets = _validate(q, k, v, state, seq=seq, cu_seqlens=cu_seqlens)
     shape = (B, k.shape[1], H) if seq else (B, H)
     pw, pe, pr = (_prob_seq(n, p, shape, k) for n, p in (("p_w", p_w), ("p_e", p_e), ("p_r", p_r)))
     if pw is None or pe is None:
@@ -120,8 +133,8 @@ def _prepare(q, k, v, p_w, p_e, p_r, state, seq: bool, validate: bool):
     if validate:
         _check_values(q, k, v, {"p_w": p_w, "p_e": p_e, "p_r": p_r}, state)
     if state is None:
-        state = k.new_zeros(B, H, dv, dk)
-    return pw, pe, pr, state
+        state = k.new_zeros(N, H, dv, dk)
+    return pw, pe, pr, state, offsets
 
 
 def nam_scan(
@@ -133,6 +146,7 @@ def nam_scan(
     p_r: Prob = None,
     *,
     initial_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
     impl: str = "auto",
     chunk_size: int = 64,
     validate: bool = False,
@@ -154,7 +168,18 @@ def nam_scan(
         p_w: write probabilities ``[B, T, H]`` (or a Python float).
         p_e: erase probabilities ``[B, T, H]`` (or a Python float).
         p_r: read probabilities ``[B, T, H]``, a float, or ``None`` (= 1).
-        initial_state: ``[B, H, dv, dk]``; zeros when ``None``.
+        initial_state: ``[B, H, dv, dk]`` (``[N, H, dv, dk]`` with ``cu_seqlens``); zeros when ``None``.
+            The state ``S`` is ``[dv, dk]`` (it maps keys to values: ``o = S q``); fla keeps
+            its transpose, ``[B, H, dk, dv]`` (:mod:`.fla_backend` converts).
+        cu_seqlens: a packed batch of N variable-length sequences, in flash-linear-attention's
+            convention: q, k, v and the probabilities have batch size 1 and hold the sequences
+            one after the other along time (``[1, T, H, d]``, ``T = Σ lᵢ``), and ``cu_seqlens``
+            is the 1-D int32/int64 tensor of offsets ``[0, l₁, l₁ + l₂, …, T]`` (a sequence may
+            be empty). Each sequence runs as if alone, from its own initial state
+            ``initial_state[n]``, and the final states are per sequence: ``[N, H, dv, dk]``. Bad
+            offsets (not starting at 0, decreasing, not ending at T, not a 1-D integer tensor)
+            raise ValueError. The reference and chunked scans run the sequences as padded
+            batches (:mod:`memnets.ops.varlen`); fla takes ``cu_seqlens`` itself.
         impl: ``"auto"``, ``"reference"``, ``"chunked"`` or ``"fla"``. ``"auto"`` takes fla's
             chunked kernels for float16 / bfloat16 CUDA tensors when fla imports, else
             ``"chunked"`` (``"reference"`` for T <= 4). ``"fla"`` uses the delta-rule kernels when
@@ -164,7 +189,8 @@ def nam_scan(
         validate: also check values (probabilities in [0, 1], finite q, k, v and state);
             off by default because it forces a device sync.
     Returns:
-        ``(outputs [B, T, H, dv], final_state [B, H, dv, dk])``. Under autocast (CPU or CUDA)
+        ``(outputs [B, T, H, dv], final_state [B, H, dv, dk])`` (``[N, H, dv, dk]`` with
+        ``cu_seqlens``). Under autocast (CPU or CUDA)
         the chunked and reference scans run in float32 with autocast off, inputs cast up, and
         return float32; fla's kernels take the bfloat16 / float16 tensors as they are.
     """
@@ -176,15 +202,24 @@ def nam_scan(
         q32, k32, v32, pw32, pr32, s32 = to_float32((q, k, v, p_w, p_r, initial_state))
         pe32 = pw32 if p_e is p_w else to_float32(p_e)
         with torch.autocast(dev, enabled=False):
-            return nam_scan(q32, k32, v32, pw32, pe32, pr32, initial_state=s32, impl=impl,
-                            chunk_size=chunk_size, validate=validate)
+            return nam_scan(q32, k32, v32, pw32, pe32, pr32, initial_state=s32, cu_seqlens=cu_seqlens,
+                            impl=impl, chunk_size=chunk_size, validate=validate)
     same = p_e is p_w or (
         isinstance(p_e, (float, int)) and isinstance(p_w, (float, int)) and float(p_e) == float(p_w))
     given_state = initial_state
-    pw, pe, pr, initial_state = _prepare(q, k, v, p_w, p_e, p_r, initial_state, True, validate)
+    pw, pe, pr, initial_state, offsets = _prepare(q, k, v, p_w, p_e, p_r, initial_state, True, validate,
+                                                  cu_seqlens=cu_seqlens)
     which = resolve_impl(impl, q, chunk_size=chunk_size)
     if which == "fla":
-        return nam_scan_fla(q, k, v, pw, None if same else pe, pr, given_state, delta=same)
+        return nam_scan_fla(q, k, v, pw, None if same else pe, pr, given_state, delta=same,
+                            cu_seqlens=cu_seqlens)
+    if offsets is not None:  # packed sequences: padded batches through the same kernels
+        if which == "chunked":
+            def kernel(*args):
+                return nam_scan_chunked(*args, chunk_size)
+        else:
+            kernel = nam_scan_reference
+        return nam_scan_varlen(kernel, q, k, v, pw, pe, pr, initial_state, offsets)
     if which == "chunked":
         return nam_scan_chunked(q, k, v, pw, pe, pr, initial_state, chunk_size)
     return nam_scan_reference(q, k, v, pw, pe, pr, initial_state)
@@ -210,5 +245,5 @@ def nam_step(
     Returns:
         ``(output [B, H, dv], new_state [B, H, dv, dk])``.
     """
-    pw, pe, pr, state = _prepare(q, k, v, p_w, p_e, p_r, state, False, validate)
+    pw, pe, pr, state, _ = _prepare(q, k, v, p_w, p_e, p_r, state, False, validate)
     return nam_step_reference(q, k, v, pw, pe, pr, state)

@@ -23,6 +23,13 @@ takes the chunked kernels for float16 / bfloat16 and the step-by-step fused kern
 (they keep the state in float32 registers). The initial state goes in as ``M₀ᵀ`` in float32, the
 final state comes back as ``[B, H, dv, dk]`` in the input dtype; gradients reach q, k, v, p_w,
 p_e, p_r and the initial state through fla's own backward passes.
+
+State layouts: memnets ``[B, H, dv, dk]`` (``M``, so that ``o = M q``); fla ``[N, H, K, V]`` =
+``[B, H, dk, dv]`` (fla's kernels address the state as ``h0 + i_nh·K·V + i_k·V + i_v``, e.g.
+``fused_recurrent_delta_rule_fwd_kernel`` in fla-core 0.6), so every state crosses as its
+transpose. Packed batches (``cu_seqlens``, fla's convention: batch size 1, offsets
+``[0, l₁, …, T]``, one initial and one final state per sequence) are passed to fla's kernels as they
+are.
 """
 from __future__ import annotations
 
@@ -118,6 +125,7 @@ def nam_scan_fla(
     mode: str = "auto",
     chunk_size: int | None = None,
     kernels: dict[str, Callable] | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The NAM scan of :func:`memnets.ops.nam_scan` on fla's kernels: ``(out [B,T,H,dv], state [B,H,dv,dk])``.
 
@@ -133,6 +141,10 @@ def nam_scan_fla(
         kernels: replaces fla's functions by role (tests run the mapping on fla's CPU reference
             recurrences with it); keys ``delta_chunk``, ``delta_recurrent``, ``general_chunk``,
             ``general_recurrent``.
+        cu_seqlens: a packed batch (``[1, T, H, d]`` inputs, offsets ``[0, l₁, …, T]``, as in
+            :func:`memnets.ops.nam_scan`), passed to fla's kernels as their ``cu_seqlens``
+            (int64, on the inputs' device); ``state`` is then ``[N, H, dv, dk]``, one per
+            sequence, and so is the final state.
     """
     kern = kernels if kernels is not None else fla_kernels()
     B, T, H, dk = k.shape
@@ -145,6 +157,17 @@ def nam_scan_fla(
             isinstance(p_e, torch.Tensor) or isinstance(p_w, torch.Tensor) or float(p_e) != float(p_w)):
         raise ValueError("delta=True needs p_e = p_w (pass p_e=None or the same tensor)")
     which = _pick_mode(mode, dtype)
+    varlen = {}
+    if cu_seqlens is not None:
+        from ..varlen import check_cu_seqlens
+
+        n_seqs = len(check_cu_seqlens(cu_seqlens, T)) - 1
+        if B != 1:
+            raise ValueError(f"`k` expected batch size 1 with `cu_seqlens` ([1, T, H, dk]), got {list(k.shape)}")
+        if state is not None and state.shape[0] != n_seqs:
+            raise ValueError(f"`state` expected one state per sequence [N={n_seqs}, H, dv, dk] with `cu_seqlens`, "
+                             f"got {list(state.shape)}")
+        varlen = {"cu_seqlens": cu_seqlens.to(device=q.device, dtype=torch.long)}
 
     def prob(p) -> torch.Tensor:
         if isinstance(p, torch.Tensor):
@@ -156,6 +179,7 @@ def nam_scan_fla(
     # would lose the initial state's gradient (IPLR) or fail in backward (delta rule).
     h0 = None if state is None else state.float().transpose(-1, -2).contiguous()
     extra = {} if (chunk_size is None or which != "chunk") else {"chunk_size": chunk_size}
+    extra.update(varlen)
     pw = prob(p_w)
     if delta:
         fn = kern["delta_chunk" if which == "chunk" else "delta_recurrent"]
@@ -170,7 +194,7 @@ def nam_scan_fla(
                                           output_final_state=True, **extra)
         else:
             o, hT = kern["general_recurrent"](q=q, k=k, v=vw, a=k, b=b, scale=1.0, initial_state=h0,
-                                              output_final_state=True)
+                                              output_final_state=True, **varlen)
     o = o.to(dtype)
     if p_r is not None:
         o = o * (p_r.to(dtype).unsqueeze(-1) if isinstance(p_r, torch.Tensor) else float(p_r))
