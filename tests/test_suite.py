@@ -25,6 +25,13 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = ["task.train_size=64", "task.eval_size=32", "model.d_model=16", "batch_size=16", "time_limit_min=0"]
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """Every suite here runs in its own folder: the default results folder is ``results/<suite>``
+    under the current one."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _suite(tmp_path: Path, presets, seeds, overrides, extra: str = "") -> Path:
     f = tmp_path / "tiny-suite.toml"
     f.write_text(f'description = "tiny"\npresets = {json.dumps(presets)}\nseeds = {json.dumps(seeds)}\n'
@@ -35,7 +42,7 @@ def _suite(tmp_path: Path, presets, seeds, overrides, extra: str = "") -> Path:
 def test_suite_runs_skips_finished_runs_and_resumes_unfinished_ones(tmp_path, capsys):
     suite = _suite(tmp_path, ["cpu/reduce-lstm_attention", "cpu/fib-transformer"], [0], ["epochs=1", *TINY])
     runs = tmp_path / "runs"
-    argv = ["suite", "run", str(suite), "--runs-dir", str(runs)]
+    argv = ["suite", "run", str(suite), "--runs-dir", str(runs), "--results-dir", ""]  # run folders alone
     assert main([*argv, "--jobs", "2"]) == 0
     out = capsys.readouterr().out
     names = ["cpu-reduce-lstm_attention-s0", "cpu-fib-transformer-s0"]
@@ -141,7 +148,7 @@ def test_table1_cpu_suite_covers_the_papers_seven_columns(capsys):
     assert "table1-cpu" in list_suites()
     assert not any(p.startswith("suites/") for p in list_presets())  # suites are not presets
     s = load_suite("table1-cpu")
-    assert s.seeds == [0, 1] and len(s.presets) == 21
+    assert s.seeds == [1, 2] and len(s.presets) == 21
     from memnets.cli.table import TASK_LABEL, _label
 
     cells = set()
@@ -151,8 +158,8 @@ def test_table1_cpu_suite_covers_the_papers_seven_columns(capsys):
         cells.add((TASK_LABEL[cfg.task.name], _label({"backbone": cfg.model.backbone})))
     assert cells == {(t, c) for t in ("Palin", "Fib", "Reduce") for c in MODEL_ORDER[:7]}
     runs = suite_runs(s, "runs/x")
-    assert len(runs) == 42 and runs[0].name == "cpu-palindrome-transformer-s0"
-    assert runs[1].overrides[:2] == ["threads=1", "seed=1"]
+    assert len(runs) == 42 and runs[0].name == "cpu-palindrome-transformer-s1"
+    assert runs[1].overrides[:2] == ["threads=1", "seed=2"]
     assert main(["suite", "ls"]) == 0
     assert re.search(r"^table1-cpu +42 runs", capsys.readouterr().out, re.M)
 
@@ -197,12 +204,21 @@ def test_suite_overrides_for_one_preset(tmp_path):
         load_suite(str(bad))
 
 
-def test_table1_cpu_2h_suite_is_table1_cpu_with_shorter_caps():
-    full, short = load_suite("table1-cpu"), load_suite("table1-cpu-2h")
-    assert sorted(full.presets) == sorted(short.presets) and full.seeds == short.seeds == [0, 1]
-    caps = {r.preset: load_config(r.preset, r.overrides).time_limit_min for r in suite_runs(short, "r")}
-    assert caps.pop("cpu/fib-nam_tm") == 0 and caps.pop("cpu/fib-nam_tm_nojmp") == 10
-    assert set(caps.values()) == {4}
+def test_table1_suites_train_every_model_of_a_task_alike():
+    """Equal terms: within a task every cell trains the same epochs of the same batch and
+    samples, with no wall-time cap; the sweep holds the same runs at three rates on seed 0, the
+    table reports other seeds."""
+    table, sweep = load_suite("table1-cpu"), load_suite("table1-lr-sweep")
+    budget = {}
+    for r in suite_runs(table, "r") + suite_runs(sweep, "r"):
+        cfg = load_config(r.preset, r.overrides)
+        assert cfg.time_limit_min == 0, r.name
+        budget.setdefault(cfg.task.name, set()).add((cfg.epochs, cfg.batch_size, cfg.task.train_size))
+    assert budget == {"palindrome": {(40, 64, 6400)}, "reduce": {(40, 64, 6400)}, "fib": {(150, 64, 6400)}}
+    assert sweep.seeds == [0] and 0 not in table.seeds and len(sweep.sweep["optim.lr"]) >= 3
+    assert sorted(sweep.presets) == sorted(p for p in table.presets if "nam_tm" not in p)
+    runs = suite_runs(sweep, "r")
+    assert len(runs) == 45 and runs[0].name == "cpu-palindrome-transformer-lr0.0003-s0"
 
 
 def _fake_run(d: Path, backbone: str, task: str, seed: int, accs: tuple[float, float, float], params=1000):
@@ -290,3 +306,52 @@ def test_gpu_paper_suite_runs_the_paper_scale_presets_in_bf16_on_cuda():
             assert cfg.time_limit_min == 0 and cfg.epochs == 100  # the GPU presets' 7-minute cap lifted
     assert {("fib", "nam_tm"), ("fib", "transformer")} <= tasks
     assert {t for t, _ in tasks} == {"fib", "listops", "text", "babi_seq"}, tasks
+
+
+def test_suite_sweep_keeps_results_and_rebuilds_the_table_from_them_alone(tmp_path, capsys):
+    """A sweep grid names one run per value; each finished run's small files are copied into the
+    results folder (no checkpoints); with the run folders gone, the same command trains nothing
+    and prints the same table from the results folder alone."""
+    suite = _suite(tmp_path, ["cpu/reduce-transformer"], [0], ["epochs=1", *TINY],
+                   '[sweep]\n"optim.lr" = [0.001, 0.003]\n')
+    s = load_suite(str(suite))
+    runs = suite_runs(s, tmp_path / "runs", results_dir=tmp_path / "kept")
+    assert [r.name for r in runs] == ["cpu-reduce-transformer-lr0.001-s0", "cpu-reduce-transformer-lr0.003-s0"]
+    assert [load_config(r.preset, r.overrides).optim.lr for r in runs] == [0.001, 0.003]
+    argv = ["suite", "run", str(suite), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "kept")]
+    assert main([*argv, "--jobs", "2"]) == 0
+    first = capsys.readouterr().out
+    for r in runs:
+        kept = sorted(p.name for p in r.results_dir.iterdir())
+        assert kept == ["config.json", "env.json", "metrics.jsonl", "results.json", "suite.log"]
+        assert json.loads((r.results_dir / "config.json").read_text())["optim"]["lr"] in (0.001, 0.003)
+    import shutil
+
+    shutil.rmtree(tmp_path / "runs")
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(2 done, 0 to resume, 0 to start)" in out and "starting" not in out
+    assert not (tmp_path / "runs").exists()
+    assert out.split("## Runs", 1)[1].replace("\n", "") != ""
+    for r in runs:  # the same rows as the first time (wall time and figures from the kept files)
+        row = next(x for x in first.splitlines() if x.startswith(f"| {r.name} |"))
+        assert row in out
+    assert main(["table", *map(str, (tmp_path / "kept").iterdir())]) == 0  # `memnets table` reads them
+    # a run finished in its run folder but missing from the results folder is copied there
+    shutil.rmtree(runs[0].results_dir)
+    assert main([*argv, "--dry-run"]) == 0 and "1 to start" in capsys.readouterr().out
+
+
+def test_suite_default_results_folder_and_bad_sweep(tmp_path, capsys):
+    suite = _suite(tmp_path, ["cpu/reduce-transformer"], [0], ["epochs=1", *TINY])
+    assert main(["suite", "run", str(suite), "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert (tmp_path / "results" / "tiny-suite" / "cpu-reduce-transformer-s0" / "results.json").is_file()
+    assert not (tmp_path / "results" / "tiny-suite" / "cpu-reduce-transformer-s0" / "checkpoints").exists()
+    assert main(["suite", "run", str(suite), "--runs-dir", str(tmp_path / "r2"), "--results-dir", ""]) == 0
+    assert "starting" in capsys.readouterr().out  # no results folder: the run is trained again
+    bad = tmp_path / "bad.toml"
+    for text, msg in (('[sweep]\n"optim.lr" = []\n', "sweep.optim.lr"), ('sweep = 3\n', "`sweep` expected"),
+                      ('[sweep]\n"optim.lr" = [0.1, 0.1]\n', "repeats")):
+        bad.write_text('presets = ["cpu/fib-nam_tm"]\n' + text)
+        with pytest.raises(ConfigError, match=msg):
+            load_suite(str(bad))

@@ -12,8 +12,20 @@ presets) or given as a path::
     [overrides_for]                                       # optional, per-preset overrides
     "cpu/fib-nam_tm" = ["time_limit_min=15"]              # (after `overrides`, so they win)
 
-Each run goes to ``<runs-dir>/<preset with / as ->-s<seed>`` (default runs dir:
-``runs/<suite name>``). A run whose ``results.json`` exists is skipped; any other run is
+    [sweep]                                               # optional: a grid of overrides
+    "optim.lr" = [3e-4, 1e-3, 3e-3]                       # every run once per value
+
+Each run goes to ``<runs-dir>/<preset with / as ->[-<key><value>...]-s<seed>`` (default runs
+dir: ``runs/<suite name>``); a ``sweep`` adds one run per point of its grid, named by the last
+part of each key and its value (``cpu-fib-dnc-lr0.001-s0``).
+
+**Results that outlive the machine.** Each finished run's ``results.json``, ``config.json``,
+``env.json``, ``metrics.jsonl`` and ``suite.log`` (not its checkpoints) are copied into
+``<results-dir>/<run name>/`` (default ``results/<suite name>``; ``--results-dir ''`` turns
+it off), a folder small enough to keep under version control. A run found finished there or
+in its run folder is skipped, so a suite of many hours carries on from the committed results
+on another machine, and the tables are built from them (``memnets table results/<suite>/*``
+and ``memnets report`` read those folders too). Any other run is
 started with ``memnets train ... --resume``, so one with a checkpoint continues where it
 stopped and an empty one starts afresh. Runs are subprocesses (``--jobs`` at a time, each
 ``threads=1`` unless overridden) that die with the suite, so after Ctrl-C or a SIGKILL of the
@@ -37,7 +49,8 @@ from pathlib import Path
 __all__ = ["add_parser", "Suite", "SuiteRun", "load_suite", "list_suites", "suite_runs", "run_status", "run_name",
            "runs_table", "family_tables"]
 
-SUITE_KEYS = ("description", "presets", "seeds", "overrides", "seeds_for", "overrides_for")
+SUITE_KEYS = ("description", "presets", "seeds", "overrides", "seeds_for", "overrides_for", "sweep")
+ARCHIVED = ("results.json", "config.json", "env.json", "metrics.jsonl", "suite.log")
 
 EPILOG = """examples:
   memnets suite ls
@@ -61,6 +74,7 @@ class Suite:
     overrides: list[str] = field(default_factory=list)
     seeds_for: dict[str, list[int]] = field(default_factory=dict)
     overrides_for: dict[str, list[str]] = field(default_factory=dict)
+    sweep: dict[str, list] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,6 +86,7 @@ class SuiteRun:
     name: str
     run_dir: Path
     overrides: list[str]
+    results_dir: Path | None = None
 
     def argv(self) -> list[str]:
         """The ``memnets train`` arguments of this run."""
@@ -130,34 +145,109 @@ def load_suite(source: str | Path) -> Suite:
             raise ConfigError(f"{path}: `overrides_for` names {k!r}, which is not in `presets`")
         if not isinstance(v, list) or not all(isinstance(o, str) for o in v):
             raise ConfigError(f"{path}: `overrides_for.{k}` expected a list of \"key=value\" strings, got {v!r}")
+    sweep = data.get("sweep", {})
+    if not isinstance(sweep, dict):
+        raise ConfigError(f"{path}: `sweep` expected a table of key = [values], got {sweep!r}")
+    for k, v in sweep.items():
+        if not isinstance(v, list) or not v or not all(isinstance(x, (int, float, str, bool)) for x in v):
+            raise ConfigError(f"{path}: `sweep.{k}` expected a non-empty list of values, got {v!r}")
+        if len({_fmt_value(x) for x in v}) != len(v):
+            raise ConfigError(f"{path}: `sweep.{k}` repeats a value: {v!r}")
     return Suite(name=path.stem, path=path, presets=list(presets), seeds=list(seeds),
                  description=str(data.get("description", "")), overrides=list(overrides), seeds_for=dict(seeds_for),
-                 overrides_for={k: list(v) for k, v in overrides_for.items()})
+                 overrides_for={k: list(v) for k, v in overrides_for.items()},
+                 sweep={k: list(v) for k, v in sweep.items()})
 
 
-def run_name(preset: str, seed: int) -> str:
-    """The folder name of ``preset`` (a name or a .toml path) at ``seed``: ``cpu-fib-dnc-s0``."""
+def _fmt_value(v) -> str:
+    """A sweep value as it appears in an override and a run name (``0.001``, ``3e-05``, ``true``)."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _sweep_points(sweep: dict[str, list]) -> list[tuple[str, list[str]]]:
+    """``(name suffix, overrides)`` for each point of the grid (one point, no suffix, when empty)."""
+    import itertools
+
+    keys = list(sweep)
+    out = []
+    for values in itertools.product(*(sweep[k] for k in keys)):
+        suffix = "".join(f"-{k.rsplit('.', 1)[-1]}{_fmt_value(v)}" for k, v in zip(keys, values))
+        out.append((suffix, [f"{k}={_fmt_value(v)}" for k, v in zip(keys, values)]))
+    return out or [("", [])]
+
+
+def run_name(preset: str, seed: int, variant: str = "") -> str:
+    """The folder name of ``preset`` (a name or a .toml path) at ``seed``: ``cpu-fib-dnc-s0``;
+    ``variant`` is a sweep point's suffix (``-lr0.001``)."""
     base = Path(preset).stem if preset.endswith(".toml") else preset.replace("/", "-")
-    return f"{base}-s{seed}"
+    return f"{base}{variant}-s{seed}"
 
 
 def suite_runs(suite: Suite, runs_dir: str | Path, *, seeds: list[int] | None = None,
-               overrides: list[str] | None = None, threads: int | None = 1) -> list[SuiteRun]:
-    """The runs of ``suite`` in order (preset-major). ``seeds`` replaces every preset's seeds;
-    ``overrides`` come after the suite's own and its per-preset ``overrides_for`` (so they win);
-    ``threads`` (unless None) is set first, so an override ``threads=N`` wins over it."""
+               overrides: list[str] | None = None, threads: int | None = 1,
+               results_dir: str | Path | None = None) -> list[SuiteRun]:
+    """The runs of ``suite`` in order (preset-major, then sweep point, then seed). ``seeds``
+    replaces every preset's seeds; a sweep point's overrides come after the suite's own and its
+    per-preset ``overrides_for``, and ``overrides`` after them all (so they win); ``threads``
+    (unless None) is set first, so an override ``threads=N`` wins over it. With ``results_dir``
+    each run also has its archive folder ``<results_dir>/<run name>``."""
     out = []
     for p in suite.presets:
-        for s in (seeds if seeds is not None else suite.seeds_for.get(p, suite.seeds)):
-            ov = ([f"threads={threads}"] if threads is not None else []) + [f"seed={s}"] \
-                + suite.overrides + suite.overrides_for.get(p, []) + list(overrides or [])
-            name = run_name(p, s)
-            out.append(SuiteRun(p, s, name, Path(runs_dir) / name, ov))
+        for suffix, point in _sweep_points(suite.sweep):
+            for s in (seeds if seeds is not None else suite.seeds_for.get(p, suite.seeds)):
+                ov = ([f"threads={threads}"] if threads is not None else []) + [f"seed={s}"] \
+                    + suite.overrides + suite.overrides_for.get(p, []) + point + list(overrides or [])
+                name = run_name(p, s, suffix)
+                out.append(SuiteRun(p, s, name, Path(runs_dir) / name, ov,
+                                    Path(results_dir) / name if results_dir else None))
     return out
 
 
-def run_status(run_dir: str | Path) -> str:
-    """``done`` (results.json), ``resume`` (a checkpoint, no results) or ``new``."""
+def archive_run(run: SuiteRun) -> bool:
+    """Copy a finished run's small files (:data:`ARCHIVED`, no checkpoints) into its results
+    folder, atomically (a temporary folder renamed into place); False when there is nothing to
+    copy (no results folder, or the run is not finished in its run folder)."""
+    import shutil
+    import tempfile
+
+    if run.results_dir is None or not (run.run_dir / "results.json").is_file():
+        return False
+    run.results_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{run.name}.", dir=run.results_dir.parent))
+    try:
+        for f in ARCHIVED:
+            if (run.run_dir / f).is_file():
+                shutil.copyfile(run.run_dir / f, tmp / f)
+        tmp.chmod(0o755)
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        if run.results_dir.exists():
+            shutil.rmtree(run.results_dir)
+        tmp.rename(run.results_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return True
+
+
+def finished_dir(run: SuiteRun) -> Path | None:
+    """Where the run's results are: its results folder if it holds them, else its run folder if
+    that does, else None."""
+    for d in (run.results_dir, run.run_dir):
+        if d is not None and (d / "results.json").is_file():
+            return d
+    return None
+
+
+def run_status(run_dir: str | Path | SuiteRun) -> str:
+    """``done`` (results.json, in the run folder or, for a :class:`SuiteRun`, in its results
+    folder), ``resume`` (a checkpoint, no results) or ``new``."""
+    if isinstance(run_dir, SuiteRun):
+        if finished_dir(run_dir) is not None:
+            return "done"
+        run_dir = run_dir.run_dir
     d = Path(run_dir)
     if (d / "results.json").is_file():
         return "done"
@@ -189,6 +279,10 @@ def add_parser(sub) -> None:
     r.add_argument("--seeds", default=None, help="comma-separated seeds replacing the suite's, e.g. 0,1")
     r.add_argument("--threads", type=int, default=1,
                    help="torch threads per run (default 1; 0: torch's default; an override threads=N wins)")
+    r.add_argument("--results-dir", default=None,
+                   help="folder that keeps each finished run's results, config and metrics (no checkpoints), "
+                        "e.g. under version control; a run found there is done (default results/<suite name>; "
+                        "'' for none)")
     r.add_argument("--dry-run", action="store_true", help="print each run's status and command; train nothing")
     r.add_argument("--metric", default=None, choices=("seq_acc", "tok_acc", "ans_acc"),
                    help="algorithmic tasks: the accuracy shown (default: sequence accuracy, the paper's); "
@@ -291,8 +385,8 @@ def runs_table(runs: list[SuiteRun], metric: str | None = None) -> str:
     from ..train.task import family_of
     from .table import _params
 
-    results = {r.name: json.loads((r.run_dir / "results.json").read_text())
-               for r in runs if (r.run_dir / "results.json").is_file()}
+    results = {r.name: json.loads((d / "results.json").read_text())
+               for r in runs if (d := finished_dir(r)) is not None}
     nsp = all(family_of(res) in ("nsp", None) for res in results.values())
     if nsp:
         lines = ["| run | status | params | wall | epoch | selected by | ID | OD-easy | OD-hard |",
@@ -302,7 +396,7 @@ def runs_table(runs: list[SuiteRun], metric: str | None = None) -> str:
     for r in runs:
         res = results.get(r.name)
         if res is None:
-            lines.append(f"| {r.name} | {run_status(r.run_dir)} | – | – | – | – | " + " | ".join(
+            lines.append(f"| {r.name} | {run_status(r)} | – | – | – | – | " + " | ".join(
                 ["–"] * (3 if nsp else 1)) + " |")
             continue
         sp = res.get("splits") or {}
@@ -340,20 +434,27 @@ def _run(args) -> int:
     except ConfigError as e:
         raise UsageError(str(e)) from e
     runs_dir = Path(args.runs_dir or Path("runs") / suite.name)
+    results_dir = Path("results") / suite.name if args.results_dir is None else \
+        (Path(args.results_dir) if args.results_dir else None)
     runs = suite_runs(suite, runs_dir, seeds=_parse_seeds(args.seeds), overrides=args.overrides,
-                      threads=args.threads)
+                      threads=args.threads, results_dir=results_dir)
     for r in runs:  # every config must resolve before anything trains
         try:
             load_config(r.preset, r.overrides)
         except ConfigError as e:
             raise UsageError(f"{r.name}: {e}") from e
-    todo = [r for r in runs if run_status(r.run_dir) != "done"]
-    print(f"suite {suite.name}: {len(runs)} runs in {runs_dir} ({len(runs) - len(todo)} done, "
-          f"{sum(run_status(r.run_dir) == 'resume' for r in todo)} to resume, "
-          f"{sum(run_status(r.run_dir) == 'new' for r in todo)} to start)", flush=True)
+    if not args.dry_run:  # runs finished in their run folder but not yet kept in the results folder
+        for r in runs:
+            if r.results_dir is not None and not (r.results_dir / "results.json").is_file():
+                archive_run(r)
+    todo = [r for r in runs if run_status(r) != "done"]
+    kept = f", results kept in {results_dir}" if results_dir is not None else ""
+    print(f"suite {suite.name}: {len(runs)} runs in {runs_dir}{kept} ({len(runs) - len(todo)} done, "
+          f"{sum(run_status(r) == 'resume' for r in todo)} to resume, "
+          f"{sum(run_status(r) == 'new' for r in todo)} to start)", flush=True)
     if args.dry_run:
         for r in runs:
-            st = run_status(r.run_dir)
+            st = run_status(r)
             extra = f" from step {_checkpoint_step(r.run_dir)}" if st == "resume" else ""
             print(f"  {r.name:40s} {st}{extra}: memnets {' '.join(r.argv())}")
         return 0
@@ -366,7 +467,7 @@ def _run(args) -> int:
         while queue or active:
             while queue and len(active) < args.jobs:
                 r = queue.pop(0)
-                st = run_status(r.run_dir)
+                st = run_status(r)
                 n_started += 1
                 how = f"resuming from step {_checkpoint_step(r.run_dir)}" if st == "resume" else "starting"
                 print(f"[{n_started}/{n_total}] {r.name}: {how}", flush=True)
@@ -381,7 +482,8 @@ def _run(args) -> int:
                 log.close()
                 del active[name]
                 dt = time.perf_counter() - t0
-                if rc == 0 and run_status(r.run_dir) == "done":
+                if rc == 0 and (r.run_dir / "results.json").is_file():
+                    archive_run(r)
                     res = json.loads((r.run_dir / "results.json").read_text())
                     figs = f"{_metric_of(res, args.metric)} {_figures(res, args.metric)}"
                     print(f"  {name}: done in {_fmt_wall(dt)} (epoch {res.get('best_epoch')}: {figs})", flush=True)
@@ -406,7 +508,7 @@ def _run(args) -> int:
         return 130
 
     text = "## Runs\n\n" + runs_table(runs, args.metric)
-    results = load_results([r.run_dir for r in runs], warn=False)
+    results = load_results([d for r in runs if (d := finished_dir(r)) is not None], warn=False)
     if results:
         text += "\n\n" + family_tables(results, args.metric)
     print()
