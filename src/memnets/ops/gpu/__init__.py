@@ -1,0 +1,69 @@
+"""Triton kernels: the recurrent memories' CUDA path.
+
+On CUDA the memories' time loops run as fused Triton kernels instead of dozens of small ATen
+ops per time step (which is what the PyTorch paths issue, each a kernel launch). Each kernel
+sits beside the plain reference of its op and is held to it in float32 and float64, values and
+gradients; on a machine without a GPU the same kernels run on CPU tensors through Triton's
+interpreter (``TRITON_INTERPRET=1``, set before the kernels are first used), which is how the
+tests check them everywhere.
+
+* :func:`triton_ok` — Triton importable and not switched off (``MEMNETS_TRITON=0``).
+* :func:`use_triton` — whether an op runs its Triton kernel for tensors like ``x``: on CUDA,
+  or on the CPU inside :func:`cuda_path` in interpreter mode.
+* :func:`cuda_path` — a context in which CPU tensors take the CUDA code path: Triton kernels
+  (through the interpreter) instead of the CPU's C kernels and loops. ``memnets bench launches``
+  counts the launches of that path without a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+
+import torch
+
+__all__ = ["triton_ok", "interpreting", "use_triton", "on_cuda_path", "cuda_path"]
+
+_FORCED = [0]
+
+
+@functools.lru_cache(maxsize=None)
+def _importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_ok() -> bool:
+    """Triton is installed and ``MEMNETS_TRITON`` is not ``0``."""
+    return os.environ.get("MEMNETS_TRITON", "1") != "0" and _importable()
+
+
+def interpreting() -> bool:
+    """Triton's interpreter is on (``TRITON_INTERPRET=1``): kernels run on CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def on_cuda_path(x: torch.Tensor) -> bool:
+    """Whether tensors like ``x`` take the CUDA code path: CUDA tensors, or any inside :func:`cuda_path`."""
+    return x.is_cuda or _FORCED[0] > 0
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether an op with a Triton kernel runs it for tensors like ``x``: on the CUDA path
+    (:func:`on_cuda_path`), Triton usable (:func:`triton_ok`), and for CPU tensors the
+    interpreter on; never while ``torch.compile`` traces (the compiled graph takes the
+    reference path, :func:`memnets.ops._impl.runs_fused`)."""
+    if not on_cuda_path(x) or not triton_ok() or torch.compiler.is_compiling():
+        return False
+    return x.is_cuda or interpreting()
+
+
+@contextlib.contextmanager
+def cuda_path():
+    """Run CPU tensors down the CUDA code path (Triton kernels through the interpreter when
+    ``TRITON_INTERPRET=1``; no C kernels): for tests and launch counts without a GPU."""
+    _FORCED[0] += 1
+    try:
+        yield
+    finally:
+        _FORCED[0] -= 1
