@@ -7,6 +7,11 @@ Every layer of :mod:`memnets.attention` has the same interface::
 
 ``mask`` is a key-padding mask ``[B, S]`` of booleans, ``True`` = keep. Padded keys never
 contribute to any output; outputs at padded query positions are computed but meaningless.
+
+Packed variable-length batches (flash-linear-attention's convention): ``layer(x, cu_seqlens=c)``
+with ``x [1, T, d_model]`` holding N sequences one after the other and ``c`` the 1-D int32/int64
+offsets ``[0, l₁, l₁ + l₂, …, T]`` runs every sequence as if alone (no token sees another
+sequence's); see :mod:`memnets.ops.varlen`.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import torch
 from torch import nn
 
 from .._checks import check_positive_int, check_shape, check_tensor
+from ..ops.varlen import check_cu_seqlens
 
 __all__ = ["MultiHeadBase", "check_mask"]
 
@@ -63,6 +69,18 @@ class MultiHeadBase(nn.Module):
         if x.shape[1] == 0:
             raise ValueError(f"`x` expected a non-empty sequence [B, S>0, d_model], got {list(x.shape)}")
         return x, check_mask(mask, x.shape[0], x.shape[1])
+
+    def _packed(self, x: torch.Tensor, cu_seqlens: object) -> list[int] | None:
+        """The offsets of a packed batch (None without ``cu_seqlens``); ``x`` must be ``[1, T, d_model]``."""
+        if cu_seqlens is None:
+            return None
+        offsets = check_cu_seqlens(cu_seqlens, x.shape[1])
+        if x.shape[0] != 1:
+            raise ValueError(
+                f"`x` expected batch size 1 with `cu_seqlens` (the sequences concatenated along time, "
+                f"[1, T, d_model]), got {list(x.shape)}"
+            )
+        return offsets
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x [B, S, D] -> q, k, v`` each ``[B, S, H, dh]``."""

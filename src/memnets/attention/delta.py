@@ -55,6 +55,7 @@ def fast_weight_scan(
     initial_state: torch.Tensor | None = None,
     impl: str = "auto",
     chunk_size: int = 32,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run fast weights over a sequence (docs/maths.md §6), read after write.
 
@@ -67,6 +68,9 @@ def fast_weight_scan(
         write_mask: ``[B, T]`` bool, ``False`` = that step writes nothing.
         initial_state: fast weights ``[B, H, dv, dφ]`` or ``None`` (zeros).
         impl, chunk_size: passed to :func:`memnets.ops.nam_scan`.
+        cu_seqlens: a packed batch (B = 1, offsets ``[0, l₁, …, T]``), passed to
+            :func:`memnets.ops.nam_scan`: ``initial_state`` and the final weights are then
+            ``[N, H, dv, dφ]``, one per sequence.
     Returns:
         ``(y [B, T, H, dv], final weights [B, H, dv, dφ])``.
     """
@@ -78,7 +82,8 @@ def fast_weight_scan(
         check_shape("write_mask", write_mask, ["B", "T"], [B, T])
         keep = write_mask.to(k.dtype).unsqueeze(-1)  # [B, T, 1]
         p_w, p_e = p_w * keep, p_e * keep
-    return nam_scan(phi(q), phi(k), v, p_w, p_e, None, initial_state=initial_state, impl=impl, chunk_size=chunk_size)
+    return nam_scan(phi(q), phi(k), v, p_w, p_e, None, initial_state=initial_state, impl=impl, chunk_size=chunk_size,
+                    cu_seqlens=cu_seqlens)
 
 
 def fast_weight_step(
@@ -114,6 +119,9 @@ class DeltaRuleAttention(MultiHeadBase):
     Padded steps (``mask`` False) do not write (β = 0). Dropout is applied to the read
     values before the output projection. Running a sequence whole equals running it in
     pieces passing ``state`` along, and equals ``step(x_t, state)`` token by token.
+    ``forward(x, cu_seqlens=c)`` runs a packed batch (``x [1, T, d_model]``, offsets ``c``, see
+    :mod:`memnets.attention.base`): each sequence from its own ``state.weights[n]``
+    (``[N, H, dh, dφ]``), returning one final state per sequence.
 
     Args:
         d_model, num_heads, dropout: as every attention layer.
@@ -154,12 +162,13 @@ class DeltaRuleAttention(MultiHeadBase):
         w = torch.zeros(batch_size, self.num_heads, self.head_dim, self.feature_size, device=device, dtype=dtype)
         return DeltaAttentionState(w)
 
-    def _initial(self, state, x: torch.Tensor) -> torch.Tensor | None:
+    def _initial(self, state, x: torch.Tensor, offsets: list[int] | None = None) -> torch.Tensor | None:
         if state is None:
             return None
         w0 = state.weights if isinstance(state, DeltaAttentionState) else state
-        check_shape("state.weights", w0, ["B", "H", "dh", "dφ"],
-                    [x.shape[0], self.num_heads, self.head_dim, self.feature_size])
+        batch = x.shape[0] if offsets is None else len(offsets) - 1
+        check_shape("state.weights", w0, ["B" if offsets is None else "N", "H", "dh", "dφ"],
+                    [batch, self.num_heads, self.head_dim, self.feature_size])
         return w0.to(x.dtype)
 
     def step(self, x_t: torch.Tensor, state: DeltaAttentionState | None = None):
@@ -178,14 +187,17 @@ class DeltaRuleAttention(MultiHeadBase):
         mask: torch.Tensor | None = None,
         state: DeltaAttentionState | None = None,
         return_state: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
     ):
         x, mask = self._check(x, mask)
+        offsets = self._packed(x, cu_seqlens)
         q, k, v = self._project(x)  # [B, S, H, dh]
         beta = torch.sigmoid(self.beta(x))  # [B, S, H]
-        w0 = self._initial(state, x)
+        w0 = self._initial(state, x, offsets)
         y, w = fast_weight_scan(
             q, k, v, beta, feature_map=self.feature_map, update_rule="delta", write_mask=mask,
             initial_state=w0, impl=nam_scan_impl(self.impl), chunk_size=self.chunk_size,
+            cu_seqlens=cu_seqlens,
         )
         y = F.dropout(y, self.dropout, self.training)
         y = self._merge(y)  # [B, S, D]

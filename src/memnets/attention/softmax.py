@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..ops.varlen import same_sequence_mask
 from .base import MultiHeadBase
 
 __all__ = ["SoftmaxAttention"]
@@ -17,21 +18,27 @@ __all__ = ["SoftmaxAttention"]
 class SoftmaxAttention(MultiHeadBase):
     """Multi-head softmax attention (SDPA), bidirectional or causal.
 
-    ``forward(x [B, S, d_model], mask [B, S] bool (True = keep) or None) -> [B, S, d_model]``.
+    ``forward(x [B, S, d_model], mask [B, S] bool (True = keep) or None, cu_seqlens=None)
+    -> [B, S, d_model]`` (``cu_seqlens``: a packed batch, :mod:`memnets.attention.base`; an
+    ``S × S`` block-diagonal mask, so quadratic like the rest).
     Dropout is applied to the attention weights (training only). A query row whose visible
     keys are all padded (e.g. causal with left padding) outputs zero before the output
     projection instead of NaN.
     """
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         x, mask = self._check(x, mask)
+        offsets = self._packed(x, cu_seqlens)
         S = x.shape[1]
         q, k, v = (t.transpose(1, 2) for t in self._project(x))  # [B, H, S, dh]
         p = self.dropout if self.training else 0.0
-        if mask is None:
+        if mask is None and offsets is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
         else:
-            allowed = mask[:, None, None, :]  # [B, 1, 1, S], broadcast over queries
+            allowed = x.new_ones(1, 1, 1, S, dtype=torch.bool) if mask is None else mask[:, None, None, :]
+            if offsets is not None:  # a packed batch: keys of the query's own sequence only
+                allowed = allowed & same_sequence_mask(offsets, x.device)
             if self.causal:
                 tri = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
                 allowed = allowed & tri  # [B, 1, S, S]
