@@ -4,6 +4,12 @@ raise a ValueError naming ``cu_seqlens``."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -456,6 +462,71 @@ def test_fla_backend_passes_cu_seqlens(mode, same):
         if name == "p_e" and same:
             continue
         torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"gradient of {name}: {m}")
+
+
+FLA_CHILD = r"""
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+import triton.runtime.autotuner as autotuner
+if not hasattr(autotuner.Autotuner, "_bench"):
+    print(json.dumps({"skip": "this triton's Autotuner has no _bench to bypass"}))
+    sys.exit(0)
+autotuner.Autotuner._bench = lambda self, *args, config=None, **kw: [0.0, 0.0, 0.0]
+from memnets.ops import nam_scan, unit
+from memnets.ops.delta.fla_backend import fla_kernels, nam_scan_fla
+fla_kernels()
+g = torch.Generator().manual_seed(0)
+lengths = [3, 0, 5, 1]
+T, N, H, dk, dv = sum(lengths), len(lengths), 1, 8, 4
+cu = torch.tensor([0, 3, 3, 8, 9])
+base = dict(q=unit(torch.randn(1, T, H, dk, generator=g)), k=unit(torch.randn(1, T, H, dk, generator=g)),
+            v=torch.randn(1, T, H, dv, generator=g), p_w=torch.rand(1, T, H, generator=g),
+            p_e=torch.rand(1, T, H, generator=g), p_r=torch.rand(1, T, H, generator=g),
+            state=torch.randn(N, H, dv, dk, generator=g))
+co, cs = torch.randn(1, T, H, dv, generator=g), torch.randn(N, H, dv, dk, generator=g)
+report = {}
+for same in (True, False):
+    res = []
+    for fla in (False, True):
+        L = {n: t.clone().requires_grad_() for n, t in base.items()}
+        pe = L["p_w"] if same else L["p_e"]
+        if fla:
+            o, s = nam_scan_fla(L["q"], L["k"], L["v"], L["p_w"], None if same else pe, L["p_r"], L["state"],
+                                mode="recurrent", cu_seqlens=cu)
+        else:
+            o, s = nam_scan(L["q"], L["k"], L["v"], L["p_w"], pe, L["p_r"], initial_state=L["state"],
+                            cu_seqlens=cu, impl="reference")
+        ((o * co).sum() + (s * cs).sum()).backward()
+        res.append((o.detach(), s.detach(), {n: t.grad for n, t in L.items() if not (same and n == "p_e")}))
+    (o1, s1, g1), (o2, s2, g2) = res
+    err = {"out": (o2 - o1).abs().max().item(), "state": (s2 - s1).abs().max().item(), "shape": list(s2.shape)}
+    for n, gr in g1.items():
+        err["d" + n] = None if g2.get(n) is None else (g2[n] - gr).abs().max().item()
+    report["pe=pw" if same else "pe!=pw"] = err
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("fla", "triton", "numpy", "einops")),
+                    reason="needs fla, triton, numpy and einops (pip install 'memnets[gpu]' numpy)")
+def test_fla_recurrent_kernels_take_cu_seqlens():
+    """fla's own step-by-step kernels (Triton's interpreter on the CPU, as tests/test_fla_interpret.py)
+    on a packed batch with an empty sequence equal the packed reference scan, values and gradients."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+        [str(root / "src")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    proc = subprocess.run([sys.executable, "-c", FLA_CHILD], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skip" in report:
+        pytest.skip(report["skip"])
+    for case, err in report.items():
+        assert err.pop("shape") == [4, 1, 4, 8], case  # [N, H, dv, dk]: one final state per sequence
+        missing = [n for n, e in err.items() if e is None]
+        assert not missing, f"{case}: no gradient reached {missing} through fla's kernels"
+        assert max(err.values()) < 2e-5, (case, err)
 
 
 # -------------------------------------------------------------------------------------- grouping
