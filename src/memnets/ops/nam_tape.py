@@ -56,7 +56,9 @@ class _TapeScan(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         new = q.new_empty
-        o, St = new(B, T, H, V), S0.transpose(-1, -2).contiguous()  # S as rows of keys: [B, H, K, V]
+        # S as rows of keys [B, H, K, V]: a copy the kernel owns (``contiguous`` alone would return
+        # S0 itself when K or V is 1, and the kernel writes the final state into it)
+        o, St = new(B, T, H, V), S0.transpose(-1, -2).clone(memory_format=torch.contiguous_format)
         Sc, Aa, U = new(-(-T // SEGMENT) + 1, B * H, K, V), new(B, T, H, V), new(B, T, H, V)
         parts = _native.ranges(B * H, B * H * T * K * V * 3)
         work = new(len(parts), 2, K, V)
@@ -75,11 +77,12 @@ class _TapeScan(torch.autograd.Function):
         V = v.shape[-1]
         new = q.new_empty
         go = torch.zeros_like(v) if go is None else go.contiguous()
-        dS = q.new_zeros(B, H, K, V) if gS is None else gS.transpose(-1, -2).contiguous()
+        dS = (q.new_zeros(B, H, K, V) if gS is None  # written by the kernel: never the incoming tensor
+              else gS.transpose(-1, -2).clone(memory_format=torch.contiguous_format))
         dq, dk, dv, dpw, dpe = new(q.shape), new(k.shape), new(v.shape), new(pw.shape), new(pe.shape)  # contiguous
         dpr = new(pr.shape) if pr is not None else None
         parts = _native.ranges(B * H, B * H * T * K * V * 6)
-        work = new(len(parts), 1, K, V)
+        work = new(len(parts), K * V + 4 * V)  # S and four rows of scratch per thread
         args = (B, T, H, K, V, *q.stride()[:3], _ptr(q), _ptr(k), _ptr(v), _ptr(pw), _ptr(pe), _ptr(pr), _ptr(Sc),
                 SEGMENT,
                 _ptr(Aa), _ptr(U), _ptr(go), _ptr(dS), _ptr(dq), _ptr(dk), _ptr(dv), _ptr(dpw), _ptr(dpe),
@@ -103,6 +106,8 @@ def nam_tape_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_w: torch.
     if not available(q):
         raise RuntimeError("nam_tape_scan needs float32/float64 CPU tensors outside autocast and a C compiler "
                            "(memnets.ops._native); use memnets.ops.nam_scan")
+    if q.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"`q` and `v` expected [B, T, H, d], got {list(q.shape)} and {list(v.shape)}")
     B, T, H, K = q.shape
     V = v.shape[-1]
     for name, x, shape in (("k", k, (B, T, H, K)), ("v", v, (B, T, H, V)), ("p_w", p_w, (B, T, H)),
@@ -111,6 +116,8 @@ def nam_tape_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_w: torch.
         if x is not None and (tuple(x.shape) != shape or x.dtype != q.dtype or x.device != q.device):
             raise ValueError(f"`{name}` expected shape {list(shape)}, {q.dtype} on {q.device}, "
                              f"got {list(x.shape)}, {x.dtype} on {x.device}")
+    if B * T * H * K * V == 0:  # nothing for the kernel to do: o = p_r S' q is an empty sum or empty
+        return q.new_zeros(B, T, H, V), initial_state.clone()
     if q.stride(-1) != 1 or k.stride() != q.stride():  # q and k may be views with one set of strides
         q, k = q.contiguous(), k.contiguous()
     c = [x.contiguous() if x is not None else None for x in (v, p_w, p_e, p_r, initial_state)]

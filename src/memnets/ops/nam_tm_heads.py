@@ -291,7 +291,7 @@ class _HeadScan(torch.autograd.Function):
             lease = _POOL.lease(key, lambda: _native_space(T, N, L, C, transposed, act))
             Kc, Aa, U, J = lease.space
             Kc[0].copy_(K0.transpose(1, 2))
-        work = act.new_empty(len(parts), 2, L, C) if lease is not None else None
+        work = act.new_empty(len(parts), 2 * L * C + L) if lease is not None else None  # 2 key tapes, a row
         orders = (ctypes.c_int * len(order))(*order)
         args = (T, B, Tn, int(bm), L, C, A, orders, int(lease is not None), int(transposed), int(unit_keys),
                 _ptr(act), _ptr(q), _ptr(k), _ptr(pw), _ptr(pe), _ptr(Hs), _ptr(Kc), _SEGMENT, _ptr(Aa), _ptr(U), _ptr(J))
@@ -315,16 +315,16 @@ class _HeadScan(torch.autograd.Function):
         if has_jump:
             Kc, Aa, U, J = lease.space
             dq, dk, dpw, dpe = new(q.shape), new(k.shape), new(pw.shape), new(pe.shape)
-            dK = (torch.zeros(N, L, C, dtype=act.dtype, device=act.device) if gK is None
-                  else gK.transpose(1, 2).contiguous())  # of Kᵀ, becomes that of K0ᵀ
+            dK = (torch.zeros(N, L, C, dtype=act.dtype, device=act.device) if gK is None  # written by the
+                  else gK.transpose(1, 2).clone(memory_format=torch.contiguous_format))  # kernel: a copy; of Kᵀ
         parts = _native.ranges(N, T * N * L * (6 * C + 4 * A))
-        work = new(len(parts), 1, L, C) if has_jump else None
+        work = new(len(parts), (L * C if has_jump else 0) + 8 * L + 2 * max(L, C))  # the key tape, scratch rows
         orders = (ctypes.c_int * len(order))(*order)
         args = (T, B, Tn, int(bm), L, C, A, orders, int(has_jump), int(transposed), int(ctx.unit_keys), _ptr(act),
                 _ptr(q), _ptr(k),
                 _ptr(pw), _ptr(pe), _ptr(Hs), _ptr(Kc), _SEGMENT, _ptr(Aa), _ptr(U), _ptr(J), _ptr(gH), _ptr(dK),
                 _ptr(dact), _ptr(dq), _ptr(dk), _ptr(dpw), _ptr(dpe), _ptr(dH0))
-        _native.parallel(lambda i, n0, n1: bwd(*args, _ptr(work[i]) if work is not None else None, n0, n1), parts)
+        _native.parallel(lambda i, n0, n1: bwd(*args, _ptr(work[i]), n0, n1), parts)
         if has_jump:
             lease.release()
             return dact, dq, dk, dpw, dpe, dH0, dK.transpose(1, 2), None, None, None, None, None
@@ -369,8 +369,8 @@ class _HeadScan(torch.autograd.Function):
         W = _HeadScan._weights(act)
         if has_jump:
             Ks, Aa, U, J = lease.space
-            dK = (torch.zeros(N, L, C, dtype=Hs.dtype, device=Hs.device) if gK is None
-                  else gK.transpose(1, 2).contiguous())  # of Kᵀ
+            dK = (torch.zeros(N, L, C, dtype=Hs.dtype, device=Hs.device) if gK is None  # updated in place:
+                  else gK.transpose(1, 2).clone(memory_format=torch.contiguous_format))  # a copy; of Kᵀ
             DQ = new(T, N, C)
             DK = new(T, N, C) if transposed else DQ.new_empty(0)
             bwd(W, _steps(q, 1), _steps(k, 1), _steps(pw, 1), _steps(pe.neg().unsqueeze(-1)), _steps(Hs),
@@ -398,6 +398,44 @@ class _HeadScan(torch.autograd.Function):
         _POOL.give(bkey, bspace)  # and of the backward's
         return dact, dq, dk, dpw, dpe, dH0, dK0, None, None, None, None, None
 
+
+
+def _check_args(act, q, k, p_w, p_e, h0, key_tape, order: List[int], has_jump: bool, bm: bool) -> None:
+    """Shapes, dtypes and devices of :func:`nam_tm_heads`'s arguments, checked before any kernel
+    reads them (a kernel trusts its sizes)."""
+    def fail(name, want, x):
+        got = f"{list(x.shape)} {x.dtype} on {x.device}" if isinstance(x, torch.Tensor) else repr(x)
+        raise ValueError(f"nam_tm_heads: `{name}` expected {want}, got {got}")
+
+    lead = "[B, T, Tn" if bm else "[T, N"
+    if not isinstance(act, torch.Tensor) or act.dim() != (5 if bm else 4) or act.shape[-2] != 2:
+        fail("act", f"a tensor {lead}, 2, A]", act)
+    if act.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        fail("act", "a floating-point tensor", act)
+    A = act.shape[-1]
+    if len(order) != A or A < 1 or len(set(order)) != A or any(a not in (LEFT, NOOP, RIGHT, JUMP) for a in order):
+        raise ValueError(f"nam_tm_heads: `order` expected {A if A else 'one or more'} distinct actions among "
+                         f"0 (LEFT), 1 (NOOP), 2 (RIGHT), 3 (JUMP), one per column of `act`, got {order}")
+    steps = tuple(act.shape[:3]) if bm else tuple(act.shape[:2])
+    N = steps[0] * steps[2] if bm else steps[1]
+    if not isinstance(h0, torch.Tensor) or h0.dim() != 3 or tuple(h0.shape[:2]) != (N, 2) or h0.shape[2] < 1:
+        fail("h0", f"[N, 2, L] with N = {N} and L >= 1", h0)
+    L = h0.shape[2]
+    if (not isinstance(key_tape, torch.Tensor) or key_tape.dim() != 3 or key_tape.shape[0] != N
+            or key_tape.shape[2] != L):
+        fail("key_tape", f"[N, C, L] with N = {N}, L = {L}", key_tape)
+    C = key_tape.shape[1]
+    if has_jump and C < 1:
+        fail("key_tape", "a key width C >= 1 with JUMP", key_tape)
+    named = [("p_w", p_w, steps), ("p_e", p_e, steps)]
+    if has_jump:
+        named += [("q", q, steps + (C,)), ("k", k, steps + (C,))]
+    for name, x, shape in named:
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
+            fail(name, f"shape {list(shape)}", x)
+    for name, x in [("h0", h0), ("key_tape", key_tape)] + [(n, x) for n, x, _ in named]:
+        if x.dtype != act.dtype or x.device != act.device:
+            fail(name, f"{act.dtype} on {act.device} like `act`", x)
 
 
 def nam_tm_heads(act: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor], p_w: torch.Tensor,
@@ -431,6 +469,15 @@ def nam_tm_heads(act: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch
     has_jump = JUMP in order
     if has_jump and (q is None or k is None):
         raise ValueError("`q` and `k` are required when `order` includes JUMP")
+    _check_args(act, q, k, p_w, p_e, h0, key_tape, order, has_jump, bool(batch_major))
+    if act.shape[int(batch_major)] == 0 or h0.shape[0] == 0:  # no step or no sequence: nothing runs
+        T, L = act.shape[int(batch_major)], h0.shape[-1]
+        if batch_major:
+            B, Tn = act.shape[0], act.shape[2]
+            heads = h0.view(B, 1, Tn, 2, L).expand(B, T + 1, Tn, 2, L)
+        else:
+            heads = h0.unsqueeze(0).expand((T + 1,) + h0.shape)
+        return heads.clone(), key_tape.clone()
     if unit_keys and has_jump and _kernel(act, compiled) is None:
         raise ValueError("`unit_keys` needs the C kernel (memnets.ops._native), which is not available for "
                          f"{act.dtype} on {act.device.type}; see kernel_available")

@@ -5,6 +5,10 @@ through :mod:`ctypes` on tensors' data pointers (the caller checks dtype, device
 layout). It is compiled once per machine into a cache folder (``MEMNETS_CACHE``, else
 ``$XDG_CACHE_HOME/memnets``, else ``~/.cache/memnets``) under a name that hashes the source,
 the compiler, its flags and the CPU, so a changed kernel or another CPU compiles anew.
+If that folder cannot be written, ``$TMPDIR/memnets-native-<uid>`` is used. A folder is used
+only when it is owned by this user and writable by no one else (else a warning, and the
+PyTorch path), and a library is loaded only when its SHA-256 is the one recorded beside it
+when it was built (else it is built again): a library is never loaded as found.
 Where no compiler works, :func:`load` returns ``None`` and callers use their PyTorch path;
 ``MEMNETS_NATIVE=0`` turns the kernels off; ``MEMNETS_NATIVE_CFLAGS`` adds compiler flags
 (e.g. ``-g`` to profile them). :func:`ranges` and :func:`parallel` split a
@@ -18,9 +22,11 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -50,13 +56,93 @@ def cache_dir() -> Path:
     return Path(root) / "native"
 
 
-def _cpu_id() -> str:
+# the lines of /proc/cpuinfo that name the processor and its features: x86 ("model name",
+# "flags"), ARM ("CPU implementer", "CPU part", "Features", ...), POWER ("cpu"), RISC-V ("isa", "uarch")
+_CPU_KEYS = ("model name", "flags", "features", "cpu implementer", "cpu architecture", "cpu variant",
+             "cpu part", "cpu revision", "cpu family", "vendor_id", "model", "cpu", "isa", "uarch",
+             "hardware", "processor")
+
+
+def _cpu_id(path: str = "/proc/cpuinfo") -> str:
+    """The processor's identity for the cache key of a ``-march=native`` build: its cpuinfo
+    lines that name it and its features (never empty: the machine and processor otherwise)."""
+    lines: set = set()
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for ln in f:
+                key = ln.split(":", 1)[0].strip().lower()
+                if key in _CPU_KEYS and not (key == "processor" and ln.split(":", 1)[-1].strip().isdigit()):
+                    lines.add(ln.strip())
     except OSError:
-        return platform.processor()
+        pass
+    return "".join(sorted(lines)) or f"{platform.machine()} {platform.processor()}"
+
+
+_WARNED: set = set()
+
+
+def _warn(message: str, key: Optional[tuple] = None) -> None:
+    """One warning per ``key`` (else per distinct message) and process."""
+    key = key or (message,)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _private(path: Path, want_dir: bool) -> Optional[str]:
+    """Why ``path`` cannot be trusted to hold code this process runs (None when it can): it
+    must be ours (owned by this user) and writable by no one else."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror}"
+    if want_dir != stat.S_ISDIR(st.st_mode) or (not want_dir and not stat.S_ISREG(st.st_mode)):
+        return f"{path} is not a {'folder' if want_dir else 'regular file'}"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by its group or by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _folders() -> List[Path]:
+    return [cache_dir(), Path(tempfile.gettempdir()) / f"memnets-native-{os.getuid()}"]
+
+
+def _tag(text: bytes, compiler: str, flags: list) -> str:
+    return hashlib.sha256(b"\0".join([text, compiler.encode(), " ".join(flags).encode(),
+                                      platform.machine().encode(), _cpu_id().encode()])).hexdigest()[:16]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _verified(lib: Path) -> bool:
+    """Whether ``lib`` is the library this user built: a private regular file whose SHA-256 is the
+    one recorded beside it when it was built."""
+    side = lib.with_name(lib.name + ".sha256")
+    if _private(lib, False) is not None or _private(side, False) is not None:
+        return False
+    try:
+        return side.read_text().strip() == _digest(lib)
+    except OSError:
+        return False
+
+
+def _publish(tmp: Path, lib: Path) -> None:
+    """Move the built ``tmp`` to ``lib`` whole (a concurrent build or load finds all or nothing),
+    its digest recorded first in ``lib.sha256``."""
+    side = lib.with_name(lib.name + ".sha256")
+    os.chmod(tmp, 0o755)  # whatever the umask: writable by this user only
+    fd, stmp = tempfile.mkstemp(suffix=".sha256", dir=lib.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(_digest(tmp) + "\n")
+        os.replace(stmp, side)
+    finally:
+        Path(stmp).unlink(missing_ok=True)
+    os.replace(tmp, lib)
 
 
 def _compile(src: Path, compiler: str, flags: list, out: Path) -> bool:
@@ -75,15 +161,22 @@ def _build(name: str) -> Optional[ctypes.CDLL]:
     if compiler is None or not src.exists():
         return None
     text = src.read_bytes() + b"".join(h.read_bytes() for h in sorted(_HERE.glob("*.h")))
+    refused: List[str] = []
     for flags in _FLAGS:
         flags = [*flags, *extra]
-        tag = hashlib.sha256(b"\0".join([text, compiler.encode(), " ".join(flags).encode(),
-                                         platform.machine().encode(), _cpu_id().encode()])).hexdigest()[:16]
-        for folder in (cache_dir(), Path(tempfile.gettempdir()) / f"memnets-native-{os.getuid()}"):
+        tag = _tag(text, compiler, flags)
+        for folder in _folders():
+            try:
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError:
+                continue  # cannot be made: the next folder
+            why = _private(folder, True)
+            if why is not None:  # another user could have put a library there: never load from it
+                refused.append(why)
+                continue
             lib = folder / f"{name}-{tag}.so"
-            if not lib.exists():
+            if not _verified(lib):  # absent, half-written, truncated or replaced: build it (again)
                 try:
-                    folder.mkdir(parents=True, exist_ok=True)
                     fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
                     os.close(fd)
                 except OSError:
@@ -91,16 +184,19 @@ def _build(name: str) -> Optional[ctypes.CDLL]:
                 try:
                     if not _compile(src, compiler, flags, Path(tmp)):
                         break  # these flags do not compile here: the next flags
-                    try:
-                        os.link(tmp, lib)  # publish whole: a concurrent build finds all or nothing
-                    except FileExistsError:
-                        pass
+                    _publish(Path(tmp), lib)
+                except OSError:
+                    continue
                 finally:
                     Path(tmp).unlink(missing_ok=True)
             try:
                 return ctypes.CDLL(str(lib))
-            except OSError:
+            except OSError as e:
+                _warn(f"memnets: the C kernel {lib} does not load ({e}); using the PyTorch path", (name, "load"))
                 continue
+    if refused:
+        _warn(f"memnets: C kernel {name!r} not loaded, its cache folder is not private: {'; '.join(refused)}; "
+              "using the PyTorch path (set MEMNETS_CACHE to a folder only you can write)")
     return None
 
 
@@ -130,7 +226,11 @@ def functions(name: str, x: torch.Tensor, signatures: Dict[str, list]) -> Option
     suffix = "f32" if x.dtype == torch.float32 else "f64"
     out = []
     for fn, argtypes in signatures.items():
-        f = getattr(lib, f"{fn}_{suffix}")
+        try:
+            f = getattr(lib, f"{fn}_{suffix}")
+        except AttributeError:  # not the library this module's sources build
+            _warn(f"memnets: the C kernel {name!r} has no function {fn}_{suffix}; using the PyTorch path")
+            return None
         if f.argtypes is None:
             f.argtypes, f.restype = argtypes, None
         out.append(f)
@@ -159,6 +259,8 @@ def parallel(fn: Callable[[int, int, int], None], parts: List[Tuple[int, int]]) 
         return
     with _LOCK:
         if _POOL is None or _POOL._max_workers < len(parts) - 1 or _POOL_PID != os.getpid():
+            if _POOL is not None and _POOL_PID == os.getpid():
+                _POOL.shutdown(wait=False)  # its threads end once idle (a forked child has none of them)
             _POOL = ThreadPoolExecutor(max_workers=len(parts) - 1, thread_name_prefix="memnets-native")
             _POOL_PID = os.getpid()
         pool = _POOL

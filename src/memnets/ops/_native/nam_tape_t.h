@@ -46,7 +46,8 @@ void FN(nam_tape_bwd)(long B, long T, long H, long K, long V, long qb, long qt, 
                         REAL *work, long n0, long n1)
 {
     const long KV = K * V;
-    REAL du[V], da[V], dr[V], rho[V];
+    /* work: S (K x V), then four scratch rows of V */
+    REAL *restrict du = work + KV, *restrict da = du + V, *restrict dr = da + V, *restrict rho = dr + V;
     for (long n = n0; n < n1; ++n) {
         const long b = n / H, h = n % H;
         REAL *restrict dSr = dS + n * KV; /* of S_{t+1}^T, then of S_t^T */

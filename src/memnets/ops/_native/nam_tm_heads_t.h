@@ -51,7 +51,7 @@ void FN(nam_tm_heads_fwd)(long T, long B, long Tn, int bm, long L, long C, long 
                             long n1)
 {
     const long LC = L * C, X = transposed ? L : C, N = B * Tn;
-    REAL hu[L], hn;
+    REAL *restrict hu = has_jump ? work + 2 * LC : NULL, hn; /* work (with JUMP): two key tapes, a row of L */
     int hfree;
     for (long n = n0; n < n1; ++n) {
         const long b = n / Tn, h = n % Tn;
@@ -117,7 +117,10 @@ void FN(nam_tm_heads_bwd)(long T, long B, long Tn, int bm, long L, long C, long 
     const long LC = L * C, X = transposed ? L : C, M = L > C ? L : C, N = B * Tn;
     long jpos = -1;
     for (long i = 0; i < A; ++i) if (order[i] == 3) jpos = i;
-    REAL dHn[2 * L], dH[2 * L], dj[L], dv[M], da[M], sc[L], hu[L], dhu[L], hn;
+    /* work: the key tape (with JUMP), then the scratch rows below */
+    REAL *restrict dHn = work + (has_jump ? LC : 0), *restrict dH = dHn + 2 * L, *restrict dj = dH + 2 * L;
+    REAL *restrict dv = dj + L, *restrict da = dv + M, *restrict sc = da + M, *restrict hu = sc + L;
+    REAL *restrict dhu = hu + L, hn;
     int hfree;
     for (long n = n0; n < n1; ++n) {
         REAL *dKr = has_jump ? dK + n * LC : NULL; /* of K_{t+1}^T, then of K_t^T */
