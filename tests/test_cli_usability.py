@@ -85,3 +85,70 @@ def test_numeric_keys_are_checked_against_their_range(override):
 
     with pytest.raises(ConfigError, match=r"expected .*got"):
         load_config("cpu/reduce-nam_tm", [override])
+
+
+# ----------------------------------------------------------------------------- resume, --device
+
+SMALL = ["epochs=2", "task.train_size=32", "batch_size=16", "task.eval_size=8", "model.d_model=16",
+         "task.train_digits=[1, 3]", "threads=1"]
+
+
+def _results(run: Path) -> dict:
+    r = json.loads((run / "results.json").read_text())
+    return {"splits": r["splits"], "best_epoch": r["best_epoch"], "steps": r["steps"]}
+
+
+def test_ctrl_c_prints_the_resume_command_and_resume_needs_no_overrides(tmp_path, capsys, monkeypatch):
+    import shlex
+
+    from memnets.train import loop
+
+    ref = tmp_path / "ref"
+    assert main(["train", "cpu/reduce-lstm", *SMALL, "--run-dir", str(ref), "--quiet"]) == 0
+    run = tmp_path / "run"
+    save = loop.Trainer.save
+
+    def save_then_interrupt(self, ep, b):  # Ctrl-C right after the first epoch's checkpoint
+        save(self, ep, b)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop.Trainer, "save", save_then_interrupt)
+    assert main(["train", "cpu/reduce-lstm", *SMALL, "--run-dir", str(run), "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "step 2" in err
+    cmd = shlex.split(err.strip().splitlines()[-1])
+    assert cmd == ["memnets", "train", "cpu/reduce-lstm", "--resume", "--run-dir", str(run)]
+    monkeypatch.setattr(loop.Trainer, "save", save)
+    assert main(cmd[1:] + ["--quiet"]) == 0  # no overrides retyped: the run's config.json is used
+    assert json.loads((run / "config.json").read_text())["epochs"] == 2
+    assert _results(run) == _results(ref)
+
+
+def test_resume_accepts_free_keys_and_the_original_overrides_but_not_a_change(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "cpu/reduce-lstm", *SMALL, "epochs=1", "--run-dir", str(run), "--quiet"]) == 0
+    capsys.readouterr()
+    # the command that started it, repeated with --resume, still works; so does a free key
+    assert main(["train", "cpu/reduce-lstm", *SMALL, "epochs=1", "--run-dir", str(run), "--quiet", "--resume"]) == 0
+    assert main(["train", "cpu/reduce-lstm", "threads=2", "--run-dir", str(run), "--quiet", "--resume"]) == 0
+    capsys.readouterr()
+    assert main(["train", "cpu/reduce-lstm", "optim.lr=0.5", "--run-dir", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot change optim.lr" in err and "compile" in err
+
+
+def test_device_option_with_overrides_after_it(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "cpu/reduce-lstm", "--device", "cpu", *SMALL, "max_steps=1", "--run-dir", str(run),
+                 "--quiet"]) == 0
+    assert json.loads((run / "config.json").read_text())["device"] == "cpu"
+    assert json.loads((run / "config.json").read_text())["max_steps"] == 1
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["train", "cpu/reduce-lstm", "--gpu", "cpu", "max_steps=1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --gpu cpu\n" in err and "max_steps" not in err.splitlines()[-1]
+    from memnets.cli.experiment import train_argv
+
+    assert "device=cpu" in train_argv("ntm-copy", None, ["--device", "cpu"])

@@ -51,6 +51,9 @@ def add_parser(sub) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dotted overrides applied to both demo presets, e.g. threads=1 (torch threads per "
                         "run, the default), time_limit_min=6 (time cap per run), epochs=2")
+    from .main import add_device_option
+
+    add_device_option(p)
     p.set_defaults(func=_run)
 
 

@@ -81,6 +81,14 @@ def train_argv(name: str, preset: str | None, extra: list[str], index: int = 0) 
                 out += ["--run-dir", extra[i + 1]]
             i += 2
             continue
+        if a == "--device" and i + 1 < len(extra):  # the override device=D of every run
+            out.append(f"device={extra[i + 1]}")
+            i += 2
+            continue
+        if a.startswith("--device="):
+            out.append(f"device={a.split('=', 1)[1]}")
+            i += 1
+            continue
         if a.startswith("@") and ":" in a:  # @WORD:key=value: only for the runs whose preset contains WORD
             word, _, a = a[1:].partition(":")
             if word not in target:
@@ -89,7 +97,8 @@ def train_argv(name: str, preset: str | None, extra: list[str], index: int = 0) 
         if a.startswith("--") and a not in ("--resume", "--quiet"):
             raise ValueError(f"`memnets experiment {name}{'/' + preset if preset else ''}` runs "
                              f"`memnets train {target}`: give settings as key=value overrides (e.g. epochs=5, "
-                             f"see `memnets configs show {target}`), --run-dir, --resume or --quiet; got {a!r}")
+                             f"see `memnets configs show {target}`), --run-dir, --device, --resume or --quiet; "
+                             f"got {a!r}")
         out.append(a)
         i += 1
     flags = [a for a in out[1:] if a.startswith("--")]
@@ -182,5 +191,6 @@ def add_parser(sub) -> None:
                    help="experiment, optionally with a preset: the train presets of a documented run (see --list)")
     p.add_argument("--list", action="store_true", help="list experiments and their presets")
     p.add_argument("args", nargs=argparse.REMAINDER,
-                   help="key=value overrides for every run, --run-dir/--out DIR, --data-dir DIR, --resume, --quiet")
+                   help="key=value overrides for every run, --run-dir/--out DIR, --data-dir DIR, --device DEVICE, "
+                        "--resume, --quiet")
     p.set_defaults(func=_run)

@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 
-__all__ = ["main", "build_parser", "SUBCOMMANDS"]
+__all__ = ["main", "build_parser", "SUBCOMMANDS", "add_device_option"]
 
 SUBCOMMANDS = (
     "demo", "train", "eval", "table", "configs", "bench", "viz", "report", "capacity", "experiment",
@@ -49,9 +49,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_device_option(p) -> None:
+    """``--device DEVICE`` on a command whose runs take ``key=value`` overrides: the same as the
+    override ``device=DEVICE`` (given last, so it wins)."""
+    p.add_argument("--device", dest="device_override", default=None, metavar="DEVICE",
+                   help="auto (CUDA when available, else CPU), cpu, cuda, cuda:N or mps; the same as the "
+                        "override device=DEVICE")
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``, letting ``key=value`` overrides and options come in any order
+    (``train P --device cpu max_steps=1``); an unknown option is the only one named in the error."""
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    sub = _subparser(parser, getattr(args, "command", None))
+    unknown, loose, i = [], [], 0
+    while i < len(extra):
+        a = extra[i]
+        if a.startswith("-") and len(a) > 1 and not a[1:2].isdigit():
+            word = [a]
+            if "=" not in a and i + 1 < len(extra) and not extra[i + 1].startswith("-") and "=" not in extra[i + 1]:
+                word.append(extra[i + 1])  # its value, if it takes one
+                i += 1
+            unknown.append(" ".join(word))
+        else:
+            loose.append(a)
+        i += 1
+    many = [a for a in sub._actions if not a.option_strings and a.nargs in ("*", "+")
+            and isinstance(getattr(args, a.dest, None), list)]
+    if loose and many and not unknown:
+        getattr(args, many[-1].dest).extend(loose)  # positionals after an option: e.g. more overrides
+        loose = []
+    if unknown or loose:
+        sub.error(f"unrecognized arguments: {' '.join(unknown or loose)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
+    if getattr(args, "device_override", None):
+        args.overrides = [*args.overrides, f"device={args.device_override}"]
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
+from pathlib import Path
 
 __all__ = ["add_parser"]
 
@@ -10,7 +12,12 @@ EPILOG = """examples:
   memnets train cpu/reduce-nam_tm
   memnets train ntm/copy-cpu epochs=5
   memnets train cpu/reduce-transformer epochs=5 optim.lr=3e-4 --run-dir runs/tf-short
-  memnets train my_run.toml model.options.num_heads=2 --resume
+  memnets train cpu/reduce-nam_tm epochs=5 --run-dir runs/short
+  memnets train cpu/reduce-nam_tm --resume --run-dir runs/short     (continues with epochs=5)
+  memnets train cpu/reduce-nam_tm --device cpu
+--resume continues the run from its saved config.json: the overrides it was started with
+need not be repeated; on resume only compile, threads, time_limit_min, tensorboard and
+description may change. Ctrl-C stops a run and prints the command that continues it.
 presets: `memnets configs ls`; runs under torchrun use DistributedDataParallel."""
 
 
@@ -22,9 +29,14 @@ def add_parser(sub) -> None:
     p.add_argument("config", help="preset name (see `memnets configs ls`) or path to a .toml file")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dotted overrides, e.g. optim.lr=3e-4 task.train_size=6400")
-    p.add_argument("--resume", action="store_true", help="continue the run in the run directory exactly")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in the run directory exactly, from its saved config.json (overrides "
+                        "only for compile, threads, time_limit_min, tensorboard, description)")
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/<name>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
+    from .main import add_device_option
+
+    add_device_option(p)
     p.set_defaults(func=_run)
 
 
@@ -34,11 +46,22 @@ def _run(args) -> int:
     from ..train.nan_guard import NonFiniteError
     from .main import UsageError
 
+    from ..train.loop import resume_config
+
+    run_dir = None
     try:
         cfg = load_config(args.config, args.overrides)
-        res = train(cfg, args.run_dir, resume=args.resume, quiet=args.quiet)
+        run_dir = Path(args.run_dir or Path("runs") / cfg.name)
+        if args.resume and (run_dir / "config.json").is_file():
+            cfg = resume_config(run_dir, args.overrides)  # the run's own config, not the preset's
+        res = train(cfg, run_dir, resume=args.resume, quiet=args.quiet)
     except (ConfigError, RunLockedError) as e:
         raise UsageError(str(e)) from e
+    except KeyboardInterrupt:
+        if run_dir is None:
+            raise
+        print(f"memnets train: interrupted; {_resume_hint(args, run_dir)}", file=sys.stderr, flush=True)
+        return 130
     except NonFiniteError as e:
         print(f"memnets train: error: {e}; the run stopped (its last checkpoint stays; lower optim.lr, "
               "or set optim.nan_policy=skip to drop such steps)", file=sys.stderr, flush=True)
@@ -50,3 +73,23 @@ def _run(args) -> int:
         print(json.dumps({"name": res["name"], "best_epoch": res["best_epoch"],
                           metric: {k: round(v[metric], 4) for k, v in res["splits"].items()}}))
     return 0
+
+
+def resume_command(config: str, run_dir: str | Path, overrides: list[str] | None = None) -> str:
+    """The shell command that continues the run in ``run_dir`` (``overrides``: only those a
+    run without its ``config.json`` yet needs)."""
+    return shlex.join(["memnets", "train", str(config), *(overrides or []), "--resume", "--run-dir", str(run_dir)])
+
+
+def _resume_hint(args, run_dir: Path) -> str:
+    """What an interrupted run left and the command that continues it."""
+    pointer = run_dir / "checkpoints" / "last.json"
+    try:
+        step = json.loads(pointer.read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        step = None
+    saved = (run_dir / "config.json").is_file()
+    cmd = resume_command(args.config, run_dir, None if saved else args.overrides)
+    where = f"its last checkpoint (step {step}) is in {run_dir}" if step is not None else \
+        f"no checkpoint was written yet in {run_dir} (resuming starts it from step 0)"
+    return f"{where}; continue it with:\n  {cmd}"

@@ -44,7 +44,8 @@ from .optim import make_optimizer
 from .task import RunSummary, Task, get_task
 
 __all__ = ["train", "Trainer", "build_model", "evaluate", "lr_factor", "selects", "selection_key", "selection_rule",
-           "update", "RunExistsError", "model_config_error"]
+           "update", "RunExistsError", "model_config_error",
+           "resume_config", "FREE_ON_RESUME"]
 
 
 class RunExistsError(ConfigError):
@@ -236,6 +237,36 @@ def model_config_error(cfg: RunConfig, e: Exception) -> ConfigError:
                        f"model.options {opts_text}: {type(e).__name__}: {e}")
 
 
+# keys whose change does not alter what is computed: a resumed run may set them anew
+FREE_ON_RESUME = ("time_limit_min", "tensorboard", "threads", "description", "compile")
+
+
+def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """The config to continue the run in ``run_dir`` with: its saved ``config.json`` and
+    ``overrides`` (``key=value``). Only the keys of :data:`FREE_ON_RESUME` (``compile``,
+    ``threads``, ``time_limit_min``, ...) may change; an override repeating a saved value is
+    accepted, so the command that started the run also continues it. ConfigError when
+    ``config.json`` is missing or malformed, or an override changes another key."""
+    from .config import apply_overrides
+
+    cfg_file = Path(run_dir) / "config.json"
+    try:
+        saved = config_from_dict(json.loads(cfg_file.read_text()))
+    except OSError as e:
+        raise ConfigError(f"cannot resume {run_dir}: no readable {cfg_file} ({e.strerror or e})") from e
+    except (ValueError, TypeError, AttributeError) as e:  # JSONDecodeError and ConfigError are ValueErrors
+        raise ConfigError(f"cannot resume {run_dir}: {cfg_file} is malformed ({e})") from e
+    cfg = apply_overrides(saved, list(overrides or []))
+    old, new = flatten(config_to_dict(saved)), flatten(config_to_dict(cfg))
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in FREE_ON_RESUME)
+    if diff:
+        was = ", ".join(f"{k}={json.dumps(old.get(k))}" for k in diff)
+        raise ConfigError(f"cannot change {', '.join(diff)} when resuming {run_dir} (it was started with {was}); "
+                          f"on resume only {', '.join(FREE_ON_RESUME)} may change; leave the other overrides "
+                          "out (the run's config.json is used) or train into a new --run-dir")
+    return cfg
+
+
 def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
     """Validate the directory; return whether there is a checkpoint to resume from."""
     cfg_file = run_dir / "config.json"
@@ -249,8 +280,7 @@ def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
             raise ConfigError(f"cannot resume {run_dir}: {cfg_file} is malformed ({e})") from e
         old = flatten(config_to_dict(saved))
         new = flatten(config_to_dict(cfg))
-        free = {"time_limit_min", "tensorboard", "threads", "description", "compile"}  # may change on resume
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in free)
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in FREE_ON_RESUME)
         if diff:
             raise ConfigError(f"cannot resume {run_dir}: config differs in {', '.join(diff)}")
     return resume and ck.has_checkpoint(run_dir / "checkpoints")
