@@ -1,6 +1,7 @@
 """Shared test fixtures: deterministic seeds and the real-data directory."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -43,3 +44,43 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+class CudaSide:
+    """Where a test's "CUDA" copy runs: a CUDA device, or (``cuda_path-cpu``) CPU tensors down
+    the CUDA code path (:func:`memnets.ops.gpu.cuda_path`, C kernels off; Triton kernels through
+    the interpreter when ``TRITON_INTERPRET=1``), so the GPU tests also run, and fail, in CI."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.is_cuda = name == "cuda"
+        self.device = torch.device("cuda" if self.is_cuda else "cpu")
+
+    def __repr__(self) -> str:
+        return f"CudaSide({self.name!r})"
+
+    @contextlib.contextmanager
+    def path(self):
+        """The code path of this side: plain CUDA, or ``cuda_path()`` with ``MEMNETS_NATIVE=0``."""
+        if self.is_cuda:
+            yield
+            return
+        from memnets.ops.gpu import cuda_path
+        old = os.environ.get("MEMNETS_NATIVE")
+        os.environ["MEMNETS_NATIVE"] = "0"
+        try:
+            with cuda_path():
+                yield
+        finally:
+            if old is None:
+                os.environ.pop("MEMNETS_NATIVE", None)
+            else:
+                os.environ["MEMNETS_NATIVE"] = old
+
+
+@pytest.fixture(params=[pytest.param("cpu", id="cuda_path-cpu"),
+                        pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(
+                            not torch.cuda.is_available(), reason="CUDA is not available on this machine"))])
+def cuda_side(request) -> CudaSide:
+    """Each GPU test twice: on CUDA where there is one, and always on the CPU down the CUDA path."""
+    return CudaSide(request.param)

@@ -1,8 +1,12 @@
 """Every model and fast op gives the same values and gradients on CUDA as on the CPU.
 
-Runs only where CUDA is available (skipped elsewhere, with the reason printed). Each check
-builds the module once, copies it to the GPU, feeds both copies the same float64 input and
-compares outputs and all parameter / input gradients.
+Each test runs twice (the ``cuda_side`` fixture of conftest.py): on CUDA where there is one
+(skipped elsewhere, with the reason printed), and always on the CPU down the CUDA code path
+(``cuda_path-cpu``: :func:`memnets.ops.gpu.cuda_path` with the C kernels off, Triton kernels
+through the interpreter when ``TRITON_INTERPRET=1``), so that no test here can break unseen on
+a machine without a GPU. Each check builds the module once, copies it to the device, feeds both
+copies the same float64 input and compares outputs and all parameter / input gradients: the
+CPU's own path against the CUDA path.
 """
 from __future__ import annotations
 
@@ -13,26 +17,23 @@ import torch
 
 from helpers import backbone_names, tiny_backbone_model
 
-CUDA = torch.cuda.is_available()
-DEV = torch.device("cuda")
-pytestmark = pytest.mark.skipif(not CUDA, reason="CUDA is not available on this machine")
 
-
-def _same_on_cuda(module: torch.nn.Module, *inputs: torch.Tensor, out=lambda y: y, tol: float = 1e-8) -> None:
-    """``module(*inputs)`` on CPU and on CUDA (float64): equal outputs and gradients."""
+def _same_on_cuda(side, module: torch.nn.Module, *inputs: torch.Tensor, out=lambda y: y, tol: float = 1e-8) -> None:
+    """``module(*inputs)`` on the CPU and on ``side`` (float64): equal outputs and gradients."""
+    dev = side.device
     torch.manual_seed(0)
     cpu = module.double().eval()  # no dropout: the two copies must see the same function
-    gpu = copy.deepcopy(cpu).to(DEV)
+    gpu = copy.deepcopy(cpu).to(dev)
     inputs = [x.double() if x.is_floating_point() else x for x in inputs]
     xs_c = [x.clone().requires_grad_(x.is_floating_point()) for x in inputs]
-    xs_g = [x.detach().to(DEV).requires_grad_(x.is_floating_point()) for x in inputs]
+    xs_g = [x.detach().clone().to(dev).requires_grad_(x.is_floating_point()) for x in inputs]
     yc = out(cpu(*xs_c))
     w = torch.randn_like(yc)
     (yc * w).sum().backward()
-    with torch.backends.cudnn.flags(enabled=False):  # cuDNN's RNN has no backward in eval mode
+    with side.path(), torch.backends.cudnn.flags(enabled=False):  # cuDNN's RNN has no backward in eval mode
         yg = out(gpu(*xs_g))
-        assert yg.device.type == DEV.type
-        (yg * w.to(DEV)).sum().backward()
+        assert yg.device.type == dev.type
+        (yg * w.to(dev)).sum().backward()
     torch.testing.assert_close(yg.detach().cpu(), yc.detach(), rtol=tol, atol=tol)
     for (name, pc), (_, pg) in zip(cpu.named_parameters(), gpu.named_parameters()):
         if pc.grad is None:
@@ -46,24 +47,24 @@ def _same_on_cuda(module: torch.nn.Module, *inputs: torch.Tensor, out=lambda y: 
 
 
 @pytest.mark.parametrize("backbone", backbone_names())
-def test_sequence_backbones_match_cpu(backbone):
+def test_sequence_backbones_match_cpu(backbone, cuda_side):
     model = tiny_backbone_model(backbone)
     tokens = torch.randint(0, 16, (3, 12))
-    _same_on_cuda(model, tokens)
+    _same_on_cuda(cuda_side, model, tokens)
 
 
-def test_nam_tm_unit_key_heads_match_cpu():
+def test_nam_tm_unit_key_heads_match_cpu(cuda_side):
     """normalize_heads="all": the C kernel on the CPU, the per-step loop on CUDA, one function."""
-    from memnets.memories import NAMTuringMachine
+    from memnets.memories.nam_tm import NAMTuringMachine
 
     torch.manual_seed(0)
     m = NAMTuringMachine(6, 8, num_tapes=2, tape_length=5, normalize_heads="all")
-    _same_on_cuda(m, torch.randn(3, 9, 6), out=lambda y: y[0])
+    _same_on_cuda(cuda_side, m, torch.randn(3, 9, 6), out=lambda y: y[0])
 
 
 @pytest.mark.parametrize("attention", ["softmax", "linear", "nam", "delta"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_modules_match_cpu(attention, causal):
+def test_attention_modules_match_cpu(attention, causal, cuda_side):
     from memnets.models.transformer import TransformerEncoder
     if attention == "delta" and not causal:
         pytest.skip("delta attention is causal only")
@@ -81,11 +82,11 @@ def test_attention_modules_match_cpu(attention, causal):
         def forward(self, x):
             return self.enc(x, mask.to(x.device))
 
-    _same_on_cuda(WithMask(), x)
+    _same_on_cuda(cuda_side, WithMask(), x)
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_lsam_scan_matches_cpu(compiled):
+def test_lsam_scan_matches_cpu(compiled, cuda_side):
     from memnets.ops.lsam import lsam_scan
     torch.manual_seed(0)
     dirs, D, H, B, T, Fi = 2, 8, 2, 3, 9, 6
@@ -103,49 +104,49 @@ def test_lsam_scan_matches_cpu(compiled):
             out, M, h = lsam_scan(x, self.w_ih, self.w_hh, self.b, M0, h0, H, compiled=compiled)
             return torch.cat([out.flatten(), M.flatten(), h.flatten()])
 
-    _same_on_cuda(Scan(), torch.randn(T, B, Fi), 0.1 * torch.randn(dirs, B, H, d, d), torch.randn(dirs, B, D))
+    _same_on_cuda(cuda_side, Scan(), torch.randn(T, B, Fi), 0.1 * torch.randn(dirs, B, H, d, d), torch.randn(dirs, B, D))
 
 
-def test_lsam_layer_matches_cpu():
+def test_lsam_layer_matches_cpu(cuda_side):
     from memnets import LSAM
     torch.manual_seed(0)
     model = LSAM(8, 16, num_heads=2, num_layers=2)
-    _same_on_cuda(model, torch.randn(3, 9, 8, dtype=torch.float64), out=lambda r: r[0])
+    _same_on_cuda(cuda_side, model, torch.randn(3, 9, 8, dtype=torch.float64), out=lambda r: r[0])
 
 
 @pytest.mark.parametrize("impl", ["fused", "reference"])
-def test_dnc_matches_cpu(impl):
+def test_dnc_matches_cpu(impl, cuda_side):
     from memnets import DNC
     torch.manual_seed(0)
     model = DNC(6, 5, memory_slots=8, word_size=6, read_heads=2, controller_size=16, impl=impl)
-    _same_on_cuda(model, torch.randn(3, 10, 6, dtype=torch.float64), out=lambda r: r[0])
+    _same_on_cuda(cuda_side, model, torch.randn(3, 10, 6, dtype=torch.float64), out=lambda r: r[0])
 
 
-def test_ntm_matches_cpu():
+def test_ntm_matches_cpu(cuda_side):
     from memnets import NTM
     torch.manual_seed(0)
     model = NTM(6, 5, memory_slots=16, word_size=8, read_heads=1, write_heads=1, controller_size=16)
-    _same_on_cuda(model, torch.randn(3, 10, 6, dtype=torch.float64), out=lambda r: r[0])
+    _same_on_cuda(cuda_side, model, torch.randn(3, 10, 6, dtype=torch.float64), out=lambda r: r[0])
 
 
-def test_memn2n_matches_cpu():
+def test_memn2n_matches_cpu(cuda_side):
     from memnets import MemN2N
     torch.manual_seed(0)
     model = MemN2N(vocab_size=30, embedding_dim=12, hops=3, memory_size=10, sentence_size=6)
     story = torch.randint(1, 30, (4, 10, 6))
     query = torch.randint(1, 30, (4, 6))
-    _same_on_cuda(model, story, query, out=lambda r: r[0] if isinstance(r, tuple) else r)
+    _same_on_cuda(cuda_side, model, story, query, out=lambda r: r[0] if isinstance(r, tuple) else r)
 
 
 @pytest.mark.parametrize("update_rule", ["delta", "sum"])
-def test_fast_weights_match_cpu(update_rule):
+def test_fast_weights_match_cpu(update_rule, cuda_side):
     from memnets.memories.fast_weights import FastWeightMemory
     torch.manual_seed(0)
     model = FastWeightMemory(12, num_heads=2, update_rule=update_rule, output_size=12)
-    _same_on_cuda(model, torch.randn(2, 70, 12, dtype=torch.float64), out=lambda r: r[0])
+    _same_on_cuda(cuda_side, model, torch.randn(2, 70, 12, dtype=torch.float64), out=lambda r: r[0])
 
 
-def test_nam_fewshot_matches_cpu():
+def test_nam_fewshot_matches_cpu(cuda_side):
     from memnets import NAMFewShotClassifier
     torch.manual_seed(0)
     model = NAMFewShotClassifier(16, 5, hidden=8)
@@ -159,26 +160,33 @@ def test_nam_fewshot_matches_cpu():
         def forward(self, x, s):
             return self.m(x, s)
 
-    _same_on_cuda(Scores(), torch.randn(7, 16, dtype=torch.float64), support)
+    _same_on_cuda(cuda_side, Scores(), torch.randn(7, 16, dtype=torch.float64), support)
 
 
-def test_lra_experiment_runs_on_cuda(tmp_path, monkeypatch):
+def test_lra_experiment_runs_on_cuda(tmp_path, monkeypatch, cuda_side):
     """The LRA runs train on the GPU and report the device."""
     import json
 
     from memnets.cli.main import main
     monkeypatch.setenv("MEMNETS_CACHE", str(tmp_path / "cache"))
-    assert main(["experiment", "lra", "task.options.max_len=100", "task.train_size=64", "task.eval_size=32",
-                 "max_steps=4", "device=cuda", "--quiet", "--out", str(tmp_path / "out")]) == 0
+    dev = cuda_side.device.type
+    with cuda_side.path():
+        assert main(["experiment", "lra", "task.options.max_len=100", "task.train_size=64", "task.eval_size=32",
+                     "max_steps=4", f"device={dev}", "--quiet", "--out", str(tmp_path / "out")]) == 0
     for kind in ("softmax", "linear", "nam"):
         res = json.loads((tmp_path / "out" / f"listops-{kind}" / "results.json").read_text())
-        assert res["device"].startswith("cuda") and res["steps"] == 4
+        assert res["device"].startswith(dev) and res["steps"] == 4
 
 
-def _fla_or_skip():
+def _fla_or_skip(side):
+    """Skip unless fla's kernels can run on ``side``: its compiled kernels need CUDA (on the CPU,
+    tests/test_fla_interpret.py runs its step-by-step kernels through Triton's interpreter)."""
     from memnets.ops.delta.fla_backend import fla_available, fla_reasons
+    if not side.is_cuda:
+        pytest.skip("fla's chunked kernels need CUDA (the CPU runs of fla's kernels: tests/test_fla_interpret.py)")
     if not fla_available():
-        pytest.skip("flash-linear-attention (fla) is not installed: " + "; ".join(fla_reasons(torch.zeros(1, device=DEV))))
+        pytest.skip("flash-linear-attention (fla) is not installed: "
+                    + "; ".join(fla_reasons(torch.zeros(1, device=side.device))))
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -190,9 +198,8 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
                                             (torch.float32, "recurrent", 1e-4)])
 @pytest.mark.parametrize("same", [True, False], ids=["pe=pw", "pe!=pw"])
 @pytest.mark.parametrize("with_state", [True, False])
-def test_nam_scan_fla_matches_reference(dtype, mode, tol, same, with_state):
+def test_nam_scan_fla_matches_reference(dtype, mode, tol, same, with_state, cuda_side):
     """fla's kernels through ``nam_scan_fla`` == our float32 reference (values, every gradient)."""
-    _fla_or_skip()
     from memnets.ops import nam_scan, unit
     from memnets.ops.delta.fla_backend import nam_scan_fla
     g = torch.Generator().manual_seed(0)
@@ -203,6 +210,8 @@ def test_nam_scan_fla_matches_reference(dtype, mode, tol, same, with_state):
              state=0.5 * torch.randn(B, H, dv, dk, generator=g))
     if not with_state:
         x.pop("state")
+    _fla_or_skip(cuda_side)
+    DEV = cuda_side.device
     x = {n: t.to(DEV, dtype) for n, t in x.items()}  # rounded to dtype once; both sides see the same values
     co = torch.randn(B, T, H, dv, generator=g).to(DEV)
     cs = torch.randn(B, H, dv, dk, generator=g).to(DEV)
@@ -225,23 +234,38 @@ def test_nam_scan_fla_matches_reference(dtype, mode, tol, same, with_state):
     assert max(errs.values()) < tol, errs
 
 
-def test_nam_scan_auto_uses_fla_for_half_precision():
-    _fla_or_skip()
+def test_nam_scan_auto_uses_fla_for_half_precision(cuda_side):
+    """On CUDA, ``impl="auto"`` takes fla's kernels in bf16 and the chunked scan in float32, with
+    the same values; on the CPU stand-in, ``auto`` in bf16 down the CUDA path equals the chunked scan."""
     from memnets.ops import nam_scan, nam_scan_resolve_impl, unit
+    DEV = cuda_side.device
+    if cuda_side.is_cuda:
+        _fla_or_skip(cuda_side)
     q = unit(torch.randn(2, 70, 2, 64, device=DEV, dtype=torch.bfloat16))
-    assert nam_scan_resolve_impl("auto", q) == "fla"
-    assert nam_scan_resolve_impl("auto", q.float()) == "chunked"
     beta = torch.rand(2, 70, 2, device=DEV, dtype=torch.bfloat16)
-    o1, s1 = nam_scan(q, q, q, beta, beta, impl="auto")
-    o2, s2 = nam_scan(q, q, q, beta, beta, impl="chunked")
+    with cuda_side.path():
+        if cuda_side.is_cuda:
+            assert nam_scan_resolve_impl("auto", q) == "fla"
+            assert nam_scan_resolve_impl("auto", q.float()) == "chunked"
+        else:
+            assert nam_scan_resolve_impl("auto", q) in ("fla", "chunked", "reference")
+        o1, s1 = nam_scan(q, q, q, beta, beta, impl="auto")
+        o2, s2 = nam_scan(q, q, q, beta, beta, impl="chunked")
     assert _rel_err(o1, o2) < 5e-2 and _rel_err(s1, s2) < 5e-2
+
+
+def _train_losses(run_dir) -> list:
+    import json
+    return [json.loads(x)["loss"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if json.loads(x)["kind"] == "train"]
 
 
 @pytest.mark.parametrize("backbone", ["lsam", "lsam_encdec", "nam_tm", "nam_tm_nojmp", "transformer",
                                       "universal_transformer", "lstm_attention", "dnc", "ntm", "lstm"])
-def test_memnets_train_default_amp_on_cuda_trains_every_backbone(tmp_path, backbone):
+def test_memnets_train_default_amp_on_cuda_trains_every_backbone(tmp_path, backbone, cuda_side):
     """`memnets train` on CUDA with the default amp="auto" (bf16 autocast): every backbone trains
-    a few steps, forward and backward, with finite losses, and env.json says bf16 was on."""
+    a few steps, forward and backward, with finite losses, and env.json says bf16 was on. (On the
+    CPU stand-in, amp="bf16": the same bf16 autocast, which "auto" leaves off on the CPU.)"""
     import json
     import math
 
@@ -249,39 +273,46 @@ def test_memnets_train_default_amp_on_cuda_trains_every_backbone(tmp_path, backb
     from memnets.train import ModelConfig, OptimConfig, RunConfig, TaskConfig, train
 
     tiny = dict(SIZES["tiny"][backbone])
-    cfg = RunConfig(name="amp-cuda", epochs=1, batch_size=8, log_every=1, device="cuda",
+    cfg = RunConfig(name="amp-cuda", epochs=1, batch_size=8, log_every=1, device=cuda_side.device.type,
+                    amp="auto" if cuda_side.is_cuda else "bf16",
                     model=ModelConfig(backbone, tiny.pop("d_model"), tiny),
                     task=TaskConfig(name="reduce", train_digits=(1, 3), train_size=24, eval_size=8,
                                     splits={"id": (2, 3), "od_easy": (4, 4), "od_hard": (5, 5)}),
                     optim=OptimConfig(lr=3e-3))
-    assert cfg.amp == "auto"
-    res = train(cfg, tmp_path / "run", quiet=True)
+    if cuda_side.is_cuda:
+        assert cfg.amp == "auto"
+    with cuda_side.path():
+        res = train(cfg, tmp_path / "run", quiet=True)
     assert json.loads((tmp_path / "run" / "env.json").read_text())["autocast"] == "bfloat16"
-    losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-              if json.loads(x)["kind"] == "train"]
+    losses = _train_losses(tmp_path / "run")
     assert res["steps"] == 3 and len(losses) == 3 and all(math.isfinite(v) for v in losses)
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 @pytest.mark.parametrize("backbone", ["transformer", "lsam", "nam_tm", "dnc"])
-def test_memnets_train_compile_on_cuda_follows_eager(tmp_path, backbone, mode):
+def test_memnets_train_compile_on_cuda_follows_eager(tmp_path, backbone, mode, cuda_side, monkeypatch):
     """`compile` on CUDA (inductor; reduce-overhead adds CUDA graphs), float32: the training
-    losses follow the eager run's to float32 rounding, and the weights are saved unprefixed."""
-    import json
-
+    losses follow the eager run's to float32 rounding, and the weights are saved unprefixed.
+    On the CPU stand-in torch.compile runs with dynamo's ``eager`` backend (the plumbing and the
+    graph capture of the CUDA path in seconds; inductor on the CPU is tests/test_compile.py's
+    slow test)."""
     from memnets.models.seq import SIZES
     from memnets.train import ModelConfig, OptimConfig, RunConfig, TaskConfig, train
 
+    if not cuda_side.is_cuda:
+        real = torch.compile
+        monkeypatch.setattr(torch, "compile", lambda model, *a, mode=None, **kw: real(model, backend="eager"))
+
     def run(name, compile_mode):
         tiny = dict(SIZES["tiny"][backbone])
-        cfg = RunConfig(name=name, epochs=1, batch_size=8, log_every=1, device="cuda", amp="none",
+        cfg = RunConfig(name=name, epochs=1, batch_size=8, log_every=1, device=cuda_side.device.type, amp="none",
                         compile=compile_mode, model=ModelConfig(backbone, tiny.pop("d_model"), tiny),
                         task=TaskConfig(name="reduce", train_digits=(1, 3), train_size=24, eval_size=8,
                                         splits={"id": (2, 3), "od_easy": (4, 4), "od_hard": (5, 5)}),
                         optim=OptimConfig(lr=3e-3))
-        train(cfg, tmp_path / name, quiet=True)
-        return [json.loads(x)["loss"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
-                if json.loads(x)["kind"] == "train"]
+        with cuda_side.path():
+            train(cfg, tmp_path / name, quiet=True)
+        return _train_losses(tmp_path / name)
 
     torch._dynamo.reset()
     eager, compiled = run("eager", "none"), run("compiled", mode)

@@ -1,6 +1,8 @@
 """The fused NAM-TM on CUDA: float64 values and gradients equal to the CPU per-step
 reference, and a bf16-autocast training step (the `memnets train` default on CUDA) that runs
-and gives finite gradients close to float32. Skipped without CUDA (reason printed)."""
+and gives finite gradients close to float32. Each test runs on CUDA where there is one
+(skipped elsewhere, reason printed) and always on the CPU down the CUDA code path (the
+``cuda_side`` fixture of conftest.py)."""
 from __future__ import annotations
 
 import copy
@@ -10,26 +12,25 @@ import torch
 
 from memnets.memories.nam_tm import NAMTuringMachine
 
-CUDA = torch.cuda.is_available()
-pytestmark = pytest.mark.skipif(not CUDA, reason="CUDA is not available on this machine")
 DT = torch.float64
 
 
 @pytest.mark.parametrize("kw", [{}, {"normalize_heads": True, "key_tape_mode": "transposed", "separate_erase": True},
                                 {"actions": ("LEFT", "NOOP", "RIGHT"), "num_layers": 2}])
-def test_fused_on_cuda_matches_cpu_reference(kw):
+def test_fused_on_cuda_matches_cpu_reference(kw, cuda_side):
+    dev = cuda_side.device
     torch.manual_seed(0)
     cpu = NAMTuringMachine(6, 8, num_tapes=2, tape_length=5, impl="reference", **kw).double()
-    gpu = copy.deepcopy(cpu).cuda()
+    gpu = copy.deepcopy(cpu).to(dev)
     gpu.impl = "fused"
     x = torch.randn(3, 9, 6, dtype=DT)
-    xc, xg = x.clone().requires_grad_(), x.cuda().requires_grad_()
+    xc, xg = x.clone().requires_grad_(), x.clone().to(dev).requires_grad_()
     yc, sc = cpu(xc)
     w = torch.randn_like(yc)
     (yc * w).sum().backward()
-    with torch.backends.cudnn.flags(enabled=False):
+    with cuda_side.path(), torch.backends.cudnn.flags(enabled=False):
         yg, sg = gpu(xg)
-        (yg * w.cuda()).sum().backward()
+        (yg * w.to(dev)).sum().backward()
     torch.testing.assert_close(yg.detach().cpu(), yc.detach(), rtol=1e-9, atol=1e-10)
     for a, b in zip(sg, sc):
         torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-9, atol=1e-10)
@@ -38,14 +39,22 @@ def test_fused_on_cuda_matches_cpu_reference(kw):
         torch.testing.assert_close(pg.grad.cpu(), pc.grad, rtol=1e-8, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_fused_bf16_autocast_step_on_cuda():
+def test_fused_bf16_autocast_step_on_cuda(cuda_side):
+    """On CUDA at the bench's width (B=8, T=30, hidden 64, 4 tapes of 16); on the CPU stand-in
+    at a quarter of it (bf16 autocast on the CPU)."""
+    dev = cuda_side.device
     torch.manual_seed(0)
-    m = NAMTuringMachine(16, 64, num_tapes=4, tape_length=16, normalize_heads=True).cuda()
-    x = torch.randn(8, 30, 16, device="cuda")
-    g32 = torch.autograd.grad(m(x)[0].square().mean(), list(m.parameters()))
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        y = m(x)[0]
-    g16 = torch.autograd.grad(y.float().square().mean(), list(m.parameters()))
+    if cuda_side.is_cuda:
+        m = NAMTuringMachine(16, 64, num_tapes=4, tape_length=16, normalize_heads=True).to(dev)
+        x = torch.randn(8, 30, 16, device=dev)
+    else:
+        m = NAMTuringMachine(8, 16, num_tapes=2, tape_length=8, normalize_heads=True)
+        x = torch.randn(4, 12, 8)
+    with cuda_side.path():
+        g32 = torch.autograd.grad(m(x)[0].square().mean(), list(m.parameters()))
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            y = m(x)[0]
+        g16 = torch.autograd.grad(y.float().square().mean(), list(m.parameters()))
     for a, b in zip(g16, g32):
         assert torch.isfinite(a).all()
         assert (a - b).norm() <= 0.08 * b.norm() + 1e-6
