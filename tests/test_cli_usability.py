@@ -152,3 +152,18 @@ def test_device_option_with_overrides_after_it(tmp_path, capsys):
     from memnets.cli.experiment import train_argv
 
     assert "device=cpu" in train_argv("ntm-copy", None, ["--device", "cpu"])
+
+
+# ----------------------------------------------------------------------------- --version
+
+def test_version_does_not_import_torch_and_is_fast():
+    code = ("import sys, time; t = time.perf_counter(); from memnets.cli.main import main\n"
+            "try:\n    main(['--version'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "print(time.perf_counter() - t, 'torch' in sys.modules, 'matplotlib' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    version, timing = p.stdout.strip().splitlines()
+    assert version.startswith("memnets ")
+    seconds, torch_loaded, mpl_loaded = timing.split()
+    assert torch_loaded == "False" and mpl_loaded == "False"
+    assert float(seconds) < 1.0

@@ -22,15 +22,19 @@ class UsageError(Exception):
     """Raised by subcommands for bad user input; printed without a traceback, exit 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        ver = version("memnets")
+        return version("memnets")
     except PackageNotFoundError:  # a source tree on sys.path without installed metadata
         import memnets
 
-        ver = getattr(memnets, "__version__", "unknown")
+        return getattr(memnets, "__version__", "unknown")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ver = _version()
     parser = argparse.ArgumentParser(
         prog="memnets",
         description="Differentiable neural memories: train, evaluate, benchmark, visualise.",
@@ -94,6 +98,10 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else list(argv)) == ["--version"]:
+        # answered before the subcommands (and torch, which some of them import) are loaded
+        print(f"memnets {_version()}")
+        raise SystemExit(0)  # as argparse's version action does
     parser = build_parser()
     args = _parse(parser, argv)
     if getattr(args, "device_override", None):
