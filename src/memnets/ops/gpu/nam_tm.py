@@ -1,0 +1,575 @@
+"""The NAM-TM's tape recurrences as whole-sequence Triton kernels (its CUDA path).
+
+Two scans, each one launch forward and one backward per call, the time loop inside the
+kernel and one program per sequence, its state held in registers over the whole sequence (as
+the C kernels of :mod:`memnets.ops._native` hold it in cache on the CPU):
+
+* :func:`nam_tape_scan_triton` — the value tape, :func:`memnets.ops.nam_tape.nam_tape_scan`
+  (docs/maths.md §1, read after write). One program per (batch, tape), the tape ``S [V, K]``
+  (V = tape width, K = tape length) in registers; per step::
+
+      a = S k;   u = p_w v − p_e a;   S' = S + u kᵀ;   o = p_r S' q
+
+  The forward saves ``u`` and ``S`` every :data:`SEGMENT` steps; the backward walks ``S``
+  back (``S = S' − u kᵀ``) from those copies, recomputing ``a = S k``, so rounding builds up
+  over at most :data:`SEGMENT` steps.
+
+* :func:`nam_tm_heads_triton` — the heads, key tape and jump,
+  :func:`memnets.ops.nam_tm_heads.nam_tm_heads` (docs/maths.md §3). One program per sequence
+  (batch · tapes), the key tape ``K [C, L]`` and both heads in registers; per step, with
+  ``h = H_w`` (``μ(H_w)`` with ``unit_keys``)::
+
+      position key tape   a = K h;    u = p_w k − p_e a;   K' = K + u hᵀ
+      transposed          a = Kᵀ k;   w = p_w h − p_e a;   K' = K + k wᵀ
+      jump                j = K'ᵀ q
+      heads               H'_e = Σ_a act_{e,a} · move_a(H_e)   (e = read, write head)
+                          LEFT = roll(H, −1), NOOP = H, RIGHT = roll(H, +1), JUMP = j
+
+  A shift of a head is a product with a 0/1 matrix built once per program (no shuffles
+  across lanes). The backward walks the key tape back from copies saved every
+  :data:`SEGMENT` steps, recomputing ``a`` and the jump; without JUMP among the actions the
+  key tape is neither read nor written and only the heads run.
+
+Every buffer a kernel writes is allocated by its autograd Function. Float32 and float64 run in
+their own precision; float16/bfloat16 inputs run in float32 and the results are cast back.
+The kernels are decorated on first use (:func:`kernels`, once per interpreter mode), so that
+``TRITON_INTERPRET=1`` set before that use runs them on CPU tensors (the tests do this).
+Held to the per-step references in float32 and float64 by tests/test_triton_nam_tm.py.
+Not twice differentiable.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import List, Optional
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import interpreting
+
+__all__ = ["nam_tape_scan_triton", "nam_tm_heads_triton", "kernels", "SEGMENT"]
+
+SEGMENT = 16  # steps between the states saved for the backward
+
+LEFT, NOOP, RIGHT, JUMP = 0, 1, 2, 3
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _warps(block: int) -> int:
+    return 1 if block <= 256 else 2 if block <= 1024 else 4 if block <= 4096 else 8
+
+
+@functools.lru_cache(maxsize=None)
+def kernels(interpret: bool):
+    """The Triton kernels, decorated now (Triton reads ``TRITON_INTERPRET`` when a function is
+    decorated), once per interpreter mode: a namespace of ``tape_fwd``, ``tape_bwd``,
+    ``heads_fwd``, ``heads_bwd``."""
+    del interpret  # the cache key
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def tape_fwd(q, k, v, pw, pe, pr, S0, o, ST, Sc, U, T, H, K, V,
+                 sqb, sqt, sqh, skb, skt, skh,
+                 HAS_PR: tl.constexpr, SEG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+        n = tl.program_id(0).to(tl.int64)  # sequence b·H + h
+        NS = tl.num_programs(0).to(tl.int64)
+        b = n // H
+        h = n % H
+        ik = tl.arange(0, BK)
+        iv = tl.arange(0, BV)
+        mk = ik < K
+        mv = iv < V
+        m2 = mv[:, None] & mk[None, :]
+        KV = K * V
+        off2 = iv[:, None] * K + ik[None, :]  # S [V, K], row-major like initial_state
+        S = tl.load(S0 + n * KV + off2, mask=m2, other=0.0)
+        for t in range(T):
+            if (t % SEG == 0) & (t > 0):  # S_t, for the backward
+                tl.store(Sc + ((t // SEG) * NS + n) * KV + off2, S, mask=m2)
+            row = (b * T + t) * H + h
+            kk = tl.load(k + b * skb + t * skt + h * skh + ik, mask=mk, other=0.0)
+            qq = tl.load(q + b * sqb + t * sqt + h * sqh + ik, mask=mk, other=0.0)
+            vv = tl.load(v + row * V + iv, mask=mv, other=0.0)
+            p_w = tl.load(pw + row)
+            p_e = tl.load(pe + row)
+            a = tl.sum(S * kk[None, :], 1)  # S k
+            u = p_w * vv - p_e * a
+            tl.store(U + row * V + iv, u, mask=mv)
+            S = S + u[:, None] * kk[None, :]
+            oo = tl.sum(S * qq[None, :], 1)  # S' q
+            if HAS_PR:
+                oo = oo * tl.load(pr + row)
+            tl.store(o + row * V + iv, oo, mask=mv)
+        tl.store(ST + n * KV + off2, S, mask=m2)
+        tl.store(Sc + (((T + SEG - 1) // SEG) * NS + n) * KV + off2, S, mask=m2)
+
+    @triton.jit
+    def tape_bwd(q, k, v, pw, pe, pr, Sc, U, go, gS, dq, dk, dv, dpw, dpe, dpr, dS0, T, H, K, V,
+                 sqb, sqt, sqh, skb, skt, skh,
+                 HAS_PR: tl.constexpr, SEG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+        n = tl.program_id(0).to(tl.int64)
+        NS = tl.num_programs(0).to(tl.int64)
+        b = n // H
+        h = n % H
+        ik = tl.arange(0, BK)
+        iv = tl.arange(0, BV)
+        mk = ik < K
+        mv = iv < V
+        m2 = mv[:, None] & mk[None, :]
+        KV = K * V
+        off2 = iv[:, None] * K + ik[None, :]
+        dS = tl.load(gS + n * KV + off2, mask=m2, other=0.0)  # of S_T, then of S_t
+        S = tl.load(Sc + (((T + SEG - 1) // SEG) * NS + n) * KV + off2, mask=m2, other=0.0)  # S_T
+        for tt in range(T):
+            t = T - 1 - tt
+            if ((t + 1) % SEG == 0) & (t + 1 < T):  # S_{t+1}, saved: the walk back starts afresh
+                S = tl.load(Sc + (((t + 1) // SEG) * NS + n) * KV + off2, mask=m2, other=0.0)
+            row = (b * T + t) * H + h
+            kk = tl.load(k + b * skb + t * skt + h * skh + ik, mask=mk, other=0.0)
+            qq = tl.load(q + b * sqb + t * sqt + h * sqh + ik, mask=mk, other=0.0)
+            vv = tl.load(v + row * V + iv, mask=mv, other=0.0)
+            u = tl.load(U + row * V + iv, mask=mv, other=0.0)
+            g = tl.load(go + row * V + iv, mask=mv, other=0.0)
+            p_w = tl.load(pw + row)
+            p_e = tl.load(pe + row)
+            if HAS_PR:  # o = p_r S' q
+                tl.store(dpr + row, tl.sum(g * tl.sum(S * qq[None, :], 1), 0))
+                g = g * tl.load(pr + row)
+            dqq = tl.sum(S * g[:, None], 0)  # S'ᵀ dr
+            dS = dS + g[:, None] * qq[None, :]
+            du = tl.sum(dS * kk[None, :], 1)  # S' = S + u kᵀ
+            dkk = tl.sum(dS * u[:, None], 0)
+            S = S - u[:, None] * kk[None, :]  # S_t
+            a = tl.sum(S * kk[None, :], 1)
+            tl.store(dv + row * V + iv, p_w * du, mask=mv)  # u = p_w v − p_e a
+            tl.store(dpw + row, tl.sum(vv * du, 0))
+            tl.store(dpe + row, -tl.sum(a * du, 0))
+            da = -p_e * du
+            dS = dS + da[:, None] * kk[None, :]  # a = S k
+            dkk = dkk + tl.sum(S * da[:, None], 0)
+            tl.store(dq + row * K + ik, dqq, mask=mk)
+            tl.store(dk + row * K + ik, dkk, mask=mk)
+        tl.store(dS0 + n * KV + off2, dS, mask=m2)
+
+    @triton.jit
+    def heads_fwd(act, q, k, pw, pe, H0, K0, Hs, KT, Kc, U, T, Tn, L, C,
+                  s_b, s_t, h_b, h_t,
+                  A: tl.constexpr, PL: tl.constexpr, PN: tl.constexpr, PR: tl.constexpr, PJ: tl.constexpr,
+                  TRANSPOSED: tl.constexpr, UNIT_KEYS: tl.constexpr, SEG: tl.constexpr,
+                  BL: tl.constexpr, BC: tl.constexpr):
+        n = tl.program_id(0).to(tl.int64)  # sequence b·Tn + i
+        NS = tl.num_programs(0).to(tl.int64)
+        b = n // Tn
+        i = n % Tn
+        il = tl.arange(0, BL)
+        ml = il < L
+        # the shifts as 0/1 matrices: roll(H, −1)[l] = H[l + 1], roll(H, +1)[l] = H[l − 1]
+        lo = il[:, None]
+        hi = il[None, :]
+        valid = (lo < L) & (hi < L)
+        SL = tl.where(valid & (hi == (lo + 1) % L), 1.0, 0.0)
+        SR = tl.where(valid & (hi == (lo + L - 1) % L), 1.0, 0.0)
+        hr = tl.load(H0 + n * 2 * L + il, mask=ml, other=0.0)
+        hw = tl.load(H0 + n * 2 * L + L + il, mask=ml, other=0.0)
+        h0 = b * h_b + i
+        tl.store(Hs + h0 * 2 * L + il, hr, mask=ml)
+        tl.store(Hs + h0 * 2 * L + L + il, hw, mask=ml)
+        if PJ >= 0:
+            ic = tl.arange(0, BC)
+            mc = ic < C
+            m2 = mc[:, None] & ml[None, :]
+            LC = L * C
+            off2 = ic[:, None] * L + il[None, :]  # K [C, L], row-major like key_tape
+            Kt = tl.load(K0 + n * LC + off2, mask=m2, other=0.0)
+        for t in range(T):
+            srow = b * s_b + t * s_t + i  # the step's row of act, q, k, p_w, p_e, U
+            wa = act + srow * 2 * A
+            if PJ >= 0:
+                if (t % SEG == 0) & (t > 0):  # K_t, for the backward
+                    tl.store(Kc + ((t // SEG) * NS + n) * LC + off2, Kt, mask=m2)
+                hk = hw
+                if UNIT_KEYS:  # μ(H_w) = H_w / max(‖H_w‖, eps)
+                    hk = hw / tl.maximum(tl.sqrt(tl.sum(hw * hw, 0)), 1e-6)
+                kk = tl.load(k + srow * C + ic, mask=mc, other=0.0)
+                qq = tl.load(q + srow * C + ic, mask=mc, other=0.0)
+                p_w = tl.load(pw + srow)
+                p_e = tl.load(pe + srow)
+                if TRANSPOSED:  # a = Kᵀ k; w = p_w h − p_e a; K' = K + k wᵀ
+                    a = tl.sum(Kt * kk[:, None], 0)
+                    w = p_w * hk - p_e * a
+                    tl.store(U + srow * L + il, w, mask=ml)
+                    Kt = Kt + kk[:, None] * w[None, :]
+                else:  # a = K h; u = p_w k − p_e a; K' = K + u hᵀ
+                    a = tl.sum(Kt * hk[None, :], 1)
+                    u = p_w * kk - p_e * a
+                    tl.store(U + srow * C + ic, u, mask=mc)
+                    Kt = Kt + u[:, None] * hk[None, :]
+                j = tl.sum(Kt * qq[:, None], 0)  # K'ᵀ q
+            nr = hr * 0.0
+            nw = hw * 0.0
+            if PL >= 0:
+                nr += tl.load(wa + PL) * tl.sum(SL * hr[None, :], 1)
+                nw += tl.load(wa + A + PL) * tl.sum(SL * hw[None, :], 1)
+            if PN >= 0:
+                nr += tl.load(wa + PN) * hr
+                nw += tl.load(wa + A + PN) * hw
+            if PR >= 0:
+                nr += tl.load(wa + PR) * tl.sum(SR * hr[None, :], 1)
+                nw += tl.load(wa + A + PR) * tl.sum(SR * hw[None, :], 1)
+            if PJ >= 0:
+                nr += tl.load(wa + PJ) * j
+                nw += tl.load(wa + A + PJ) * j
+            hr = nr
+            hw = nw
+            hrow = b * h_b + (t + 1) * h_t + i
+            tl.store(Hs + hrow * 2 * L + il, hr, mask=ml)
+            tl.store(Hs + hrow * 2 * L + L + il, hw, mask=ml)
+        if PJ >= 0:
+            tl.store(KT + n * LC + off2, Kt, mask=m2)
+            tl.store(Kc + (((T + SEG - 1) // SEG) * NS + n) * LC + off2, Kt, mask=m2)
+
+    @triton.jit
+    def heads_bwd(act, q, k, pw, pe, Hs, Kc, U, gH, gK, dact, dq, dk, dpw, dpe, dH0, dK0, T, Tn, L, C,
+                  s_b, s_t, h_b, h_t,
+                  A: tl.constexpr, PL: tl.constexpr, PN: tl.constexpr, PR: tl.constexpr, PJ: tl.constexpr,
+                  TRANSPOSED: tl.constexpr, UNIT_KEYS: tl.constexpr, SEG: tl.constexpr,
+                  BL: tl.constexpr, BC: tl.constexpr):
+        n = tl.program_id(0).to(tl.int64)
+        NS = tl.num_programs(0).to(tl.int64)
+        b = n // Tn
+        i = n % Tn
+        il = tl.arange(0, BL)
+        ml = il < L
+        lo = il[:, None]
+        hi = il[None, :]
+        valid = (lo < L) & (hi < L)
+        SL = tl.where(valid & (hi == (lo + 1) % L), 1.0, 0.0)
+        SR = tl.where(valid & (hi == (lo + L - 1) % L), 1.0, 0.0)
+        hT = b * h_b + T * h_t + i
+        dnr = tl.load(gH + hT * 2 * L + il, mask=ml, other=0.0)  # of H_{t+1} (read, write)
+        dnw = tl.load(gH + hT * 2 * L + L + il, mask=ml, other=0.0)
+        if PJ >= 0:
+            ic = tl.arange(0, BC)
+            mc = ic < C
+            m2 = mc[:, None] & ml[None, :]
+            LC = L * C
+            off2 = ic[:, None] * L + il[None, :]
+            dK = tl.load(gK + n * LC + off2, mask=m2, other=0.0)  # of K_T, then of K_t
+            Kt = tl.load(Kc + (((T + SEG - 1) // SEG) * NS + n) * LC + off2, mask=m2, other=0.0)  # K_T
+        for tt in range(T):
+            t = T - 1 - tt
+            srow = b * s_b + t * s_t + i
+            hrow = b * h_b + t * h_t + i
+            wa = act + srow * 2 * A
+            da_ = dact + srow * 2 * A
+            hr = tl.load(Hs + hrow * 2 * L + il, mask=ml, other=0.0)
+            hw = tl.load(Hs + hrow * 2 * L + L + il, mask=ml, other=0.0)
+            dr = tl.load(gH + hrow * 2 * L + il, mask=ml, other=0.0)  # gH_t + Σ_a act_a move_aᵀ(dH_{t+1})
+            dw = tl.load(gH + hrow * 2 * L + L + il, mask=ml, other=0.0)
+            if PL >= 0:  # <move_a(H), dH'>; LEFTᵀ = RIGHT
+                wr = tl.load(wa + PL)
+                ww = tl.load(wa + A + PL)
+                tl.store(da_ + PL, tl.sum(tl.sum(SL * hr[None, :], 1) * dnr, 0))
+                tl.store(da_ + A + PL, tl.sum(tl.sum(SL * hw[None, :], 1) * dnw, 0))
+                dr += wr * tl.sum(SL * dnr[:, None], 0)
+                dw += ww * tl.sum(SL * dnw[:, None], 0)
+            if PN >= 0:
+                tl.store(da_ + PN, tl.sum(hr * dnr, 0))
+                tl.store(da_ + A + PN, tl.sum(hw * dnw, 0))
+                dr += tl.load(wa + PN) * dnr
+                dw += tl.load(wa + A + PN) * dnw
+            if PR >= 0:
+                wr = tl.load(wa + PR)
+                ww = tl.load(wa + A + PR)
+                tl.store(da_ + PR, tl.sum(tl.sum(SR * hr[None, :], 1) * dnr, 0))
+                tl.store(da_ + A + PR, tl.sum(tl.sum(SR * hw[None, :], 1) * dnw, 0))
+                dr += wr * tl.sum(SR * dnr[:, None], 0)
+                dw += ww * tl.sum(SR * dnw[:, None], 0)
+            if PJ >= 0:
+                if ((t + 1) % SEG == 0) & (t + 1 < T):  # K_{t+1}, saved
+                    Kt = tl.load(Kc + (((t + 1) // SEG) * NS + n) * LC + off2, mask=m2, other=0.0)
+                kk = tl.load(k + srow * C + ic, mask=mc, other=0.0)
+                qq = tl.load(q + srow * C + ic, mask=mc, other=0.0)
+                p_w = tl.load(pw + srow)
+                p_e = tl.load(pe + srow)
+                j = tl.sum(Kt * qq[:, None], 0)  # K_{t+1}ᵀ q
+                tl.store(da_ + PJ, tl.sum(j * dnr, 0))
+                tl.store(da_ + A + PJ, tl.sum(j * dnw, 0))
+                dj = tl.load(wa + PJ) * dnr + tl.load(wa + A + PJ) * dnw
+                tl.store(dq + srow * C + ic, tl.sum(Kt * dj[None, :], 1), mask=mc)
+                dK = dK + qq[:, None] * dj[None, :]
+                hk = hw
+                if UNIT_KEYS:
+                    nrm = tl.sqrt(tl.sum(hw * hw, 0))
+                    den = tl.maximum(nrm, 1e-6)
+                    hk = hw / den
+                if TRANSPOSED:  # K' = K + k wᵀ, w = p_w h − p_e a, a = Kᵀ k
+                    w = tl.load(U + srow * L + il, mask=ml, other=0.0)
+                    dkk = tl.sum(dK * w[None, :], 1)
+                    dwv = tl.sum(dK * kk[:, None], 0)
+                    Kt = Kt - kk[:, None] * w[None, :]  # K_t
+                    a = tl.sum(Kt * kk[:, None], 0)
+                    dhk = p_w * dwv
+                    tl.store(dpw + srow, tl.sum(hk * dwv, 0))
+                    tl.store(dpe + srow, -tl.sum(a * dwv, 0))
+                    dav = -p_e * dwv
+                    dK = dK + kk[:, None] * dav[None, :]
+                    dkk = dkk + tl.sum(Kt * dav[None, :], 1)
+                else:  # K' = K + u hᵀ, u = p_w k − p_e a, a = K h
+                    u = tl.load(U + srow * C + ic, mask=mc, other=0.0)
+                    du = tl.sum(dK * hk[None, :], 1)
+                    dhk = tl.sum(dK * u[:, None], 0)
+                    Kt = Kt - u[:, None] * hk[None, :]  # K_t
+                    a = tl.sum(Kt * hk[None, :], 1)
+                    dkk = p_w * du
+                    tl.store(dpw + srow, tl.sum(kk * du, 0))
+                    tl.store(dpe + srow, -tl.sum(a * du, 0))
+                    dav = -p_e * du
+                    dK = dK + dav[:, None] * hk[None, :]
+                    dhk = dhk + tl.sum(Kt * dav[:, None], 0)
+                tl.store(dk + srow * C + ic, dkk, mask=mc)
+                if UNIT_KEYS:  # dH_w += (dμ − μ <μ, dμ>) / max(‖H_w‖, eps), the projection where not clamped
+                    s = tl.where(nrm >= 1e-6, tl.sum(hk * dhk, 0), 0.0)
+                    dw += (dhk - hk * s) / den
+                else:
+                    dw += dhk
+            dnr = dr
+            dnw = dw
+        tl.store(dH0 + n * 2 * L + il, dnr, mask=ml)
+        tl.store(dH0 + n * 2 * L + L + il, dnw, mask=ml)
+        if PJ >= 0:
+            tl.store(dK0 + n * LC + off2, dK, mask=m2)
+
+    class _K:
+        pass
+    ns = _K()
+    ns.tape_fwd, ns.tape_bwd, ns.heads_fwd, ns.heads_bwd = tape_fwd, tape_bwd, heads_fwd, heads_bwd
+    return ns
+
+
+def _kernels():
+    return kernels(interpreting())
+
+
+def _device(x: torch.Tensor):
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    if dtype in (torch.float32, torch.float64):
+        return dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    raise TypeError(f"the NAM-TM Triton kernels take float16/bfloat16/float32/float64 tensors, got {dtype}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the value tape
+
+
+class TapeScan(torch.autograd.Function):
+    """``(o, S_T) = scan(q, k, v, p_w, p_e, p_r, S_0)`` by :func:`kernels` ``tape_fwd`` /
+    ``tape_bwd``: one dtype (float32 or float64), one device; ``q``, ``k`` ``[B, T, H, K]`` with
+    unit last stride (views with other strides are read in place), everything else contiguous,
+    ``p_r`` may be ``None`` (= 1)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pw, pe, pr, S0):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        new = q.new_empty
+        o, ST, U = new(B, T, H, V), new(B, H, V, K), new(B, T, H, V)
+        Sc = new(-(-T // SEGMENT) + 1, B * H, V, K)  # slot s: S_{s·SEGMENT}; the last: S_T
+        BK, BV = _pow2(K), _pow2(V)
+        with _device(q):
+            _kernels().tape_fwd[(B * H,)](q, k, v, pw, pe, pr if pr is not None else pw, S0, o, ST, Sc, U,
+                                          T, H, K, V, *q.stride()[:3], *k.stride()[:3],
+                                          HAS_PR=pr is not None, SEG=SEGMENT, BK=BK, BV=BV,
+                                          num_warps=_warps(BK * BV))
+        ctx.save_for_backward(q, k, v, pw, pe, pr, Sc, U)
+        return o, ST
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, go, gS):
+        q, k, v, pw, pe, pr, Sc, U = ctx.saved_tensors
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        new = q.new_empty
+        go = torch.zeros_like(v) if go is None else go.contiguous()
+        gS = q.new_zeros(B, H, V, K) if gS is None else gS.contiguous()
+        dq, dk, dv = new(B, T, H, K), new(B, T, H, K), new(B, T, H, V)
+        dpw, dpe = new(B, T, H), new(B, T, H)
+        dpr = new(B, T, H) if pr is not None else None
+        dS0 = new(B, H, V, K)
+        BK, BV = _pow2(K), _pow2(V)
+        with _device(q):
+            _kernels().tape_bwd[(B * H,)](q, k, v, pw, pe, pr if pr is not None else pw, Sc, U, go, gS,
+                                          dq, dk, dv, dpw, dpe, dpr if dpr is not None else dpw, dS0,
+                                          T, H, K, V, *q.stride()[:3], *k.stride()[:3],
+                                          HAS_PR=pr is not None, SEG=SEGMENT, BK=BK, BV=BV,
+                                          num_warps=_warps(BK * BV))
+        return dq, dk, dv, dpw, dpe, dpr, dS0
+
+
+def nam_tape_scan_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_w: torch.Tensor,
+                         p_e: torch.Tensor, p_r: Optional[torch.Tensor], initial_state: torch.Tensor):
+    """:func:`memnets.ops.nam_tape.nam_tape_scan` by the Triton kernel (module docstring).
+
+    Args:
+        q, k: ``[B, T, H, dk]``; v: ``[B, T, H, dv]``; p_w, p_e: ``[B, T, H]``; p_r: ``[B, T, H]``
+            or ``None`` (= 1); initial_state: ``[B, H, dv, dk]``. One floating dtype and device
+            (float16/bfloat16 run in float32).
+    Returns:
+        ``(outputs [B, T, H, dv], final_state [B, H, dv, dk])`` in the inputs' dtype.
+    """
+    if not isinstance(q, torch.Tensor) or q.dim() != 4 or not isinstance(v, torch.Tensor) or v.dim() != 4:
+        raise ValueError("nam_tape_scan: `q` and `v` expected [B, T, H, d] tensors, got "
+                         f"{getattr(q, 'shape', q)} and {getattr(v, 'shape', v)}")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    for name, x, shape in (("k", k, (B, T, H, K)), ("v", v, (B, T, H, V)), ("p_w", p_w, (B, T, H)),
+                           ("p_e", p_e, (B, T, H)), ("p_r", p_r, (B, T, H)),
+                           ("initial_state", initial_state, (B, H, V, K))):
+        if x is None and name == "p_r":
+            continue
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape or x.dtype != q.dtype or x.device != q.device:
+            got = f"{list(x.shape)}, {x.dtype} on {x.device}" if isinstance(x, torch.Tensor) else repr(x)
+            raise ValueError(f"nam_tape_scan: `{name}` expected shape {list(shape)}, {q.dtype} on {q.device}, "
+                             f"got {got}")
+    dt = _compute_dtype(q.dtype)
+    if B * T * H * K * V == 0:
+        return q.new_zeros(B, T, H, V), initial_state.clone()
+    q, k, v, p_w, p_e, p_r, S0 = (None if x is None else x.to(dt) for x in (q, k, v, p_w, p_e, p_r, initial_state))
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    o, S = TapeScan.apply(q, k, *(None if x is None else x.contiguous() for x in (v, p_w, p_e, p_r, S0)))
+    return o.to(initial_state.dtype), S.to(initial_state.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# the heads, the key tape and the jump
+
+
+class HeadScan(torch.autograd.Function):
+    """``(Hs, K_T) = heads(act, q, k, p_w, p_e, H0, K0)`` by :func:`kernels` ``heads_fwd`` /
+    ``heads_bwd``. Contiguous tensors of one dtype (float32/float64) and device: ``act``
+    ``[T, N, 2, A]`` or, batch-major, ``[B, T, Tn, 2, A]`` (and the per-step ``q, k [.., C]``,
+    ``p_w, p_e`` alike); ``H0 [N, 2, L]``; ``K0 [N, C, L]``; ``Hs [T+1, N, 2, L]`` or
+    ``[B, T+1, Tn, 2, L]``. Without JUMP in ``order``, ``q`` and ``k`` are not read."""
+
+    @staticmethod
+    def forward(ctx, act, q, k, pw, pe, H0, K0, order, transposed, bm, unit_keys):
+        T, B, Tn = (act.shape[1], act.shape[0], act.shape[2]) if bm else (act.shape[0], 1, act.shape[1])
+        N, L, C, A = B * Tn, H0.shape[-1], K0.shape[1], act.shape[-1]
+        has_jump = JUMP in order
+        new = act.new_empty
+        Hs = new((B, T + 1, Tn, 2, L) if bm else (T + 1, N, 2, L))
+        if has_jump:
+            KT, Kc = new(N, C, L), new(-(-T // SEGMENT) + 1, N, C, L)
+            U = new(act.shape[:-2] + (L if transposed else C,))
+        else:
+            KT = Kc = U = None
+        pos = [order.index(a) if a in order else -1 for a in (LEFT, NOOP, RIGHT, JUMP)]
+        s_b, s_t = (T * Tn, Tn) if bm else (0, N)
+        h_b, h_t = ((T + 1) * Tn, Tn) if bm else (0, N)
+        BL, BC = _pow2(L), _pow2(C)
+        dummy = act
+        with _device(act):
+            _kernels().heads_fwd[(N,)](act, q if has_jump else dummy, k if has_jump else dummy, pw, pe, H0,
+                                       K0, Hs, KT if has_jump else dummy, Kc if has_jump else dummy,
+                                       U if has_jump else dummy, T, Tn, L, C, s_b, s_t, h_b, h_t,
+                                       A=A, PL=pos[0], PN=pos[1], PR=pos[2], PJ=pos[3],
+                                       TRANSPOSED=bool(transposed), UNIT_KEYS=bool(unit_keys), SEG=SEGMENT,
+                                       BL=BL, BC=BC, num_warps=_warps(max(BL * BC, BL * BL) if has_jump else BL * BL))
+        ctx.save_for_backward(act, q, k, pw, pe, Hs, Kc, U)
+        ctx.meta = (T, B, Tn, N, L, C, A, pos, bool(transposed), bool(unit_keys), bm, has_jump)
+        return Hs, (KT if has_jump else K0.clone())
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gH, gK):
+        act, q, k, pw, pe, Hs, Kc, U = ctx.saved_tensors
+        T, B, Tn, N, L, C, A, pos, transposed, unit_keys, bm, has_jump = ctx.meta
+        new = act.new_empty
+        gH = torch.zeros_like(Hs) if gH is None else gH.contiguous()
+        dact, dH0 = new(act.shape), new(N, 2, L)
+        if has_jump:
+            gK = act.new_zeros(N, C, L) if gK is None else gK.contiguous()
+            dq, dk, dpw, dpe, dK0 = new(q.shape), new(k.shape), new(pw.shape), new(pe.shape), new(N, C, L)
+        s_b, s_t = (T * Tn, Tn) if bm else (0, N)
+        h_b, h_t = ((T + 1) * Tn, Tn) if bm else (0, N)
+        BL, BC = _pow2(L), _pow2(C)
+        d = act  # stands for the pointers a kernel without JUMP does not touch
+        with _device(act):
+            _kernels().heads_bwd[(N,)](act, q if has_jump else d, k if has_jump else d, pw, pe, Hs,
+                                       Kc if has_jump else d, U if has_jump else d, gH, gK if has_jump else d,
+                                       dact, dq if has_jump else d, dk if has_jump else d,
+                                       dpw if has_jump else d, dpe if has_jump else d, dH0,
+                                       dK0 if has_jump else d, T, Tn, L, C, s_b, s_t, h_b, h_t,
+                                       A=A, PL=pos[0], PN=pos[1], PR=pos[2], PJ=pos[3],
+                                       TRANSPOSED=transposed, UNIT_KEYS=unit_keys, SEG=SEGMENT,
+                                       BL=BL, BC=BC, num_warps=_warps(max(BL * BC, BL * BL) if has_jump else BL * BL))
+        if has_jump:
+            return dact, dq, dk, dpw, dpe, dH0, dK0, None, None, None, None
+        return dact, None, None, None, None, dH0, gK, None, None, None, None
+
+
+def nam_tm_heads_triton(act: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor],
+                        p_w: torch.Tensor, p_e: torch.Tensor, h0: torch.Tensor, key_tape: torch.Tensor,
+                        order: List[int], transposed: bool = False, batch_major: bool = False,
+                        unit_keys: bool = False):
+    """:func:`memnets.ops.nam_tm_heads.nam_tm_heads` by the Triton kernel (module docstring):
+    the same arguments (``compiled`` aside) and results, every option (``transposed``,
+    ``batch_major``, ``unit_keys``, any action ``order``, with or without JUMP)."""
+    order = [int(a) for a in order]
+    has_jump = JUMP in order
+    if not isinstance(act, torch.Tensor) or act.dim() != (5 if batch_major else 4) or act.shape[-2] != 2:
+        raise ValueError(f"nam_tm_heads: `act` expected {'[B, T, Tn' if batch_major else '[T, N'}, 2, A], "
+                         f"got {getattr(act, 'shape', act)}")
+    A = act.shape[-1]
+    if len(order) != A or A < 1 or len(set(order)) != A or any(a not in (LEFT, NOOP, RIGHT, JUMP) for a in order):
+        raise ValueError(f"nam_tm_heads: `order` expected {A} distinct actions among 0..3, got {order}")
+    if has_jump and (q is None or k is None):
+        raise ValueError("`q` and `k` are required when `order` includes JUMP")
+    steps = tuple(act.shape[:3]) if batch_major else tuple(act.shape[:2])
+    N = steps[0] * steps[2] if batch_major else steps[1]
+    if not isinstance(h0, torch.Tensor) or h0.dim() != 3 or tuple(h0.shape[:2]) != (N, 2) or h0.shape[2] < 1:
+        raise ValueError(f"nam_tm_heads: `h0` expected [N, 2, L] with N = {N}, got {getattr(h0, 'shape', h0)}")
+    L = h0.shape[2]
+    if not isinstance(key_tape, torch.Tensor) or key_tape.dim() != 3 or key_tape.shape[0] != N \
+            or key_tape.shape[2] != L or (has_jump and key_tape.shape[1] < 1):
+        raise ValueError(f"nam_tm_heads: `key_tape` expected [N, C, L] with N = {N}, L = {L}, "
+                         f"got {getattr(key_tape, 'shape', key_tape)}")
+    C = key_tape.shape[1]
+    named = [("h0", h0, (N, 2, L)), ("key_tape", key_tape, (N, C, L)), ("p_w", p_w, steps), ("p_e", p_e, steps)]
+    if has_jump:
+        named += [("q", q, steps + (C,)), ("k", k, steps + (C,))]
+    for name, x, shape in named:
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape or x.dtype != act.dtype \
+                or x.device != act.device:
+            got = f"{list(x.shape)} {x.dtype} on {x.device}" if isinstance(x, torch.Tensor) else repr(x)
+            raise ValueError(f"nam_tm_heads: `{name}` expected shape {list(shape)}, {act.dtype} on {act.device}, "
+                             f"got {got}")
+    dt = _compute_dtype(act.dtype)
+    if steps[1 if batch_major else 0] == 0 or N == 0:
+        B, Tn = (steps[0], steps[2]) if batch_major else (1, N)
+        heads = h0.view(B, 1, Tn, 2, L) if batch_major else h0.unsqueeze(0)
+        return heads.clone(), key_tape.clone()
+
+    def c(x):
+        return x.to(dt).contiguous()
+    if has_jump:
+        qq, kk = c(q), c(k)
+    else:
+        qq = kk = act.new_empty(0, dtype=dt)
+    Hs, KT = HeadScan.apply(c(act), qq, kk, c(p_w), c(p_e), c(h0), c(key_tape), order, bool(transposed),
+                            bool(batch_major), bool(unit_keys and has_jump))
+    return Hs.to(act.dtype), KT.to(act.dtype)
