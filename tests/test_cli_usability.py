@@ -167,3 +167,16 @@ def test_version_does_not_import_torch_and_is_fast():
     seconds, torch_loaded, mpl_loaded = timing.split()
     assert torch_loaded == "False" and mpl_loaded == "False"
     assert float(seconds) < 1.0
+
+
+# ----------------------------------------------------------------------------- memnets report
+
+def test_report_defaults_into_the_runs_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = _run_dir(tmp_path / "runs", "a", 0, 0.5)
+    b = _run_dir(tmp_path / "runs", "b", 1, 0.7)
+    assert main(["report", "runs/a", "runs/b"]) == 0
+    assert (tmp_path / "runs" / "report.html").is_file() and not (tmp_path / "report.html").exists()
+    assert str(tmp_path / "runs" / "report.html") in capsys.readouterr().out
+    assert a.parent == b.parent
+    assert "/report.html" in (REPO / ".gitignore").read_text().split()

@@ -1,4 +1,4 @@
-"""``memnets report <run_dirs...> [--out report.html]``: one self-contained HTML page with the
+"""``memnets report <run_dirs...> [--out FILE]``: one self-contained HTML page with the
 results table, the learning curves and the memory figures of every run (images embedded as
 base64 data URIs, inline CSS, no scripts; opens from disk without a server)."""
 from __future__ import annotations
@@ -6,16 +6,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "default_report_path"]
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("report", help="write a self-contained HTML report of several runs", description=__doc__)
     p.add_argument("run_dirs", nargs="+", help="directories written by `memnets train`")
-    p.add_argument("--out", default="report.html", help="HTML file to write (default report.html)")
+    p.add_argument("--out", default=None, help="HTML file to write (default: report.html in the folder holding the "
+                   "runs, e.g. runs/report.html)")
     p.add_argument("--task-sample", type=int, default=0, metavar="SEED", help="seed of the task sample (default 0)")
     p.add_argument("--title", default="memnets report", help="page title")
     p.set_defaults(func=_run)
+
+
+def default_report_path(run_dirs) -> Path:
+    """``report.html`` in the folder holding the runs (their common parent: ``runs/`` for
+    ``runs/a runs/b``), not in the current folder."""
+    import os
+
+    parents = [str(Path(d).resolve().parent) for d in run_dirs]
+    return Path(os.path.commonpath(parents)) / "report.html"
 
 
 def _not_a_run(d: Path) -> str | None:
@@ -48,6 +58,7 @@ def _run(args) -> int:
         problem = _not_a_run(Path(d))
         if problem:  # checked before anything is written, so an existing report stays as it is
             raise UsageError(problem)
-    path = build_report(args.run_dirs, args.out, seed=args.task_sample, title=args.title)
+    out = args.out or default_report_path(args.run_dirs)
+    path = build_report(args.run_dirs, out, seed=args.task_sample, title=args.title)
     print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)")
     return 0
