@@ -35,6 +35,7 @@ from ..ops.nam_tm_heads import kernel_available, nam_tm_heads
 from ..registry import register_model
 from ..ops._amp import run_rnn
 from ..ops._impl import runs_fused
+from ..ops.gpu import on_cuda_path, use_triton
 
 __all__ = ["NAMTuringMachine", "NAMTMState", "NAMTMAux", "nam_tm_step", "move_head", "ACTIONS"]
 
@@ -220,10 +221,11 @@ class _NAMTMLayer(nn.Module):
         B, T, _ = x.shape
         Tn, C, A = self.num_tapes, self.width, len(self.actions)
         fused = runs_fused(self.impl)
-        # μ(H_w) on the key tape runs in the C kernel only; elsewhere the step loop below
-        loop = not fused or (self.unit_keys and self.key is not None and not kernel_available(
+        gpu = fused and use_triton(x)  # the CUDA path with Triton: both scans are Triton kernels
+        # μ(H_w) on the key tape runs in the C and Triton kernels only; elsewhere the step loop below
+        loop = not fused or (not gpu and self.unit_keys and self.key is not None and not kernel_available(
             x.new_empty(0, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)))
-        if fused and isinstance(self.controller, nn.GRU):
+        if fused and isinstance(self.controller, nn.GRU) and not on_cuda_path(x):  # on CUDA: cuDNN's GRU
             hc = gru_module_forward(self.controller, x)
         else:
             hc = run_rnn(self.controller, x)[0]
@@ -287,7 +289,7 @@ class _NAMTMLayer(nn.Module):
             pos, final = Hs.split([T, 1], 1)  # [B, T, Tn, 2, L]: positions used at step t; split: one cat back
             hv = _unit(pos) if self.unit_values else pos
             h_read, hv_w = hv.unbind(-2)  # views of one tensor: the C kernel reads them in place
-            if nam_tape.available(v):  # the value tape step by step in C (faster at tape sizes)
+            if nam_tape.available(v) or use_triton(v):  # the value tape step by step, in C or Triton
                 r, tape = nam_tape.nam_tape_scan(h_read, hv_w, v, p_w, p_e, p_r, tape)
             else:
                 r, tape = nam_scan(h_read, hv_w, v, p_w, p_e, p_r, initial_state=tape, chunk_size=_scan_chunk(T))
@@ -319,16 +321,18 @@ class NAMTuringMachine(nn.Module):
         normalize_heads: True or "values" — the value tape is accessed at μ(H) (later option of
             the authors' code); "all" — the key tape is written at μ(H_w) too (docs/maths.md §3:
             without it a head of norm above √2 makes the key tape's erase expand, and the jump
-            feeds that back into the heads). On the CPU "all" runs in the C kernel; elsewhere
-            the per-step loop runs.
+            feeds that back into the heads). "all" runs in the C kernel on the CPU and in the
+            Triton kernel on CUDA; elsewhere the per-step loop runs.
         separate_erase: a separate erase gate p_e (else p_e = p_w).
         key_tape_mode: "position" (docs/maths.md §3) or "transposed" (``WR(Kᵀ, k, H_w, p_w, p_e)``,
             a later option of the authors' code); see :func:`nam_tm_step`.
         impl: "auto" or "fused" — the controller GRU, heads and key tape as hand-differentiated
             whole-sequence recurrences (:mod:`memnets.ops.gru`, :mod:`memnets.ops.nam_tm_heads`)
             and the value tape read after write at the head positions: on the CPU as C kernels
-            (:mod:`memnets.ops._native`; :func:`memnets.ops.nam_tape.nam_tape_scan`), elsewhere
-            as TorchScript loops and one :func:`memnets.ops.nam_scan`; "reference" — the
+            (:mod:`memnets.ops._native`; :func:`memnets.ops.nam_tape.nam_tape_scan`); on CUDA
+            as whole-sequence Triton kernels (:mod:`memnets.ops.gpu.nam_tm`, one launch per
+            scan) after cuDNN's ``nn.GRU``; elsewhere as TorchScript loops and one
+            :func:`memnets.ops.nam_scan`; "reference" — the
             per-step cell, one autograd graph per step. All compute the same function.
 
     ``forward(x [B, T, input_size], state=None, tape_length=None, return_aux=False)

@@ -23,6 +23,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _native
+from .gpu import use_triton
 
 __all__ = ["nam_tape_scan", "available", "SEGMENT"]
 
@@ -103,6 +104,9 @@ def nam_tape_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_w: torch.
     Returns:
         ``(outputs [B, T, H, dv], final_state [B, H, dv, dk])``.
     """
+    if use_triton(q):  # the CUDA path: the Triton kernel (memnets.ops.gpu.nam_tm)
+        from .gpu.nam_tm import nam_tape_scan_triton
+        return nam_tape_scan_triton(q, k, v, p_w, p_e, p_r, initial_state)
     if not available(q):
         raise RuntimeError("nam_tape_scan needs float32/float64 CPU tensors outside autocast and a C compiler "
                            "(memnets.ops._native); use memnets.ops.nam_scan")

@@ -45,6 +45,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _native
+from .gpu import use_triton
 from ._script import script_once
 from ._workspace import WorkspacePool
 
@@ -478,6 +479,9 @@ def nam_tm_heads(act: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch
         else:
             heads = h0.unsqueeze(0).expand((T + 1,) + h0.shape)
         return heads.clone(), key_tape.clone()
+    if use_triton(act):  # the CUDA path: the Triton kernel (memnets.ops.gpu.nam_tm)
+        from .gpu.nam_tm import nam_tm_heads_triton
+        return nam_tm_heads_triton(act, q, k, p_w, p_e, h0, key_tape, order, transposed, batch_major, unit_keys)
     if unit_keys and has_jump and _kernel(act, compiled) is None:
         raise ValueError("`unit_keys` needs the C kernel (memnets.ops._native), which is not available for "
                          f"{act.dtype} on {act.device.type}; see kernel_available")

@@ -33,6 +33,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from ..gpu import on_cuda_path
+
 __all__ = ["load", "functions", "enabled", "status", "ranges", "parallel", "cache_dir", "LONG", "INT", "PTR"]
 
 _HERE = Path(__file__).resolve().parent
@@ -218,8 +220,8 @@ def functions(name: str, x: torch.Tensor, signatures: Dict[str, list]) -> Option
     """The functions ``<f>_f32`` (or ``_f64``, after ``x``'s dtype) of kernel ``name`` for each
     ``f`` of ``signatures`` (name -> argument types), ready to call on data pointers; ``None``
     when ``x`` is not a float32/float64 CPU tensor or the kernel does not load here."""
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
-        return None
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or on_cuda_path(x):
+        return None  # (inside memnets.ops.gpu.cuda_path CPU tensors take the CUDA path: no C kernel)
     lib = load(name)
     if lib is None:
         return None
