@@ -19,7 +19,8 @@ attention sum. Sequences never share a row, so a NaN in one cannot reach another
 To bound the padding, sequences are grouped by length (:func:`group_lengths`): each group
 pads to its longest sequence ``L`` and holds the sequences longer than ``L / 2`` (all the
 remaining ones once ``L <= floor``), so the kernels see at most about twice the real tokens
-plus ``floor`` per short sequence, in at most ``⌈log₂(max length / floor)⌉ + 1`` calls.
+plus ``floor`` per short sequence, in about ``log₂(max length / floor) + 1`` calls (the
+group lengths at least halve from one group to the next).
 fla's kernels (``impl="fla"``) take ``cu_seqlens`` natively and skip all of this.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 
 __all__ = [
     "check_cu_seqlens", "group_lengths", "Packing", "nam_scan_varlen", "attention_varlen",
-    "same_sequence_mask", "keys_seen", "PAD_FLOOR",
+    "same_sequence_mask", "sequence_ids", "keys_seen", "PAD_FLOOR",
 ]
 
 #: Sequences no longer than this share one padded group whatever their lengths.
