@@ -9,12 +9,28 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+BASH = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
+FIRST_RUN = "## A first run"
+# appended to the first run's `memnets train` so that the test takes seconds, not a minute
+TINY_TRAIN = ["max_steps=2", "task.train_size=32", "batch_size=16", "task.eval_size=16", "threads=1"]
+
+
+def _section(text: str, heading: str) -> str:
+    """The text under ``heading`` up to the next heading of the same level ("" if none)."""
+    start = text.find("\n" + heading + "\n")
+    if start < 0:
+        return ""
+    end = text.find("\n## ", start + len(heading) + 2)
+    return text[start:end if end >= 0 else len(text)]
 
 
 def _snippets():
     for path in FILES:
         if path.exists():
-            blocks = BLOCK.findall(path.read_text())
+            text = path.read_text()
+            if path.name == "README.md":  # the first run's snippets need its run: test_readme_first_run
+                text = text.replace(_section(text, FIRST_RUN), "\n")
+            blocks = BLOCK.findall(text)
             if blocks:
                 yield pytest.param(path, blocks, id=path.relative_to(REPO).as_posix())
 
@@ -32,3 +48,29 @@ def test_snippets_run(path, blocks, tmp_path, monkeypatch):
             exec(compile(code, f"{path.name}[snippet {i}]", "exec"), namespace)
         except Exception as e:  # pragma: no cover - the message is the point
             raise AssertionError(f"{path.name} snippet {i} failed: {type(e).__name__}: {e}\n{code}") from e
+
+
+def test_readme_first_run(tmp_path, monkeypatch, capsys):
+    """The README's first run as written (train, eval, viz, report, then ``memnets.load_run``),
+    with the training shortened by :data:`TINY_TRAIN`."""
+    import shlex
+
+    from memnets.cli.main import main
+
+    section = _section((REPO / "README.md").read_text(), FIRST_RUN)
+    assert section, f"README.md has no {FIRST_RUN!r} section"
+    commands = [shlex.split(line, comments=True) for block in BASH.findall(section) for line in block.splitlines()]
+    commands = [c for c in commands if c]
+    assert [c[:2] for c in commands] == [["memnets", "train"], ["memnets", "eval"], ["memnets", "viz"],
+                                         ["memnets", "report"]]
+    snippets = BLOCK.findall(section)
+    assert snippets and "memnets.load_run" in snippets[0]
+    monkeypatch.chdir(tmp_path)
+    for argv in commands:
+        argv = argv[1:] + (TINY_TRAIN + ["--quiet"] if argv[1] == "train" else [])
+        assert main(argv) == 0, (argv, capsys.readouterr().err)
+    assert (tmp_path / "runs" / "report.html").is_file()
+    assert list((tmp_path / "runs" / "first" / "figures").glob("*.png"))
+    namespace: dict = {"__name__": "__readme__"}
+    for i, code in enumerate(snippets):
+        exec(compile(code, f"README.md[first run, snippet {i}]", "exec"), namespace)
