@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_tensor
+from .._checks import check_positive_int, check_tensor
 from .nam import unit
 from .varlen import attention_varlen, check_cu_seqlens, same_sequence_mask
 
@@ -41,8 +41,9 @@ def _check_qkv(q, k, v, fn: str) -> None:
         raise TypeError(f"{fn}: `key` expected a floating-point tensor, got {k.dtype}")
 
 
-def _causal_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int) -> torch.Tensor:
-    """o_t = Σ_{s<=t} (q_t·k_s) v_s with within-chunk quadratic terms and prefix states."""
+def _causal_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int, state: torch.Tensor | None):
+    """``(o, state + Σ_s k_sᵀ v_s)`` with o_t = q_t·(state + Σ_{s<=t} k_sᵀ v_s): within-chunk
+    quadratic terms and prefix states, ``state`` (``[..., dk, dv]`` or None) before step 0."""
     S = q.shape[-2]
     C = min(chunk, S)
     N = -(-S // C)
@@ -53,11 +54,43 @@ def _causal_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: in
     kc = k.unflatten(-2, (N, C))  # [..., N, C, dk]
     vc = v.unflatten(-2, (N, C))  # [..., N, C, dv]
     chunk_states = kc.transpose(-1, -2) @ vc  # [..., N, dk, dv]
-    prefix = torch.cumsum(chunk_states, dim=-3) - chunk_states  # exclusive: [..., N, dk, dv]
-    lower = torch.ones(C, C, dtype=q.dtype, device=q.device).tril()  # batched .tril() is slow on CPU
-    intra = ((qc @ kc.transpose(-1, -2)) * lower) @ vc  # [..., N, C, dv]
+    total = torch.cumsum(chunk_states, dim=-3)
+    # exclusive prefix by a shift, not cumsum − chunk_states: a huge or non-finite later chunk
+    # must not cancel into (or spoil) the sum of the chunks before it
+    prefix = F.pad(total[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  # [..., N, dk, dv]
+    final = total[..., -1, :, :]
+    if state is not None:
+        prefix = prefix + state.unsqueeze(-3)
+        final = final + state
+    lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    # masked_fill, not a product with the mask: 0 · NaN would carry a later NaN key back
+    intra = (qc @ kc.transpose(-1, -2)).masked_fill_(~lower, 0) @ vc  # [..., N, C, dv]
     out = qc @ prefix + intra  # [..., N, C, dv]
-    return out.flatten(-3, -2)[..., :S, :]  # [..., S, dv]
+    return out.flatten(-3, -2)[..., :S, :], final  # [..., S, dv]
+
+
+def _causal_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int) -> torch.Tensor:
+    """o_t = Σ_{s<=t} (q_t·k_s) v_s with within-chunk quadratic terms and prefix states.
+
+    A NaN or Inf in a key or value at step t reaches no output before t (as in the step-by-step
+    sum): a product with a triangular matrix would carry it back (``0 · NaN`` is NaN), so the
+    sequence is cut at the first non-finite step of each row and the runs are chained through
+    their states (one sum when every value is finite)."""
+    S = q.shape[-2]
+    if S == 0:
+        return q @ (k.transpose(-1, -2) @ v)  # [..., 0, dv]
+    cuts: list[int] = []
+    if not torch.compiler.is_compiling() and not bool(torch.isfinite(k.sum() + v.sum())):  # one sum: all finite?
+        from .delta.chunked import _first_nonfinite
+        bad = ~torch.isfinite(k).all(-1) | ~torch.isfinite(v).all(-1)  # [..., S]
+        cuts = [t for t in _first_nonfinite(bad.reshape(-1, S)) if t > 0]
+    if not cuts:
+        return _causal_run(q, k, v, chunk, None)[0]
+    outs, state = [], None
+    for a, b in zip([0] + cuts, cuts + [S]):
+        o, state = _causal_run(q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], chunk, state)
+        outs.append(o)
+    return torch.cat(outs, -2)
 
 
 def _sdpa_keywords(fn: str, attn_mask, dropout_p, is_causal, causal) -> bool:
@@ -148,6 +181,7 @@ def nam_attention(
     causal = _sdpa_keywords(fn, attn_mask, dropout_p, is_causal, causal)
     s = _scale(fn, scale)
     _check_qkv(query, key, value, fn)
+    check_positive_int("chunk_size", chunk_size)
     offsets = _packed_offsets(fn, query, key, cu_seqlens)
     qn, kn = unit(query, eps=eps), unit(key, eps=eps)
     if s is not None:
@@ -218,6 +252,7 @@ def linear_attention(
     ``cu_seqlens``: a packed batch as in :func:`nam_attention` (each sequence attends only to
     itself, numerator and normaliser alike; causal or not)."""
     _check_qkv(query, key, value, "linear_attention")
+    check_positive_int("chunk_size", chunk_size)
     offsets = _packed_offsets("linear_attention", query, key, cu_seqlens)
     fq, fk = elu_feature_map(query), elu_feature_map(key)
     ones = value.new_ones(value.shape[:-1] + (1,))

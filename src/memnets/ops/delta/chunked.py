@@ -174,6 +174,44 @@ class _ChunkScan(torch.autograd.Function):
                 dpw.view(shape + (1,)), dpe.view(shape + (1,)), d_state)
 
 
+def _first_nonfinite(bad: torch.Tensor) -> list[int]:
+    """The distinct steps at which a row of ``bad`` (``[R, T]`` bool: the step's inputs are not
+    all finite) turns bad for the first time, sorted."""
+    rows = bad.any(-1)
+    return sorted(set(bad[rows].to(torch.uint8).argmax(-1).tolist()))
+
+
+def _nonfinite_cuts(k, v, p_w, p_e) -> list[int]:
+    """Where to cut the sequence so that a NaN or Inf at step t reaches no output before t.
+
+    Inside a chunk the scan multiplies by triangular matrices, and ``0 · NaN`` is NaN, so a
+    non-finite key, value or probability at step t would spoil the chunk's earlier outputs
+    too. Cutting the sequence at the first non-finite step of each sequence and head keeps
+    such a step first in its chunk: a sequence is then either clean in a chunk or spoilt from
+    its first step on, as in the step-by-step recurrence. Queries and ``p_r`` reach only their
+    own step's output. Empty when every value is finite: one sum (a NaN or Inf anywhere makes it
+    non-finite; finite values whose sum overflows only take the slower look below)."""
+    if bool(torch.isfinite(k.sum() + v.sum() + p_w.sum() + p_e.sum())):
+        return []
+    bad = (~torch.isfinite(k).all(-1) | ~torch.isfinite(v).all(-1) | ~torch.isfinite(p_w)
+           | ~torch.isfinite(p_e))  # [B, T, H]
+    return [t for t in _first_nonfinite(bad.transpose(1, 2).reshape(-1, bad.shape[1])) if t > 0]
+
+
+def _scan(q, k, v, p_w, p_e, S, chunk_size: int):
+    """The chunk pass over ``[B, T, H, ·]`` inputs from the states ``S`` ``[B·H, dv, dk]``:
+    ``(O [B, T, H, dv], final state [B·H, dv, dk])``."""
+    B, T, H, dk = k.shape
+    dv = v.shape[-1]
+    C = min(chunk_size, T)
+    N = -(-T // C)
+    qc, kc, vc = (_to_chunks(x, N, C) for x in (q, k, v))
+    pw = _to_chunks(p_w, N, C).unsqueeze(-1)  # [N, BH, C, 1]
+    pe = _to_chunks(p_e, N, C).unsqueeze(-1)
+    O, S = _ChunkScan.apply(qc, kc, vc, pw, pe, S)  # O: [N, B*H, C, dv]
+    return O.view(N, B, H, C, dv).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, dv)[:, :T], S
+
+
 def nam_scan_chunked(
     q: torch.Tensor,  # [B, T, H, dk]
     k: torch.Tensor,  # [B, T, H, dk]
@@ -192,14 +230,17 @@ def nam_scan_chunked(
             t.float() for t in (q, k, v, p_w, p_e, initial_state)
         )
         p_r = None if p_r is None else p_r.float()
-    C = min(chunk_size, T)
-    N = -(-T // C)
-    qc, kc, vc = (_to_chunks(x, N, C) for x in (q, k, v))
-    pw = _to_chunks(p_w, N, C).unsqueeze(-1)  # [N, BH, C, 1]
-    pe = _to_chunks(p_e, N, C).unsqueeze(-1)
     S = initial_state.expand(B, H, dv, dk).reshape(B * H, dv, dk)
-    O, S = _ChunkScan.apply(qc, kc, vc, pw, pe, S)  # O: [N, B*H, C, dv]
-    O = O.view(N, B, H, C, dv).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, dv)[:, :T]
+    cuts = [] if torch.compiler.is_compiling() else _nonfinite_cuts(k, v, p_w, p_e)
+    if not cuts:
+        O, S = _scan(q, k, v, p_w, p_e, S, chunk_size)
+    else:  # every cut starts a run of chunks: no chunk holds a non-finite step after a clean one
+        outs = []
+        for a, b in zip([0] + cuts, cuts + [T]):
+            if b > a:
+                o, S = _scan(q[:, a:b], k[:, a:b], v[:, a:b], p_w[:, a:b], p_e[:, a:b], S, chunk_size)
+                outs.append(o)
+        O = torch.cat(outs, 1)
     if p_r is not None:
         O = O * p_r.unsqueeze(-1)
     return O.to(out_dtype), S.view(B, H, dv, dk).to(out_dtype)
