@@ -1,0 +1,296 @@
+"""The NAM-TM's Triton kernels (memnets.ops.gpu.nam_tm) on CPU tensors through Triton's interpreter.
+
+The value-tape scan and the heads/key-tape/jump scan are held to per-step references (plain
+autograd, one step at a time) in float64 and float32, values and every input gradient, for
+every option (p_r given or not, position or transposed key tape, μ(H_w) on the key tape, with
+and without JUMP, other action orders, time- or batch-major), with states saved every few
+steps so that the backward's walk back from saved states is exercised; gradcheck in float64;
+and the whole NAMTuringMachine down the CUDA code path (:func:`memnets.ops.gpu.cuda_path`: the
+Triton kernels, cuDNN's ``nn.GRU`` in place of the per-step GRU, no per-step loop) equal to its
+CPU fused path.
+
+``TRITON_INTERPRET=1`` is set per test (a fixture), not for the session: Triton reads it when a
+function is decorated, and the kernels are decorated on first use, once per mode
+(:func:`memnets.ops.gpu.nam_tm.kernels`), so this works whatever imported Triton before and
+leaves other tests' kernels compiled. Skipped (reason printed) without triton or numpy (the
+interpreter's).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+
+import pytest
+import torch
+
+MISSING = [m for m in ("triton", "numpy") if importlib.util.find_spec(m) is None]
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} "
+                                "(Triton's interpreter runs the kernels on the CPU)")
+
+from memnets.memories import nam_tm as nam_tm_module  # noqa: E402
+from memnets.memories.nam_tm import NAMTMState, NAMTuringMachine  # noqa: E402
+from memnets.ops import unit  # noqa: E402
+from memnets.ops.delta.reference import nam_scan_reference  # noqa: E402
+from memnets.ops.gpu import cuda_path, use_triton  # noqa: E402
+
+LEFT, NOOP, RIGHT, JUMP = 0, 1, 2, 3
+TOL = {torch.float64: dict(rtol=1e-9, atol=1e-11), torch.float32: dict(rtol=2e-4, atol=2e-5)}
+
+
+@pytest.fixture(autouse=True)
+def interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("MEMNETS_TRITON", raising=False)
+    yield
+
+
+@pytest.fixture
+def short_segment(monkeypatch):
+    """States saved every 4 steps (instead of 16): T = 5..9 then walks back across saved states."""
+    from memnets.ops.gpu import nam_tm
+    monkeypatch.setattr(nam_tm, "SEGMENT", 4)
+
+
+def _grads(outs, ins, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in outs)
+    ins = [x for x in ins if x is not None]
+    grads = torch.autograd.grad(loss, ins, allow_unused=True)  # unused: a zero gradient
+    return [torch.zeros_like(x) if d is None else d for x, d in zip(ins, grads)]
+
+
+def _close(got, want, dtype, names):
+    assert len(got) == len(want)
+    for name, a, b in zip(names, got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        torch.testing.assert_close(a, b, **TOL[dtype], msg=lambda s, n=name: f"{n}: {s}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the value tape
+
+
+def _tape_inputs(dtype, B=2, T=9, H=2, K=6, V=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    heads = torch.randn(B, T, H, 2, K, generator=g, dtype=dtype)  # q, k: views of one tensor, as in the layer
+    return dict(q=heads[..., 0, :], k=heads[..., 1, :], v=torch.randn(B, T, H, V, generator=g, dtype=dtype),
+                p_w=torch.rand(B, T, H, generator=g, dtype=dtype), p_e=torch.rand(B, T, H, generator=g, dtype=dtype),
+                p_r=torch.rand(B, T, H, generator=g, dtype=dtype),
+                initial_state=torch.randn(B, H, V, K, generator=g, dtype=dtype))
+
+
+def _run_tape(fn, inputs, with_pr):
+    ins = {n: x.clone().requires_grad_() for n, x in inputs.items()}
+    if not with_pr:
+        ins["p_r"] = None
+    o, S = fn(**ins)
+    return [o, S, *_grads([o, S], ins.values())]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("with_pr", [True, False], ids=["p_r", "no_p_r"])
+def test_tape_scan_matches_reference(dtype, with_pr, short_segment):
+    from memnets.ops.gpu.nam_tm import nam_tape_scan_triton
+    inputs = _tape_inputs(dtype)
+    want = _run_tape(nam_scan_reference, inputs, with_pr)
+    got = _run_tape(nam_tape_scan_triton, inputs, with_pr)
+    names = ["o", "final_state", "dq", "dk", "dv", "dp_w", "dp_e"] + (["dp_r"] if with_pr else []) + ["dS0"]
+    _close(got, want, dtype, names)
+
+
+def test_tape_scan_dispatch_and_dtypes():
+    """nam_tape_scan runs the Triton kernel on the CUDA path; T < SEGMENT (no saved state but the
+    last) and T = 1; bfloat16 runs in float32 and comes back in bfloat16; shapes are checked."""
+    from memnets.ops.gpu import nam_tm
+    from memnets.ops.nam_tape import nam_tape_scan
+    for T in (5, 1):
+        inputs = _tape_inputs(torch.float64, T=T, H=1)
+        want = _run_tape(nam_scan_reference, inputs, True)
+        calls = []
+        apply = nam_tm.TapeScan.apply
+        with cuda_path(), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(nam_tm.TapeScan, "apply", lambda *a: calls.append(1) or apply(*a))
+            assert use_triton(inputs["q"])
+            got = _run_tape(nam_tape_scan, inputs, True)
+        assert calls == [1]
+        _close(got, want, torch.float64, ["o", "S", "dq", "dk", "dv", "dp_w", "dp_e", "dp_r", "dS0"])
+    inputs = _tape_inputs(torch.float32, T=3, H=1)
+    o32, S32 = nam_tm.nam_tape_scan_triton(**inputs)
+    o16, S16 = nam_tm.nam_tape_scan_triton(**{n: x.bfloat16() for n, x in inputs.items()})
+    assert o16.dtype == S16.dtype == torch.bfloat16
+    torch.testing.assert_close(o16.float(), o32, rtol=0.05, atol=0.05)
+    bad = dict(inputs, p_w=inputs["p_w"][:, :2])
+    with pytest.raises(ValueError, match="p_w"):
+        nam_tm.nam_tape_scan_triton(**bad)
+    with pytest.raises(ValueError, match="initial_state"):
+        nam_tm.nam_tape_scan_triton(**dict(inputs, initial_state=inputs["initial_state"].double()))
+
+
+# ---------------------------------------------------------------------------------------------
+# the heads, key tape and jump
+
+
+def heads_reference(act, q, k, p_w, p_e, h0, key_tape, order, transposed=False, unit_keys=False):
+    """The recurrence of :func:`memnets.ops.nam_tm_heads.nam_tm_heads` one step at a time
+    (time-major: act ``[T, N, 2, A]``, q, k ``[T, N, C]``, p_w, p_e ``[T, N]``)."""
+    H, K, Hs = h0, key_tape, [h0]
+    for t in range(act.shape[0]):
+        j = None
+        if JUMP in order:
+            hk = unit(H[:, 1]) if unit_keys else H[:, 1]  # [N, L]
+            pw, pe = p_w[t, :, None], p_e[t, :, None]
+            if transposed:  # Kᵀ ← WR(Kᵀ, k, h, p_w, p_e)
+                w = pw * hk - pe * torch.einsum("ncl,nc->nl", K, k[t])
+                K = K + k[t][:, :, None] * w[:, None, :]
+            else:  # K ← WR(K, h, k, p_w, p_e)
+                u = pw * k[t] - pe * torch.einsum("ncl,nl->nc", K, hk)
+                K = K + u[:, :, None] * hk[:, None, :]
+            j = torch.einsum("ncl,nc->nl", K, q[t])[:, None, :].expand_as(H)
+        moves = {LEFT: torch.roll(H, -1, -1), NOOP: H, RIGHT: torch.roll(H, 1, -1), JUMP: j}
+        H = sum(act[t, :, :, i:i + 1] * moves[a] for i, a in enumerate(order))
+        Hs.append(H)
+    return torch.stack(Hs, 0), K
+
+
+def _heads_inputs(dtype, order, bm, T=7, B=2, Tn=2, C=4, L=6, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    lead = (B, T, Tn) if bm else (T, B * Tn)
+    N, A = B * Tn, len(order)
+    return dict(act=torch.softmax(torch.randn(*lead, 2, A, generator=g, dtype=dtype), -1),
+                q=unit(torch.randn(*lead, C, generator=g, dtype=dtype)),
+                k=unit(torch.randn(*lead, C, generator=g, dtype=dtype)),
+                p_w=torch.rand(*lead, generator=g, dtype=dtype), p_e=torch.rand(*lead, generator=g, dtype=dtype),
+                h0=0.4 * torch.randn(N, 2, L, generator=g, dtype=dtype),  # norms near 1 (not 1: μ is no identity)
+                key_tape=0.5 * torch.randn(N, C, L, generator=g, dtype=dtype))
+
+
+def _reference_any_layout(bm, order, transposed, unit_keys, **x):
+    if not bm:
+        return heads_reference(order=order, transposed=transposed, unit_keys=unit_keys, **x)
+    B, T, Tn = x["act"].shape[:3]
+
+    def tm(z):
+        return None if z is None else z.transpose(0, 1).reshape((T, B * Tn) + z.shape[3:])
+    Hs, K = heads_reference(tm(x["act"]), tm(x["q"]), tm(x["k"]), tm(x["p_w"]), tm(x["p_e"]), x["h0"], x["key_tape"],
+                            order, transposed, unit_keys)
+    return Hs.view((T + 1, B, Tn) + Hs.shape[2:]).transpose(0, 1), K
+
+
+def _run_heads(fn, inputs, order):
+    ins = {n: x.clone().requires_grad_() for n, x in inputs.items()}
+    if JUMP not in order:
+        ins["q"] = ins["k"] = None
+    Hs, K = fn(**ins)
+    return [Hs, K, *_grads([Hs, K], ins.values())]
+
+
+HEAD_CASES = [  # order, transposed, unit_keys, batch_major
+    ([LEFT, NOOP, RIGHT, JUMP], False, False, False),
+    ([JUMP, LEFT, NOOP, RIGHT], True, False, True),
+    ([LEFT, NOOP, RIGHT, JUMP], False, True, True),  # normalize_heads="all"
+    ([JUMP, NOOP, LEFT, RIGHT], True, True, False),
+    ([RIGHT, LEFT, NOOP], False, False, True),  # No Jmp: the key tape is neither read nor written
+    ([JUMP, NOOP], True, False, True),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("case", HEAD_CASES, ids=["pos", "transposed-bm", "unitkeys-bm", "unitkeys-transposed",
+                                                  "nojmp-bm", "jump-noop-bm"])
+def test_heads_match_reference(case, dtype, short_segment):
+    from memnets.ops.gpu.nam_tm import nam_tm_heads_triton
+    order, transposed, unit_keys, bm = case
+    inputs = _heads_inputs(dtype, order, bm)
+    want = _run_heads(lambda **x: _reference_any_layout(bm, order, transposed, unit_keys, **x), inputs, order)
+    got = _run_heads(lambda **x: nam_tm_heads_triton(order=order, transposed=transposed, batch_major=bm,
+                                                     unit_keys=unit_keys, **x), inputs, order)
+    names = ["heads", "key_tape", "dact"] + (["dq", "dk"] if JUMP in order else []) + ["dp_w", "dp_e", "dh0",
+                                                                                      "dkey_tape"]
+    _close(got, want, dtype, names)
+
+
+def test_heads_dispatch():
+    """nam_tm_heads runs the Triton kernel on the CUDA path (also for unit_keys, which the
+    TorchScript loops do not run) and gives what the reference gives."""
+    from memnets.ops.gpu import nam_tm
+    from memnets.ops.nam_tm_heads import nam_tm_heads
+    order = [LEFT, NOOP, RIGHT, JUMP]
+    inputs = _heads_inputs(torch.float64, order, True, T=5)
+    want = _run_heads(lambda **x: _reference_any_layout(True, order, False, True, **x), inputs, order)
+    calls = []
+    apply = nam_tm.HeadScan.apply
+    with cuda_path(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nam_tm.HeadScan, "apply", lambda *a: calls.append(1) or apply(*a))
+        got = _run_heads(lambda **x: nam_tm_heads(order=order, batch_major=True, unit_keys=True, **x), inputs, order)
+    assert calls == [1]
+    _close(got, want, torch.float64, ["heads", "key_tape", "dact", "dq", "dk", "dp_w", "dp_e", "dh0", "dkey_tape"])
+    with pytest.raises(ValueError, match="key_tape"):
+        nam_tm.nam_tm_heads_triton(**dict(inputs, key_tape=inputs["key_tape"][:, :, :3]), order=order,
+                                   batch_major=True)
+
+
+def test_gradcheck(short_segment):
+    from memnets.ops.gpu.nam_tm import nam_tape_scan_triton, nam_tm_heads_triton
+    order = [JUMP, LEFT, NOOP, RIGHT]
+    x = _heads_inputs(torch.float64, order, False, T=5, B=1, Tn=2, C=3, L=4)
+    names = list(x)
+    leaves = [x[n].clone().requires_grad_() for n in names]
+
+    def heads(*a):
+        return nam_tm_heads_triton(**dict(zip(names, a)), order=order, transposed=True, unit_keys=True)
+    assert torch.autograd.gradcheck(heads, leaves, fast_mode=True)
+    y = _tape_inputs(torch.float64, B=1, T=5, H=2, K=3, V=2)
+    names_t = list(y)
+    leaves = [y[n].clone().requires_grad_() for n in names_t]
+    assert torch.autograd.gradcheck(lambda *a: nam_tape_scan_triton(**dict(zip(names_t, a))), leaves, fast_mode=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole layer
+
+
+MODELS = [
+    dict(),
+    dict(normalize_heads="all", key_tape_mode="transposed", separate_erase=True),
+    dict(actions=("RIGHT", "LEFT", "NOOP"), normalize_heads=True, num_layers=2),
+]
+
+
+@pytest.mark.parametrize("kw", MODELS, ids=["default", "all-transposed", "nojmp-2layers"])
+def test_nam_tm_on_the_cuda_path_matches_cpu(kw, monkeypatch):
+    """NAMTuringMachine forward and backward down the CUDA path equal the CPU fused path (C
+    kernels, per-step GRU): outputs, final state, aux and every gradient; there, one launch of
+    each scan per layer, the controller is the nn.GRU module itself, and no step runs in Python."""
+    from memnets.ops.gpu import nam_tm
+    from memnets.ops import gru
+    DT = torch.float64
+    torch.manual_seed(0)
+    m = NAMTuringMachine(6, 8, num_tapes=2, tape_length=6, **kw).double()
+    x = torch.randn(2, 5, 6, dtype=DT)
+    st = NAMTMState(*(s + 0.3 * torch.randn_like(s) for s in m.init_state(2, dtype=DT)))
+
+    def run(path):
+        xx, ss = x.clone().requires_grad_(), [s.clone().requires_grad_() for s in st]
+        with path:
+            y, s2, aux = m(xx, NAMTMState(*ss), return_aux=True)
+            grads = _grads([y, *s2], [xx, *ss, *m.parameters()])
+        return [y, *s2, *aux, *grads]
+
+    want = run(contextlib.nullcontext())
+    launches = {"tape": 0, "heads": 0}
+    tape_apply, heads_apply = nam_tm.TapeScan.apply, nam_tm.HeadScan.apply
+    monkeypatch.setattr(nam_tm.TapeScan, "apply", lambda *a: launches.__setitem__("tape", launches["tape"] + 1)
+                        or tape_apply(*a))
+    monkeypatch.setattr(nam_tm.HeadScan, "apply", lambda *a: launches.__setitem__("heads", launches["heads"] + 1)
+                        or heads_apply(*a))
+
+    def no_call(*a, **k):
+        raise AssertionError("not on the CUDA path")
+    monkeypatch.setattr(nam_tm_module, "gru_module_forward", no_call)  # the per-step GRU
+    monkeypatch.setattr(nam_tm_module, "_fused_step", no_call)  # the per-step tape loop
+    monkeypatch.setattr(gru, "gru_module_forward", no_call)
+    got = run(cuda_path())
+    assert launches == {"tape": m.num_layers, "heads": m.num_layers}
+    names = ["y", "tape", "key_tape", "h_r", "h_w", "read_pos", "write_pos", "read_act", "write_act", "dx",
+             "dtape", "dkey_tape", "dh_r", "dh_w"] + [f"d{n}" for n, _ in m.named_parameters()]
+    _close(got, want, DT, names)
