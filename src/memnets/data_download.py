@@ -37,6 +37,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -51,12 +52,15 @@ from .train.checkpoint import move_into_place
 __all__ = [
     "RemoteFile", "VerifyResult", "Found", "CATALOGUE", "DATASETS", "MIRROR_ENV", "BABI_ARCHIVE",
     "BABI_REPACK", "BABI_FOLDER", "OMNIGLOT_PARTS", "OMNIGLOT_SPLITS", "IMDB_ARCHIVE", "IMDB_REPACK",
-    "IMDB_FOLDER", "download_command", "missing_message", "rebase_url", "sha256_file", "download_file",
+    "IMDB_FOLDER", "DOWNLOAD_MAX", "UNPACK_MAX", "UNPACK_MAX_MEMBERS", "download_command", "missing_message", "rebase_url", "sha256_file", "download_file",
     "unpack", "download", "verify_dir", "locate", "where_lines",
 ]
 
 MIRROR_ENV = "MEMNETS_DATA_MIRROR"
 _CHUNK = 1 << 16
+DOWNLOAD_MAX = 64 << 20  # bytes: the most a download without a catalogue size may hold
+UNPACK_MAX = 2 << 30  # bytes: the most an archive without its own limit may unpack to
+UNPACK_MAX_MEMBERS = 500_000  # files and folders in one archive
 _USER_AGENT = "memnets-data/1 (Python urllib)"
 
 BABI_ARCHIVE = "babi/tasks_1-20_v1-2.tar.gz"
@@ -72,14 +76,17 @@ IMDB_FOLDER = "imdb/aclImdb"
 @dataclass(frozen=True)
 class RemoteFile:
     """One downloadable file: ``path`` in the data directory, its official ``url`` and
-    ``sha256``; ``size`` in bytes when known; ``unpack`` the top-level folder the archive
-    holds (it unpacks beside the archive), None for a file that is not an archive."""
+    ``sha256``; ``size`` in bytes when known (a download stops there); ``unpack`` the top-level
+    folder the archive holds (it unpacks beside the archive), None for a file that is not an
+    archive; ``unpacked_max`` the most bytes its members may hold once unpacked (else
+    :data:`UNPACK_MAX`)."""
 
     path: str
     url: str
     sha256: str
     size: int | None = None
     unpack: str | None = None
+    unpacked_max: int | None = None
 
 
 _SPLITS_URL = ("https://raw.githubusercontent.com/jakesnell/prototypical-networks/"
@@ -89,17 +96,17 @@ CATALOGUE: dict[str, tuple[RemoteFile, ...]] = {
     "babi": (
         RemoteFile(BABI_ARCHIVE, "http://www.thespermwhale.com/jaseweston/babi/tasks_1-20_v1-2.tar.gz",
                    "0364ebde659f14d11bc21744516c5ec49d3d06cb692733f66680771244998898", 15719851,
-                   unpack="tasks_1-20_v1-2"),
+                   unpack="tasks_1-20_v1-2", unpacked_max=400 << 20),
     ),
     "omniglot": (
         RemoteFile("omniglot/images_background.zip",
                    "https://github.com/brendenlake/omniglot/raw/master/python/images_background.zip",
                    "ad41ab679c8b5d90b271ef46be6987cc81211774a695c29dcc5367b2b26ee640", 9464212,
-                   unpack="images_background"),
+                   unpack="images_background", unpacked_max=200 << 20),
         RemoteFile("omniglot/images_evaluation.zip",
                    "https://github.com/brendenlake/omniglot/raw/master/python/images_evaluation.zip",
                    "1f61a8f3366785b057fc117d9228e78a16e3d976c8953b2a10fcc74cf0609cee", 6462886,
-                   unpack="images_evaluation"),
+                   unpack="images_evaluation", unpacked_max=200 << 20),
         RemoteFile(f"{OMNIGLOT_SPLITS}/train.txt", _SPLITS_URL + "train.txt",
                    "984522c194c30fb678ce53304a160a42faf5403ad4f9a67010f32dd3a35738e0"),
         RemoteFile(f"{OMNIGLOT_SPLITS}/val.txt", _SPLITS_URL + "val.txt",
@@ -112,7 +119,7 @@ CATALOGUE: dict[str, tuple[RemoteFile, ...]] = {
     "imdb": (
         RemoteFile(IMDB_ARCHIVE, "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",
                    "c40f74a18d3b61f90feba1e17730e0d38e8b97c05fde7008942e91923d1658fe", 84125825,
-                   unpack="aclImdb"),
+                   unpack="aclImdb", unpacked_max=1 << 30),
     ),
 }
 DATASETS = tuple(CATALOGUE)
@@ -287,6 +294,13 @@ def download_file(entry: RemoteFile, dest_root: str | os.PathLike, *, url_base: 
         with open(part, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
+    limit = entry.size if entry.size is not None else DOWNLOAD_MAX
+    if total is not None and total > limit:
+        if resp is not None:
+            resp.close()
+        raise DataError(
+            f"download of {url} refused: the server announces {total} bytes, more than the "
+            f"{limit} expected for {entry.path}")
     if resp is not None:  # None: the server says the .part already holds every byte
         received = offset
         bar = _Progress(entry.path, total, offset, progress)
@@ -301,6 +315,12 @@ def download_file(entry: RemoteFile, dest_root: str | os.PathLike, *, url_base: 
                             f"{str(part)!r} is kept: run the same command again to resume") from e
                     if not chunk:
                         break
+                    if received + len(chunk) > limit:  # an endless or oversized answer: stop here
+                        f.close()
+                        part.unlink(missing_ok=True)
+                        raise DataError(
+                            f"download of {url} stopped: the server sent more than the {limit} bytes "
+                            f"expected for {entry.path} (the partial file was deleted)")
                     f.write(chunk)
                     h.update(chunk)
                     received += len(chunk)
@@ -337,23 +357,81 @@ def _safe_tar_members(tar: tarfile.TarFile, dest: Path) -> list[tarfile.TarInfo]
     return out
 
 
-def unpack(archive: str | os.PathLike, top: str, *, log: Callable[[str], None] | None = None) -> Path:
+def _claim(folder: Path):
+    """Hold an exclusive lock on ``folder`` for as long as the returned handle stays open (None
+    where locks are not available): what tells an unpack in progress from one that was killed."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_stale(parent: Path, top: str, log: Callable[[str], None]) -> None:
+    """Remove the temporary folders of earlier unpacks of ``top`` into ``parent`` that were cut
+    short (killed, power lost): those no running unpack holds the lock of."""
+    for old in parent.glob(f".{top}.unpack-*"):
+        if old.is_symlink() or not old.is_dir():
+            continue
+        try:
+            fd = _claim(old)
+        except OSError:
+            continue  # an unpack in progress holds it
+        if fd is None and time.time() - old.stat().st_mtime < 24 * 3600:
+            continue  # no locks here: only a day-old folder is known to be stale
+        try:
+            shutil.rmtree(old, ignore_errors=True)
+            log(f"removed   {old.name}/ (left by an unpack that did not finish)")
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def _check_size(archive: Path, sizes: list[int], limit: int) -> None:
+    """Refuse an archive whose members would unpack to more than ``limit`` bytes, or too many."""
+    if len(sizes) > UNPACK_MAX_MEMBERS:
+        raise DataError(f"archive {str(archive)!r} holds {len(sizes)} members, more than the "
+                        f"{UNPACK_MAX_MEMBERS} an archive may hold; not unpacked")
+    total = sum(sizes)
+    if total > limit:
+        raise DataError(f"archive {str(archive)!r} would unpack to {total} bytes, more than the {limit} "
+                        f"allowed for it; not unpacked")
+
+
+def unpack(archive: str | os.PathLike, top: str, *, log: Callable[[str], None] | None = None,
+           max_bytes: int | None = None) -> Path:
     """Unpack ``archive`` (``.tar.gz`` or ``.zip``) whose members live under ``top/`` into the
     folder beside it, atomically: extract into a temporary folder there, then rename ``top`` into
-    place. An existing ``top`` folder is left as it is. Returns the folder."""
+    place. An existing ``top`` folder is left as it is. Returns the folder.
+
+    An archive whose members add up to more than ``max_bytes`` (default :data:`UNPACK_MAX`), or
+    that holds more than :data:`UNPACK_MAX_MEMBERS` members, is refused before anything is
+    written. Temporary folders of earlier unpacks that were killed are removed first."""
     log = log or (lambda msg: None)
     archive = Path(archive)
+    limit = UNPACK_MAX if max_bytes is None else max_bytes
     final = archive.parent / top
+    _remove_stale(archive.parent, top, log)
     if final.is_dir():
         log(f"unpacked  {final.name}/ already present beside {archive.name}")
         return final
     tmp = Path(tempfile.mkdtemp(prefix=f".{top}.unpack-", dir=archive.parent)).resolve()
+    lock = _claim(tmp)
     try:
         if archive.name.endswith(".zip"):
             with zipfile.ZipFile(archive) as zf:
+                _check_size(archive, [zi.file_size for zi in zf.infolist()], limit)
                 zf.extractall(tmp)
         else:
             with tarfile.open(archive, "r:*") as tar:
+                members = tar.getmembers()
+                _check_size(archive, [m.size for m in members if m.isfile()], limit)
                 if hasattr(tarfile, "data_filter"):
                     tar.extractall(tmp, filter="data")
                 else:  # pragma: no cover - Python < 3.11.4
@@ -365,6 +443,8 @@ def unpack(archive: str | os.PathLike, top: str, *, log: Callable[[str], None] |
         raise DataError(f"could not unpack {str(archive)!r}: {e}") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)
     log(f"unpacked  {final.relative_to(archive.parent.parent)}/")
     return final
 
@@ -392,7 +472,7 @@ def download(names: Sequence[str] | None, to: str | os.PathLike, *, url_base: st
             path = download_file(entry, root, url_base=url_base, timeout=timeout, progress=progress, log=log)
             out.append(path)
             if do_unpack and entry.unpack:
-                unpack(path, entry.unpack, log=log)
+                unpack(path, entry.unpack, log=log, max_bytes=entry.unpacked_max)
     return out
 
 
