@@ -271,25 +271,25 @@ def kernels(interpret: bool):
             hw = tl.load(Hs + hrow * 2 * L + L + il, mask=ml, other=0.0)
             dr = tl.load(gH + hrow * 2 * L + il, mask=ml, other=0.0)  # gH_t + Σ_a act_a move_aᵀ(dH_{t+1})
             dw = tl.load(gH + hrow * 2 * L + L + il, mask=ml, other=0.0)
-            if PL >= 0:  # <move_a(H), dH'>; LEFTᵀ = RIGHT
-                wr = tl.load(wa + PL)
-                ww = tl.load(wa + A + PL)
-                tl.store(da_ + PL, tl.sum(tl.sum(SL * hr[None, :], 1) * dnr, 0))
-                tl.store(da_ + A + PL, tl.sum(tl.sum(SL * hw[None, :], 1) * dnw, 0))
-                dr += wr * tl.sum(SL * dnr[:, None], 0)
-                dw += ww * tl.sum(SL * dnw[:, None], 0)
+            if PL >= 0:  # the gradient of act: <move_a(H), dH'> = <H, move_aᵀ(dH')>; LEFTᵀ = RIGHT
+                tr = tl.sum(SL * dnr[:, None], 0)
+                tw = tl.sum(SL * dnw[:, None], 0)
+                tl.store(da_ + PL, tl.sum(hr * tr, 0))
+                tl.store(da_ + A + PL, tl.sum(hw * tw, 0))
+                dr += tl.load(wa + PL) * tr
+                dw += tl.load(wa + A + PL) * tw
             if PN >= 0:
                 tl.store(da_ + PN, tl.sum(hr * dnr, 0))
                 tl.store(da_ + A + PN, tl.sum(hw * dnw, 0))
                 dr += tl.load(wa + PN) * dnr
                 dw += tl.load(wa + A + PN) * dnw
             if PR >= 0:
-                wr = tl.load(wa + PR)
-                ww = tl.load(wa + A + PR)
-                tl.store(da_ + PR, tl.sum(tl.sum(SR * hr[None, :], 1) * dnr, 0))
-                tl.store(da_ + A + PR, tl.sum(tl.sum(SR * hw[None, :], 1) * dnw, 0))
-                dr += wr * tl.sum(SR * dnr[:, None], 0)
-                dw += ww * tl.sum(SR * dnw[:, None], 0)
+                tr = tl.sum(SR * dnr[:, None], 0)
+                tw = tl.sum(SR * dnw[:, None], 0)
+                tl.store(da_ + PR, tl.sum(hr * tr, 0))
+                tl.store(da_ + A + PR, tl.sum(hw * tw, 0))
+                dr += tl.load(wa + PR) * tr
+                dw += tl.load(wa + A + PR) * tw
             if PJ >= 0:
                 if ((t + 1) % SEG == 0) & (t + 1 < T):  # K_{t+1}, saved
                     Kt = tl.load(Kc + (((t + 1) // SEG) * NS + n) * LC + off2, mask=m2, other=0.0)
