@@ -41,7 +41,13 @@ def test_readme_has_snippets():
 
 @pytest.mark.parametrize("path, blocks", list(_snippets()))
 def test_snippets_run(path, blocks, tmp_path, monkeypatch):
+    import memnets.registry
+
     monkeypatch.chdir(tmp_path)  # snippets that write files write them here
+    # a model a snippet registers (docs/index.md) is forgotten afterwards; memnets' own models
+    # are all registered first, so that the registry put back holds every one of them
+    memnets.registry.available_models()
+    monkeypatch.setattr(memnets.registry, "_REGISTRY", dict(memnets.registry._REGISTRY))
     namespace: dict = {"__name__": "__readme__"}
     for i, code in enumerate(blocks):
         try:
