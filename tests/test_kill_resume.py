@@ -5,16 +5,18 @@ Each run is a forked child process executing ``memnets.cli.main.main(argv)`` (th
 ``memnets train`` command), so the import of torch is paid once; tests/test_resume.py covers
 the same with a fresh interpreter.
 
-The kill points are seeded: a step count drawn at random (the run checkpoints every step)
-plus a random delay of up to 30 ms after that checkpoint appears, so some kills land while
-the next checkpoint is being written.
+The kill points are deterministic, not timed: the child kills itself with SIGKILL at a given
+optimiser step, either right after that step's checkpoint is committed (``after``) or while it
+is being written, once its weight and state files are on disk but before ``last.json`` names
+them (``during``), so a load on the machine cannot move a kill.
 """
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
-import random
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -45,7 +47,6 @@ splits = { id = [2, 3], od_easy = [4, 4], od_hard = [5, 5] }
 lr = 0.003
 """
 STEPS = 3 * 96 // 8  # 36 optimiser steps
-KILLS = 6
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -54,6 +55,50 @@ def _records(run_dir: Path) -> list[dict]:
         r.pop("samples_per_s", None)
         r.pop("wall_s", None)
     return recs
+
+
+# (step, when): "after" its checkpoint is committed, or "during" its writing (before last.json);
+# steps 12 and 24 are epoch ends (12 steps per epoch), checkpointed after the evaluation
+KILLS = [(3, "after"), (7, "during"), (12, "after"), (16, "during"), (24, "during"), (29, "after")]
+
+
+def _child_killed_at(argv: list[str], step: int, when: str, hold: str | None) -> None:
+    """``memnets train argv`` that SIGKILLs itself at ``step`` (``when``: after / during its
+    checkpoint). With ``hold``, it first waits there until the file ``hold + ".go"`` exists
+    (having created ``hold + ".ready"``), so that the parent can act while it is alive."""
+    from memnets.cli.main import main
+    from memnets.train import checkpoint as ck
+
+    save, write = ck.save_checkpoint, ck.atomic_write_text
+
+    def die() -> None:
+        if hold:
+            Path(hold + ".ready").touch()
+            while not Path(hold + ".go").exists():
+                time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def write_text(path, text, *a, **k):
+        if when == "during" and Path(path).name == "last.json" and json.loads(text)["step"] == step:
+            die()  # the step files are written, the pointer to them is not
+        return write(path, text, *a, **k)
+
+    def save_checkpoint(ckpt_dir, s, *a, **k):
+        save(ckpt_dir, s, *a, **k)
+        if when == "after" and s == step:
+            die()
+
+    ck.save_checkpoint, ck.atomic_write_text = save_checkpoint, write_text
+    sys.stdout = open(os.devnull, "w")
+    os._exit(main(argv))
+
+
+def _launch_killed_at(cfg_path: Path, run_dir: Path, resume: bool, step: int, when: str,
+                      hold: str | None = None) -> multiprocessing.Process:
+    argv = ["train", str(cfg_path), "--run-dir", str(run_dir), "--quiet"] + (["--resume"] if resume else [])
+    proc = multiprocessing.get_context("fork").Process(target=_child_killed_at, args=(argv, step, when, hold))
+    proc.start()
+    return proc
 
 
 def test_repeated_sigkill_then_resume_matches_uninterrupted(tmp_path):
@@ -65,28 +110,28 @@ def test_repeated_sigkill_then_resume_matches_uninterrupted(tmp_path):
     build_parser()  # imports every subcommand module in this process
     ref_dir = tmp_path / "ref"  # the uninterrupted run (which also warms up this process)
     ref = train(load_config(cfg_path), ref_dir, quiet=True)
-    rng = random.Random(1234)
-    targets = sorted(rng.sample(range(1, STEPS - 8), KILLS))
     run_dir = tmp_path / "killed"
+    hold = str(tmp_path / "hold")
     killed_at = []
-    for i, target in enumerate(targets):
-        proc = launch_train(cfg_path, run_dir, resume=i > 0)
-        deadline = time.time() + 60
-        while time.time() < deadline and proc.is_alive() and checkpoint_step(run_dir) < target:
-            time.sleep(0.002)
-        if i == 0 and proc.is_alive():  # a second writer while the first one is alive: refused
+    for i, (step, when) in enumerate(KILLS):
+        proc = _launch_killed_at(cfg_path, run_dir, i > 0, step, when, hold if i == 0 else None)
+        if i == 0:  # a second writer while the first one is alive (held at its kill point): refused
+            deadline = time.time() + 120
+            while not Path(hold + ".ready").exists() and proc.is_alive() and time.time() < deadline:
+                time.sleep(0.005)
+            assert proc.is_alive() and Path(hold + ".ready").exists()
             other = launch_train(cfg_path, run_dir, resume=True)
             other.join(timeout=60)
             assert other.exitcode == 2 and proc.is_alive()
-        time.sleep(rng.uniform(0.0, 0.03))
-        if proc.is_alive():
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.join()
+            Path(hold + ".go").touch()
+        proc.join(timeout=120)
         assert proc.exitcode == -signal.SIGKILL, f"run {i} was not killed (exit code {proc.exitcode})"
         assert not (run_dir / "results.json").exists()
         killed_at.append(checkpoint_step(run_dir))
-    assert len(killed_at) == KILLS and killed_at[-1] < STEPS
-    assert len(set(killed_at)) >= 3, killed_at  # the kills are spread over the run
+        if when == "during":  # the torn checkpoint's files are there, unnamed
+            assert list((run_dir / "checkpoints").glob(f"step-{step:09d}.*")), sorted(os.listdir(run_dir / "checkpoints"))
+    # the last committed checkpoint: the kill step itself, or the one before a kill during writing
+    assert killed_at == [s if w == "after" else s - 1 for s, w in KILLS]
 
     proc = launch_train(cfg_path, run_dir, resume=True)
     proc.join(timeout=120)
