@@ -8,6 +8,10 @@ into place with ``os.replace``; the pointer is replaced last, so a crash at any 
 the previous complete checkpoint in force. After the pointer moves, step files older than the
 previous committed checkpoint are removed, so two complete checkpoints stay on disk.
 
+A checkpoint that cannot be written (a full disk, a file-size limit) raises
+:class:`CheckpointWriteError`, one line saying that the previous checkpoint is kept; nothing
+of the new one stays behind.
+
 A file that cannot be read back (truncated, tampered, a torn ``last.json``) raises
 :class:`CorruptCheckpointError` (a ValueError) naming it; :func:`load_checkpoint` then falls
 back to the newest older checkpoint that loads and says so on stderr.
@@ -45,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_save", "move_into_place",
            "save_checkpoint", "load_checkpoint", "has_checkpoint", "save_weights", "load_weights", "RunLock",
-           "RunLockedError", "CorruptCheckpointError"]
+           "RunLockedError", "CorruptCheckpointError", "CheckpointWriteError"]
 
 
 _HEAVY = {"torch": ("torch", None), "save_file": ("safetensors.torch", "save_file"),
@@ -77,6 +81,20 @@ class CorruptCheckpointError(ValueError):
     def __init__(self, path: str | Path, reason: str) -> None:
         self.path = Path(path)
         super().__init__(f"checkpoint file {self.path} is corrupt or truncated: {reason}")
+
+
+class CheckpointWriteError(OSError, ValueError):
+    """A checkpoint or weights file that could not be written (a full disk, a file-size limit, a
+    read-only folder): nothing of it was committed, and what was there before stays in force.
+    The message is one line that says so; ``last_step`` is the step of the checkpoint kept (None
+    if none, or for a weights file)."""
+
+    def __init__(self, message: str, last_step: int | None = None) -> None:
+        self.last_step = last_step
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return self.args[0]
 
 
 def _reason(e: BaseException) -> str:
@@ -144,7 +162,29 @@ def save_weights(path: str | Path, model: torch.nn.Module, metadata: dict[str, s
     """Model weights to safetensors, atomically (tensors made contiguous, shared storage cloned)."""
     tensors = {k: v.detach().contiguous().clone().cpu() for k, v in model.state_dict().items()}
     save_file = _heavy("save_file")
-    atomic_save(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    try:
+        atomic_save(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    except _write_errors() as e:  # a full disk, a file-size limit, a read-only folder
+        kept = "its previous version is kept" if Path(path).is_file() else "nothing was written"
+        last = _last_step(Path(path).parent)
+        if last is not None:  # a file of a checkpoint folder (best.safetensors): what resumes
+            kept += f"; the last good checkpoint (step {last}) is kept"
+        raise CheckpointWriteError(f"could not write {path} ({_reason(e)}); {kept}", last) from e
+
+
+def _write_errors() -> tuple[type[BaseException], ...]:
+    """The errors a failed write raises: OSError, and safetensors' own error for its writer."""
+    import safetensors
+
+    return (OSError, getattr(safetensors, "SafetensorError", OSError))
+
+
+def _last_step(d: Path) -> int | None:
+    """The step of the checkpoint ``d/last.json`` names (None when there is none readable)."""
+    try:
+        return int(_read_pointer(d)["step"])
+    except (CorruptCheckpointError, OSError, KeyError, TypeError, ValueError):
+        return None
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
@@ -178,14 +218,25 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, model: torch.nn.Module, sta
         prev = _read_pointer(d)
     except (CorruptCheckpointError, FileNotFoundError):
         prev = None
-    keep = {stem} | ({prev["weights"].split(".")[0]} if prev else set())
+    prev_stem = prev["weights"].split(".")[0] if prev else None
+    keep = {stem} | ({prev_stem} if prev_stem else set())
     torch = _heavy("torch")
-    save_weights(d / f"{stem}.safetensors", model, metadata)
     buf = io.BytesIO()
     torch.save(state, buf)
-    atomic_write_bytes(d / f"{stem}.state.pt", buf.getvalue())
-    atomic_write_text(d / "last.json", json.dumps({"step": step, "weights": f"{stem}.safetensors",
-                                                   "state": f"{stem}.state.pt"}))
+    try:
+        save_weights(d / f"{stem}.safetensors", model, metadata)
+        atomic_write_bytes(d / f"{stem}.state.pt", buf.getvalue())
+        atomic_write_text(d / "last.json", json.dumps({"step": step, "weights": f"{stem}.safetensors",
+                                                       "state": f"{stem}.state.pt"}))
+    except _write_errors() as e:  # a full disk, a file-size limit, a read-only folder
+        if stem != prev_stem:  # what was written of this one is never committed: remove it
+            for suffix in (".safetensors", ".state.pt"):
+                (d / f"{stem}{suffix}").unlink(missing_ok=True)
+        last = prev.get("step") if prev else None
+        kept = f"the last good checkpoint (step {last}) is kept" if prev else "there is no earlier checkpoint"
+        cause = e.__cause__ if isinstance(e, CheckpointWriteError) and e.__cause__ is not None else e
+        raise CheckpointWriteError(f"could not write the checkpoint of step {step} to {d} ({_reason(cause)}); "
+                                   f"{kept}", last) from e
     for p in d.glob("step-*"):
         if p.name.split(".")[0] not in keep:
             p.unlink(missing_ok=True)
