@@ -16,6 +16,7 @@ SUITES = {
     "ops": "memnets.bench.ops",
     "models": "memnets.bench.models",
     "gpu": "memnets.bench.gpu",
+    "launches": "memnets.bench.launches",
 }
 
 

@@ -1,7 +1,14 @@
-"""``memnets bench <suite>``: time implementations in one process and print ratios."""
+"""``memnets bench <suite>``: time implementations in one process and print ratios.
+
+``memnets bench launches`` counts instead of timing: the ATen ops and Triton kernel launches
+of one training step of each recurrent memory down its CUDA code path, on CPU tensors (no GPU
+needed; Triton kernels run through Triton's interpreter, ``TRITON_INTERPRET=1``, which the
+command sets for itself unless it is already set).
+"""
 from __future__ import annotations
 
 import json
+import os
 
 __all__ = ["add_parser"]
 
@@ -17,11 +24,25 @@ def add_parser(sub) -> None:
                    help="also write the result as JSON to PATH ('-' or no value: stdout)")
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not a measurement)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    lg = p.add_argument_group(
+        "launches suite", "kernel launches of one training step (forward, backward, Adam) of LSAM (uni- and "
+        "bidirectional), NAM-TM, DNC and NTM down their CUDA code path on CPU tensors: ATen ops that launch a "
+        "kernel (views, metadata ops and allocations not counted) and Triton launches, per step and per time "
+        "step. Sets TRITON_INTERPRET=1 (unless set) before triton is imported, so Triton kernels run through "
+        "the interpreter; --device cuda counts the real CUDA path instead")
+    lg.add_argument("--batch", type=int, default=4, help="launches suite: batch size B (default 4)")
+    lg.add_argument("--length", type=int, default=16,
+                    help="launches suite: sequence length T, even (default 16; T/2 is also run for the "
+                         "marginal count per time step)")
+    lg.add_argument("--models", nargs="+", default=None, choices=["LSAM", "LSAM bi", "NAM-TM", "DNC", "NTM"],
+                    help="launches suite: which memories (default: all)")
     g = p.add_argument_group("gpu suite")
     g.add_argument("--out", metavar="PATH", help="write the result as JSON to PATH (like --json PATH)")
-    g.add_argument("--device", default=None, help="device for the gpu suite (default: cuda if available)")
+    g.add_argument("--device", default=None,
+                   help="device for the gpu suite (default: cuda if available); launches suite: cpu (default) "
+                        "or cuda")
     g.add_argument("--tiny", action="store_true",
-                   help="gpu suite: tiny sizes so that it runs anywhere (a smoke test of the code)")
+                   help="gpu and launches suites: tiny sizes so that it runs anywhere (a smoke test of the code)")
     g.add_argument("--sections", nargs="+", choices=["scan", "attention", "models"], default=None,
                    help="gpu suite: which sections to run (default: all)")
     g.add_argument("--max-seconds", type=float, default=330.0,
@@ -33,13 +54,29 @@ def add_parser(sub) -> None:
 
 
 def _run(args) -> int:
+    if args.suite == "launches" and (args.device or "cpu").startswith("cpu"):
+        # before anything imports triton: its kernels are decorated for the interpreter at import
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
     from ..bench.registry import format_table, run_suite
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.suite == "gpu":
+    if args.suite == "launches":
+        from ..bench import launches
+        from ..bench.registry import bench_env
+
+        if args.sections or args.compile:
+            raise SystemExit("--sections and --compile belong to the gpu suite")
+        try:
+            result = launches.run(quick=args.quick, batch=args.batch, length=args.length,
+                                  models=tuple(args.models) if args.models else None,
+                                  device=args.device or "cpu", tiny=args.tiny, verbose=args.json != "-")
+        except ValueError as e:
+            raise SystemExit(f"memnets bench launches: {e}")
+        result["env"] = bench_env()
+    elif args.suite == "gpu":
         from ..bench import gpu
         from ..bench.registry import bench_env
 

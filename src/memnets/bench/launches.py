@@ -1,0 +1,289 @@
+"""``memnets bench launches``: the kernel launches of one training step, counted without a GPU.
+
+On CUDA a small recurrent model's training step is bound by the number of kernels it launches
+(each some 10 µs), not by its arithmetic. This suite runs one training step (forward, backward
+of a mean-square loss, ``torch.optim.Adam`` with ``foreach=True`` as on CUDA) of each recurrent
+memory (LSAM uni- and bidirectional, the NAM-TM, the DNC and the NTM) down its CUDA code path on
+CPU tensors (inside :func:`memnets.ops.gpu.cuda_path`, ``MEMNETS_NATIVE=0`` so no C kernel runs;
+Triton kernels through Triton's interpreter when triton is installed and ``TRITON_INTERPRET=1``,
+which the command sets before anything imports triton) and counts:
+
+* **ATen ops**: every op that reaches the dispatcher below autograd (a
+  ``TorchDispatchMode``: what the CUDA path would dispatch to a device), less the ops that launch
+  no kernel: views and metadata ops (every op whose schema marks its output as an alias of an
+  input — ``view``, ``reshape``'s ``_unsafe_view``/``_reshape_alias``, ``as_strided``, ``t``,
+  ``transpose``, ``expand``, ``unsqueeze``, ``squeeze``, ``permute``, ``slice``, ``select``,
+  ``split``, ``unbind``, ``detach``, ``alias`` …), allocations (``empty``, ``empty_like``,
+  ``empty_strided``, ``new_empty``), ``lift_fresh``, ``set_``/``resize_`` and size queries.
+  Ops run inside a Triton launch (the interpreter's own tensor handling) are not counted.
+* **Triton launches**: each launch of a ``triton.jit`` kernel (``JITFunction.run`` and, under
+  the interpreter, ``InterpretedFunction.run``, with ``warmup=False``).
+
+Each count is taken on the second training step (the first one warms up: autotuning, caches,
+TorchScript's profiling runs), at ``T`` and at ``T/2``. ``per_t`` is the step's total over
+``T``; ``marginal_per_t`` is ``(N(T) - N(T/2)) / (T/2)``, the launches that each further time
+step adds (the per-sequence work, e.g. the optimizer's, cancels).
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib.util
+import os
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["run", "count_step", "LaunchCounter", "MODELS", "COLUMNS", "NON_KERNEL_OPS"]
+
+COLUMNS = ["model", "config", "aten_fwd", "aten_bwd", "aten_opt", "aten_step", "triton_step", "launches_step",
+           "per_t", "marginal_per_t"]
+
+# ops that launch no kernel even though their schema does not mark them as views
+NON_KERNEL_OPS = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted",
+    "lift_fresh", "set_", "resize_", "resize_as_", "sym_size", "sym_stride", "sym_numel",
+    "sym_storage_offset", "is_same_size", "is_nonzero_", "_has_compatible_shallow_copy_type",
+    "detach", "detach_", "alias", "_reshape_alias", "_unsafe_view", "view", "reshape", "as_strided",
+    "t", "transpose", "expand", "unsqueeze", "squeeze", "permute", "slice", "select", "unfold",
+    "split", "split_with_sizes", "unbind", "chunk", "narrow", "diagonal", "view_as", "expand_as",
+    "_conj", "_neg_view", "conj", "resolve_conj", "resolve_neg", "contiguous", "record_stream",
+    "_record_function_enter_new", "_record_function_exit",
+})
+
+
+def _is_view(func) -> bool:
+    """The op's output aliases an input without writing it (a view; ``OpOverload.is_view``)."""
+    try:
+        return bool(func.is_view)
+    except AttributeError:
+        return False
+
+
+def _op_name(func) -> str:
+    name = getattr(func, "__name__", str(func))  # "add.Tensor"
+    packet = getattr(func, "_overloadpacket", None)
+    return getattr(packet, "__name__", name.split(".")[0]) if packet is not None else name.split(".")[0]
+
+
+class LaunchCounter:
+    """Counts kernel-launching ATen ops and Triton launches while active (a context manager).
+
+    ``phase`` names the bucket the counts go to (``"fwd"``, ``"bwd"``, ``"opt"``); ``aten`` and
+    ``triton`` map a phase to a :class:`collections.Counter` of op / kernel names.
+    """
+
+    def __init__(self) -> None:
+        self.phase = "all"
+        self.aten: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.triton: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self._in_triton = 0
+        self._stack = contextlib.ExitStack()
+
+    # ---- Triton
+    def _wrap_run(self, cls) -> None:
+        real = cls.run
+        counter = self
+
+        def run(fn_self, *args, **kwargs):
+            if kwargs.get("warmup", False):
+                return real(fn_self, *args, **kwargs)
+            name = getattr(getattr(fn_self, "fn", None), "__name__", None) or getattr(fn_self, "__name__", "kernel")
+            counter.triton[counter.phase][name] += 1
+            counter._in_triton += 1
+            try:
+                return real(fn_self, *args, **kwargs)
+            finally:
+                counter._in_triton -= 1
+
+        cls.run = run
+        self._stack.callback(setattr, cls, "run", real)
+
+    def _patch_triton(self) -> None:
+        if "triton" not in __import__("sys").modules and importlib.util.find_spec("triton") is None:
+            return
+        try:
+            from triton.runtime.jit import JITFunction
+        except Exception:  # noqa: BLE001 - a broken triton: nothing of it can launch
+            return
+        self._wrap_run(JITFunction)
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+        except Exception:  # noqa: BLE001
+            return
+        self._wrap_run(InterpretedFunction)
+
+    # ---- ATen
+    def _record(self, func) -> None:
+        if self._in_triton:
+            return
+        name = _op_name(func)
+        if name in NON_KERNEL_OPS or _is_view(func):
+            return
+        self.aten[self.phase][name] += 1
+
+    def __enter__(self) -> "LaunchCounter":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter._record(func)
+                return func(*args, **(kwargs or {}))
+
+        self._patch_triton()
+        self._stack.enter_context(_Mode())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def totals(self, phase: str | None = None) -> tuple[int, int]:
+        """``(aten ops, triton launches)`` in ``phase`` (all phases for ``None``)."""
+        phases = [phase] if phase is not None else set(self.aten) | set(self.triton)
+        return (sum(sum(self.aten[p].values()) for p in phases), sum(sum(self.triton[p].values()) for p in phases))
+
+
+@contextlib.contextmanager
+def _cuda_code_path(device: torch.device):
+    """CPU tensors down the CUDA path: ``cuda_path()`` with the C kernels off; nothing on CUDA."""
+    if device.type == "cuda":
+        yield
+        return
+    from ..ops.gpu import cuda_path
+
+    old = os.environ.get("MEMNETS_NATIVE")
+    os.environ["MEMNETS_NATIVE"] = "0"
+    try:
+        with cuda_path():
+            yield
+    finally:
+        if old is None:
+            os.environ.pop("MEMNETS_NATIVE", None)
+        else:
+            os.environ["MEMNETS_NATIVE"] = old
+
+
+def count_step(model: torch.nn.Module, x: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor],
+               device: torch.device | str = "cpu") -> LaunchCounter:
+    """Count the second of two training steps of ``model`` on ``x`` (``run(x)`` gives the output):
+    forward, backward of ``output.pow(2).mean()``, Adam (``foreach=True``), on the CUDA code path."""
+    device = torch.device(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=True)
+    counter = LaunchCounter()
+
+    def step(c: LaunchCounter | None) -> None:
+        opt.zero_grad(set_to_none=True)
+        if c is not None:
+            c.phase = "fwd"
+        loss = run(x).float().pow(2).mean()
+        if c is not None:
+            c.phase = "bwd"
+        loss.backward()
+        if c is not None:
+            c.phase = "opt"
+        opt.step()
+
+    with _cuda_code_path(device):
+        step(None)  # warm-up: autotuning, caches, TorchScript's profiling runs, Adam's state
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        with counter:
+            step(counter)
+    return counter
+
+
+def _models(tiny: bool) -> list[tuple[str, str, Callable[[], torch.nn.Module], int]]:
+    """``(name, config, build, input size)`` of each recurrent memory, at the CPU benchmark's
+    widths (``tiny``: small widths; the counts hardly depend on the width)."""
+    from ..memories.dnc import DNC
+    from ..memories.lsam import LSAM
+    from ..memories.nam_tm import NAMTuringMachine
+    from ..memories.ntm import NTM
+
+    if tiny:
+        D, H, Fi, Dt, Tn, L, Hc, N, W, R = 16, 2, 8, 16, 2, 8, 16, 8, 8, 2
+    else:
+        D, H, Fi, Dt, Tn, L, Hc, N, W, R = 256, 8, 64, 128, 4, 32, 64, 16, 20, 4
+    return [
+        ("LSAM", f"hidden={D} heads={H}", lambda: LSAM(D, D, H), D),
+        ("LSAM bi", f"hidden={D} heads={H} bi", lambda: LSAM(D, D, H, bidirectional=True), D),
+        ("NAM-TM", f"in={Fi} hidden={Dt} tapes={Tn} L={L}",
+         lambda: NAMTuringMachine(Fi, Dt, num_tapes=Tn, tape_length=L), Fi),
+        ("DNC", f"LSTM {Hc}, memory {N}x{W}, {R} reads",
+         lambda: DNC(9, 8, memory_slots=N, word_size=W, read_heads=R, controller_size=Hc), 9),
+        ("NTM", f"LSTM {Hc}, memory {N}x{W}, 1 read 1 write",
+         lambda: NTM(9, 8, memory_slots=N, word_size=W, read_heads=1, write_heads=1, controller_size=Hc), 9),
+    ]
+
+
+def _count(build, Fi: int, B: int, T: int, device: torch.device) -> LaunchCounter:
+    torch.manual_seed(0)
+    model = build().to(device)
+    x = torch.randn(B, T, Fi, device=device)
+    return count_step(model, x, lambda x: model(x)[0], device)
+
+
+def run(quick: bool = False, *, batch: int = 4, length: int = 16, models: tuple[str, ...] | None = None,
+        device: str | torch.device = "cpu", tiny: bool = False, verbose: bool = False) -> dict[str, Any]:
+    """Count the launches of one training step of each recurrent memory (a bench result dict).
+
+    ``batch`` and ``length`` are B and T (T even: the marginal count also runs T/2); ``models``
+    picks rows by name (default: all); ``device``: ``cpu`` (CPU tensors down the CUDA code path)
+    or ``cuda`` (the real thing, for comparison on a GPU); ``quick``/``tiny``: small widths.
+    """
+    from ..ops.gpu import interpreting, triton_ok
+
+    if length < 2 or length % 2:
+        raise ValueError(f"`length` must be an even number >= 2 (the marginal count runs length/2), got {length}")
+    if batch < 1:
+        raise ValueError(f"`batch` must be >= 1, got {batch}")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("CUDA is not available on this machine (count the CUDA code path with device='cpu')")
+    table = _models(tiny or quick)
+    if models is not None:
+        known = [m[0] for m in table]
+        bad = [m for m in models if m not in known]
+        if bad:
+            raise ValueError(f"unknown model(s) {bad}; expected among {known}")
+        table = [m for m in table if m[0] in models]
+    rows = []
+    for name, cfg, build, Fi in table:
+        full = _count(build, Fi, batch, length, device)
+        half = _count(build, Fi, batch, length // 2, device)
+        a_step, t_step = full.totals()
+        a_half, t_half = half.totals()
+        row = {"model": name, "config": f"B={batch} T={length} {cfg}",
+               "aten_fwd": full.totals("fwd")[0], "aten_bwd": full.totals("bwd")[0],
+               "aten_opt": full.totals("opt")[0], "aten_step": a_step, "triton_step": t_step,
+               "launches_step": a_step + t_step,
+               "per_t": round((a_step + t_step) / length, 2),
+               "marginal_per_t": round(((a_step + t_step) - (a_half + t_half)) / (length // 2), 2),
+               "aten_per_t": round(a_step / length, 2),
+               "aten_marginal_per_t": round((a_step - a_half) / (length // 2), 2),
+               "triton_per_t": round(t_step / length, 2),
+               "triton_marginal_per_t": round((t_step - t_half) / (length // 2), 2),
+               "half": {"T": length // 2, "aten_step": a_half, "triton_step": t_half},
+               "top_aten_ops": dict(sum(full.aten.values(), collections.Counter()).most_common(12)),
+               "triton_kernels": dict(sum(full.triton.values(), collections.Counter()))}
+        rows.append(row)
+        if verbose:
+            print(f"[launches] {name:8s} {row['launches_step']:6d} per step, {row['per_t']:7.2f} per time step",
+                  flush=True)
+    tri = triton_ok() and interpreting() if device.type == "cpu" else triton_ok()
+    notes = [
+        f"one training step (forward, backward, Adam foreach) at B={batch}, T={length}, "
+        + ("CPU tensors down the CUDA code path (cuda_path, MEMNETS_NATIVE=0)" if device.type == "cpu"
+           else f"on {device}"),
+        "aten_*: ATen ops that launch a kernel (views, metadata ops and allocations excluded); "
+        "triton_step: Triton kernel launches; launches_step = aten_step + triton_step",
+        f"per_t = launches_step / T; marginal_per_t = (launches at T - launches at T/2) / (T/2)",
+        "Triton kernels: " + ("run (through the interpreter)" if tri and device.type == "cpu" else
+                              "run" if tri else "not run (triton missing, MEMNETS_TRITON=0 or TRITON_INTERPRET unset)"),
+    ]
+    return {"suite": "launches", "title": "Kernel launches of one training step (CUDA code path)",
+            "columns": COLUMNS, "rows": rows, "notes": notes, "batch": batch, "length": length,
+            "device": str(device), "triton_interpret": os.environ.get("TRITON_INTERPRET"),
+            "memnets_triton": os.environ.get("MEMNETS_TRITON"), "triton_used": bool(tri)}
