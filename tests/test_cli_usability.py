@@ -180,3 +180,24 @@ def test_report_defaults_into_the_runs_folder(tmp_path, capsys, monkeypatch):
     assert str(tmp_path / "runs" / "report.html") in capsys.readouterr().out
     assert a.parent == b.parent
     assert "/report.html" in (REPO / ".gitignore").read_text().split()
+
+
+# ----------------------------------------------------------------------------- names
+
+def test_nam_step_takes_initial_state_like_nam_scan_and_state_with_a_warning():
+    import torch
+
+    from memnets.ops import nam_scan, nam_step, unit
+
+    g = torch.Generator().manual_seed(0)
+    q, k = unit(torch.randn(2, 3, 2, 4, generator=g)), unit(torch.randn(2, 3, 2, 4, generator=g))
+    v, p = torch.randn(2, 3, 2, 4, generator=g), torch.rand(2, 3, 2, generator=g)
+    s0 = torch.randn(2, 2, 4, 4, generator=g)
+    out, s = nam_scan(q, k, v, p, p, initial_state=s0, impl="reference")
+    y, s1 = nam_step(q[:, 0], k[:, 0], v[:, 0], p[:, 0], p[:, 0], initial_state=s0)
+    torch.testing.assert_close(y, out[:, 0])
+    with pytest.warns(DeprecationWarning, match="initial_state"):
+        y_old, s_old = nam_step(q[:, 0], k[:, 0], v[:, 0], p[:, 0], p[:, 0], state=s0)
+    torch.testing.assert_close(s_old, s1)
+    with pytest.raises(TypeError, match="both"):
+        nam_step(q[:, 0], k[:, 0], v[:, 0], p[:, 0], p[:, 0], state=s0, initial_state=s0)

@@ -156,7 +156,7 @@ CASES = {
     "nam_step-validate-p_e": lambda p: ops.nam_step(t(2, 1, 4), t(2, 1, 4), t(2, 1, 4), 1.0, torch.full((2, 1), 3.0),
                                                     validate=True),
     "nam_step-state-shape": lambda p: ops.nam_step(t(2, 1, 4), t(2, 1, 4), t(2, 1, 4), 1.0, 1.0,
-                                                   state=t(2, 1, 4, 3)),
+                                                   initial_state=t(2, 1, 4, 3)),
     # ops.attention
     "nam_attention-rank": lambda p: ops.nam_attention(t(4), t(3, 4), t(3, 4)),
     "nam_attention-dk": lambda p: ops.nam_attention(t(2, 3, 4), t(2, 3, 5), t(2, 3, 4)),

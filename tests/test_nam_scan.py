@@ -89,7 +89,7 @@ def test_whole_equals_halves_equals_steps(impl):
     outs = []
     for t in range(50):
         y, state = nam_step(inp["q"][:, t], inp["k"][:, t], inp["v"][:, t], inp["p_w"][:, t],
-                            inp["p_e"][:, t], inp["p_r"][:, t], state=state)
+                            inp["p_e"][:, t], inp["p_r"][:, t], initial_state=state)
         outs.append(y)
     torch.testing.assert_close(torch.stack(outs, 1), o, rtol=0, atol=1e-10)
     torch.testing.assert_close(state, s, rtol=0, atol=1e-10)

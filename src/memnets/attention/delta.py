@@ -101,7 +101,7 @@ def fast_weight_step(
     phi = get_feature_map(feature_map)
     check_shape("k", k, ["B", "H", "dk"], [None] * 3)
     p_w, p_e = _write_probs(beta, update_rule, tuple(k.shape[:2]), k)
-    return nam_step(phi(q), phi(k), v, p_w, p_e, None, state=state)
+    return nam_step(phi(q), phi(k), v, p_w, p_e, None, initial_state=state)
 
 
 class DeltaAttentionState(NamedTuple):

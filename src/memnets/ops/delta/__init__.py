@@ -8,7 +8,7 @@ those reasons.
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Union
 
 import torch
 
@@ -233,17 +233,30 @@ def nam_step(
     p_e: Prob,
     p_r: Prob = None,
     *,
-    state: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
     validate: bool = False,
+    **deprecated: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of :func:`nam_scan` (recurrent decoding) with the same state layout.
 
     Args:
         q, k: ``[B, H, dk]``; v: ``[B, H, dv]``; p_w, p_e, p_r: ``[B, H]`` or floats.
-        state: ``[B, H, dv, dk]`` or ``None`` (zeros).
+        initial_state: the state before this token, ``[B, H, dv, dk]``, or ``None`` (zeros);
+            the keyword :func:`nam_scan` takes too (``state=``, its former name, still works
+            with a DeprecationWarning).
         validate: value checks as in :func:`nam_scan` (a device sync).
     Returns:
         ``(output [B, H, dv], new_state [B, H, dv, dk])``.
     """
-    pw, pe, pr, state, _ = _prepare(q, k, v, p_w, p_e, p_r, state, False, validate)
+    if deprecated:
+        if set(deprecated) != {"state"}:
+            raise TypeError(f"nam_step() got an unexpected keyword argument {next(k for k in deprecated if k != 'state')!r}")
+        if initial_state is not None:
+            raise TypeError("nam_step() got both initial_state= and its former name state=; pass initial_state= only")
+        import warnings
+
+        warnings.warn("nam_step(state=...) is now nam_step(initial_state=...), the keyword nam_scan takes",
+                      DeprecationWarning, stacklevel=2)
+        initial_state = deprecated["state"]
+    pw, pe, pr, state, _ = _prepare(q, k, v, p_w, p_e, p_r, initial_state, False, validate)
     return nam_step_reference(q, k, v, pw, pe, pr, state)
