@@ -4,6 +4,7 @@ base64 data URIs, inline CSS, no scripts; opens from disk without a server)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 __all__ = ["add_parser", "default_report_path"]
@@ -47,6 +48,42 @@ def _not_a_run(d: Path) -> str | None:
     return None
 
 
+def _bad_file(d: Path) -> str | None:
+    """The first of ``d``'s JSON files the report reads that does not parse, named in the error."""
+    for name in ("config.json", "results.json"):
+        f = d / name
+        if not f.is_file():
+            continue
+        try:
+            value = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            return f"cannot read {f}: {e}"
+        if not isinstance(value, dict):
+            return f"cannot read {f}: expected a JSON object, got {type(value).__name__}"
+    return None
+
+
+def _unreadable_lines(d: Path) -> int:
+    """How many non-empty lines of ``d/metrics.jsonl`` are not JSON objects (the curves skip them)."""
+    f = d / "metrics.jsonl"
+    if not f.is_file():
+        return 0
+    bad = 0
+    try:
+        text = f.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            ok = isinstance(json.loads(line), dict)
+        except ValueError:
+            ok = False
+        bad += not ok
+    return bad
+
+
 def _run(args) -> int:
     from ..viz.report import build_report
     from .main import UsageError
@@ -55,9 +92,14 @@ def _run(args) -> int:
     if missing:
         raise UsageError(f"not a directory: {', '.join(missing)}")
     for d in args.run_dirs:
-        problem = _not_a_run(Path(d))
+        problem = _not_a_run(Path(d)) or _bad_file(Path(d))
         if problem:  # checked before anything is written, so an existing report stays as it is
             raise UsageError(problem)
+    for d in args.run_dirs:
+        bad = _unreadable_lines(Path(d))
+        if bad:  # one warning per file, with the count
+            print(f"memnets report: warning: {Path(d) / 'metrics.jsonl'}: skipped {bad} unreadable "
+                  f"line{'s' if bad > 1 else ''}", file=sys.stderr)
     out = args.out or default_report_path(args.run_dirs)
     path = build_report(args.run_dirs, out, seed=args.task_sample, title=args.title)
     print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)")

@@ -40,9 +40,11 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
         if not line:
             continue
         try:
-            out.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line being written
+        if isinstance(record, dict):  # anything else is not a record
+            out.append(record)
     return out
 
 
