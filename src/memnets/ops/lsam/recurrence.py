@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from .._amp import float32_under_autocast
+from ..gpu import use_triton
+from ..gpu.lsam import LSAMRecurrenceTriton
 from . import loops as _loops
 
 __all__ = ["lsam_scan", "LSAMRecurrence"]
@@ -125,7 +127,8 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
     if dirs == 2:
         gx = torch.stack([gx[:, 0], gx[:, 1].flip(0)], dim=1)  # backward direction reversed in time
     M0 = memory.reshape(dirs * B * Hp, d, d)  # [N, d, d]
-    out, M = LSAMRecurrence.apply(gx.contiguous(), w_hh, M0, h.contiguous(), bool(compiled))
+    fn = LSAMRecurrenceTriton if use_triton(gx) else LSAMRecurrence  # Triton on CUDA (memnets.ops.gpu)
+    out, M = fn.apply(gx.contiguous(), w_hh, M0, h.contiguous(), bool(compiled))
     h_T = out[-1]  # [dirs, B, D']
     if dirs == 2:
         out = torch.cat([out[:, 0], out[:, 1].flip(0)], dim=-1)  # [T, B, 2D']
