@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-fla bench venv clean
+.PHONY: demo test test-slow test-fla test-triton bench venv clean
 
 venv: $(STAMP)
 
@@ -21,13 +21,33 @@ demo: $(STAMP)
 	$(BIN)/memnets demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" --timeout=600
+	$(BIN)/python -m pytest -q -m "not slow and not interpret" --timeout=600
 
 # The NAM -> fla mapping on fla's reference recurrences and, through Triton's interpreter, on
 # fla's own step-by-step kernels (CPU): installs the `gpu` extra (~300 MB of triton) and numpy.
 test-fla: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev,gpu]' numpy
 	$(BIN)/python -m pytest -q tests/test_nam_scan_fla.py tests/test_fla_interpret.py
+
+# Every Triton kernel of memnets (the recurrent memories' CUDA path) on CPU tensors through
+# Triton's interpreter, against the references in float32 and float64, plus the fla checks above.
+test-triton: test-fla
+	$(BIN)/python -m pytest -q -m "interpret and not slow" --timeout=1800
+
+# The C kernels (src/memnets/ops/_native) built with AddressSanitizer and UBSan, any finding
+# fatal, through the native tests and their edge cases (large and zero sizes, NaN, the cache):
+# it passes only when the sanitizers report nothing. Needs gcc or clang with their runtimes.
+SAN_CC     ?= $(or $(CC_SAN),gcc)
+SAN_FLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g
+SAN_CACHE  ?= build/sanitize-cache
+test-sanitize: $(STAMP)
+	@rm -rf $(SAN_CACHE)
+	CC=$(SAN_CC) MEMNETS_NATIVE_CFLAGS="$(SAN_FLAGS)" MEMNETS_CACHE=$(abspath $(SAN_CACHE)) \
+	LD_PRELOAD="$$($(SAN_CC) -print-file-name=libasan.so) $$($(SAN_CC) -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_hardening_native.py \
+		tests/test_hardening_nan.py
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
