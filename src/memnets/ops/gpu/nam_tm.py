@@ -87,24 +87,39 @@ def kernels(interpret: bool):
         m2 = mv[:, None] & mk[None, :]
         KV = K * V
         off2 = iv[:, None] * K + ik[None, :]  # S [V, K], row-major like initial_state
+        qb = q + b * sqb + h * sqh
+        kb = k + b * skb + h * skh
+        rb = b * T * H + h  # the row of step t: rb + t·H
         S = tl.load(S0 + n * KV + off2, mask=m2, other=0.0)
+        # each step's inputs are loaded one step ahead, while the step before computes
+        kk = tl.load(kb + ik, mask=mk, other=0.0)
+        qq = tl.load(qb + ik, mask=mk, other=0.0)
+        vv = tl.load(v + rb * V + iv, mask=mv, other=0.0)
+        p_w = tl.load(pw + rb)
+        p_e = tl.load(pe + rb)
+        if HAS_PR:
+            p_r = tl.load(pr + rb)
         for t in range(T):
+            row = rb + t * H
+            t1 = tl.minimum(t + 1, T - 1)
+            r1 = rb + t1 * H
+            kn = tl.load(kb + t1 * skt + ik, mask=mk, other=0.0)
+            qn = tl.load(qb + t1 * sqt + ik, mask=mk, other=0.0)
+            vn = tl.load(v + r1 * V + iv, mask=mv, other=0.0)
+            pwn = tl.load(pw + r1)
+            pen = tl.load(pe + r1)
             if (t % SEG == 0) & (t > 0):  # S_t, for the backward
                 tl.store(Sc + ((t // SEG) * NS + n) * KV + off2, S, mask=m2)
-            row = (b * T + t) * H + h
-            kk = tl.load(k + b * skb + t * skt + h * skh + ik, mask=mk, other=0.0)
-            qq = tl.load(q + b * sqb + t * sqt + h * sqh + ik, mask=mk, other=0.0)
-            vv = tl.load(v + row * V + iv, mask=mv, other=0.0)
-            p_w = tl.load(pw + row)
-            p_e = tl.load(pe + row)
             a = tl.sum(S * kk[None, :], 1)  # S k
             u = p_w * vv - p_e * a
             tl.store(U + row * V + iv, u, mask=mv)
             S = S + u[:, None] * kk[None, :]
             oo = tl.sum(S * qq[None, :], 1)  # S' q
             if HAS_PR:
-                oo = oo * tl.load(pr + row)
+                oo = oo * p_r
+                p_r = tl.load(pr + r1)
             tl.store(o + row * V + iv, oo, mask=mv)
+            kk, qq, vv, p_w, p_e = kn, qn, vn, pwn, pen
         tl.store(ST + n * KV + off2, S, mask=m2)
         tl.store(Sc + (((T + SEG - 1) // SEG) * NS + n) * KV + off2, S, mask=m2)
 
@@ -123,23 +138,39 @@ def kernels(interpret: bool):
         m2 = mv[:, None] & mk[None, :]
         KV = K * V
         off2 = iv[:, None] * K + ik[None, :]
+        qb = q + b * sqb + h * sqh
+        kb = k + b * skb + h * skh
+        rb = b * T * H + h
         dS = tl.load(gS + n * KV + off2, mask=m2, other=0.0)  # of S_T, then of S_t
         S = tl.load(Sc + (((T + SEG - 1) // SEG) * NS + n) * KV + off2, mask=m2, other=0.0)  # S_T
+        r0 = rb + (T - 1) * H  # the inputs of step T − 1; then each step's, one step ahead
+        kk = tl.load(kb + (T - 1) * skt + ik, mask=mk, other=0.0)
+        qq = tl.load(qb + (T - 1) * sqt + ik, mask=mk, other=0.0)
+        vv = tl.load(v + r0 * V + iv, mask=mv, other=0.0)
+        u = tl.load(U + r0 * V + iv, mask=mv, other=0.0)
+        g = tl.load(go + r0 * V + iv, mask=mv, other=0.0)
+        p_w = tl.load(pw + r0)
+        p_e = tl.load(pe + r0)
+        if HAS_PR:
+            p_r = tl.load(pr + r0)
         for tt in range(T):
             t = T - 1 - tt
+            row = rb + t * H
+            t1 = tl.maximum(t - 1, 0)
+            r1 = rb + t1 * H
+            kn = tl.load(kb + t1 * skt + ik, mask=mk, other=0.0)
+            qn = tl.load(qb + t1 * sqt + ik, mask=mk, other=0.0)
+            vn = tl.load(v + r1 * V + iv, mask=mv, other=0.0)
+            un = tl.load(U + r1 * V + iv, mask=mv, other=0.0)
+            gn = tl.load(go + r1 * V + iv, mask=mv, other=0.0)
+            pwn = tl.load(pw + r1)
+            pen = tl.load(pe + r1)
             if ((t + 1) % SEG == 0) & (t + 1 < T):  # S_{t+1}, saved: the walk back starts afresh
                 S = tl.load(Sc + (((t + 1) // SEG) * NS + n) * KV + off2, mask=m2, other=0.0)
-            row = (b * T + t) * H + h
-            kk = tl.load(k + b * skb + t * skt + h * skh + ik, mask=mk, other=0.0)
-            qq = tl.load(q + b * sqb + t * sqt + h * sqh + ik, mask=mk, other=0.0)
-            vv = tl.load(v + row * V + iv, mask=mv, other=0.0)
-            u = tl.load(U + row * V + iv, mask=mv, other=0.0)
-            g = tl.load(go + row * V + iv, mask=mv, other=0.0)
-            p_w = tl.load(pw + row)
-            p_e = tl.load(pe + row)
             if HAS_PR:  # o = p_r S' q
                 tl.store(dpr + row, tl.sum(g * tl.sum(S * qq[None, :], 1), 0))
-                g = g * tl.load(pr + row)
+                g = g * p_r
+                p_r = tl.load(pr + r1)
             dqq = tl.sum(S * g[:, None], 0)  # S'ᵀ dr
             dS = dS + g[:, None] * qq[None, :]
             du = tl.sum(dS * kk[None, :], 1)  # S' = S + u kᵀ
@@ -154,6 +185,7 @@ def kernels(interpret: bool):
             dkk = dkk + tl.sum(S * da[:, None], 0)
             tl.store(dq + row * K + ik, dqq, mask=mk)
             tl.store(dk + row * K + ik, dkk, mask=mk)
+            kk, qq, vv, u, g, p_w, p_e = kn, qn, vn, un, gn, pwn, pen
         tl.store(dS0 + n * KV + off2, dS, mask=m2)
 
     @triton.jit
@@ -179,26 +211,47 @@ def kernels(interpret: bool):
         h0 = b * h_b + i
         tl.store(Hs + h0 * 2 * L + il, hr, mask=ml)
         tl.store(Hs + h0 * 2 * L + L + il, hw, mask=ml)
+        # each step's inputs are loaded one step ahead, while the step before computes
+        sb = b * s_b + i  # the row of step t of act, q, k, p_w, p_e, U: sb + t·s_t
+        wa = act + sb * 2 * A
+        if PL >= 0:
+            lr = tl.load(wa + PL)
+            lw = tl.load(wa + A + PL)
+        if PN >= 0:
+            nr_ = tl.load(wa + PN)
+            nw_ = tl.load(wa + A + PN)
+        if PR >= 0:
+            rr = tl.load(wa + PR)
+            rw = tl.load(wa + A + PR)
         if PJ >= 0:
+            jr = tl.load(wa + PJ)
+            jw = tl.load(wa + A + PJ)
             ic = tl.arange(0, BC)
             mc = ic < C
             m2 = mc[:, None] & ml[None, :]
             LC = L * C
             off2 = ic[:, None] * L + il[None, :]  # K [C, L], row-major like key_tape
             Kt = tl.load(K0 + n * LC + off2, mask=m2, other=0.0)
+            kk = tl.load(k + sb * C + ic, mask=mc, other=0.0)
+            qq = tl.load(q + sb * C + ic, mask=mc, other=0.0)
+            p_w = tl.load(pw + sb)
+            p_e = tl.load(pe + sb)
         for t in range(T):
-            srow = b * s_b + t * s_t + i  # the step's row of act, q, k, p_w, p_e, U
-            wa = act + srow * 2 * A
+            srow = sb + t * s_t
+            s1 = sb + tl.minimum(t + 1, T - 1) * s_t
+            wa1 = act + s1 * 2 * A
+            nr = hr * 0.0
+            nw = hw * 0.0
             if PJ >= 0:
+                kn = tl.load(k + s1 * C + ic, mask=mc, other=0.0)
+                qn = tl.load(q + s1 * C + ic, mask=mc, other=0.0)
+                pwn = tl.load(pw + s1)
+                pen = tl.load(pe + s1)
                 if (t % SEG == 0) & (t > 0):  # K_t, for the backward
                     tl.store(Kc + ((t // SEG) * NS + n) * LC + off2, Kt, mask=m2)
                 hk = hw
                 if UNIT_KEYS:  # μ(H_w) = H_w / max(‖H_w‖, eps)
                     hk = hw / tl.maximum(tl.sqrt(tl.sum(hw * hw, 0)), 1e-6)
-                kk = tl.load(k + srow * C + ic, mask=mc, other=0.0)
-                qq = tl.load(q + srow * C + ic, mask=mc, other=0.0)
-                p_w = tl.load(pw + srow)
-                p_e = tl.load(pe + srow)
                 if TRANSPOSED:  # a = Kᵀ k; w = p_w h − p_e a; K' = K + k wᵀ
                     a = tl.sum(Kt * kk[:, None], 0)
                     w = p_w * hk - p_e * a
@@ -210,20 +263,26 @@ def kernels(interpret: bool):
                     tl.store(U + srow * C + ic, u, mask=mc)
                     Kt = Kt + u[:, None] * hk[None, :]
                 j = tl.sum(Kt * qq[:, None], 0)  # K'ᵀ q
-            nr = hr * 0.0
-            nw = hw * 0.0
+                nr += jr * j
+                nw += jw * j
+                jr = tl.load(wa1 + PJ)
+                jw = tl.load(wa1 + A + PJ)
+                kk, qq, p_w, p_e = kn, qn, pwn, pen
             if PL >= 0:
-                nr += tl.load(wa + PL) * tl.sum(SL * hr[None, :], 1)
-                nw += tl.load(wa + A + PL) * tl.sum(SL * hw[None, :], 1)
+                nr += lr * tl.sum(SL * hr[None, :], 1)
+                nw += lw * tl.sum(SL * hw[None, :], 1)
+                lr = tl.load(wa1 + PL)
+                lw = tl.load(wa1 + A + PL)
             if PN >= 0:
-                nr += tl.load(wa + PN) * hr
-                nw += tl.load(wa + A + PN) * hw
+                nr += nr_ * hr
+                nw += nw_ * hw
+                nr_ = tl.load(wa1 + PN)
+                nw_ = tl.load(wa1 + A + PN)
             if PR >= 0:
-                nr += tl.load(wa + PR) * tl.sum(SR * hr[None, :], 1)
-                nw += tl.load(wa + A + PR) * tl.sum(SR * hw[None, :], 1)
-            if PJ >= 0:
-                nr += tl.load(wa + PJ) * j
-                nw += tl.load(wa + A + PJ) * j
+                nr += rr * tl.sum(SR * hr[None, :], 1)
+                nw += rw * tl.sum(SR * hw[None, :], 1)
+                rr = tl.load(wa1 + PR)
+                rw = tl.load(wa1 + A + PR)
             hr = nr
             hw = nw
             hrow = b * h_b + (t + 1) * h_t + i
@@ -250,10 +309,31 @@ def kernels(interpret: bool):
         valid = (lo < L) & (hi < L)
         SL = tl.where(valid & (hi == (lo + 1) % L), 1.0, 0.0)
         SR = tl.where(valid & (hi == (lo + L - 1) % L), 1.0, 0.0)
-        hT = b * h_b + T * h_t + i
+        sb = b * s_b + i
+        hb = b * h_b + i  # the row of H_t: hb + t·h_t
+        hT = hb + T * h_t
         dnr = tl.load(gH + hT * 2 * L + il, mask=ml, other=0.0)  # of H_{t+1} (read, write)
         dnw = tl.load(gH + hT * 2 * L + L + il, mask=ml, other=0.0)
+        # the inputs of step T − 1; then each step's, one step ahead
+        s0 = sb + (T - 1) * s_t
+        h0 = hb + (T - 1) * h_t
+        hr = tl.load(Hs + h0 * 2 * L + il, mask=ml, other=0.0)
+        hw = tl.load(Hs + h0 * 2 * L + L + il, mask=ml, other=0.0)
+        gr = tl.load(gH + h0 * 2 * L + il, mask=ml, other=0.0)
+        gw = tl.load(gH + h0 * 2 * L + L + il, mask=ml, other=0.0)
+        wa = act + s0 * 2 * A
+        if PL >= 0:
+            lr = tl.load(wa + PL)
+            lw = tl.load(wa + A + PL)
+        if PN >= 0:
+            nr_ = tl.load(wa + PN)
+            nw_ = tl.load(wa + A + PN)
+        if PR >= 0:
+            rr = tl.load(wa + PR)
+            rw = tl.load(wa + A + PR)
         if PJ >= 0:
+            jr = tl.load(wa + PJ)
+            jw = tl.load(wa + A + PJ)
             ic = tl.arange(0, BC)
             mc = ic < C
             m2 = mc[:, None] & ml[None, :]
@@ -261,46 +341,70 @@ def kernels(interpret: bool):
             off2 = ic[:, None] * L + il[None, :]
             dK = tl.load(gK + n * LC + off2, mask=m2, other=0.0)  # of K_T, then of K_t
             Kt = tl.load(Kc + (((T + SEG - 1) // SEG) * NS + n) * LC + off2, mask=m2, other=0.0)  # K_T
+            kk = tl.load(k + s0 * C + ic, mask=mc, other=0.0)
+            qq = tl.load(q + s0 * C + ic, mask=mc, other=0.0)
+            p_w = tl.load(pw + s0)
+            p_e = tl.load(pe + s0)
+            if TRANSPOSED:
+                uu = tl.load(U + s0 * L + il, mask=ml, other=0.0)
+            else:
+                uu = tl.load(U + s0 * C + ic, mask=mc, other=0.0)
         for tt in range(T):
             t = T - 1 - tt
-            srow = b * s_b + t * s_t + i
-            hrow = b * h_b + t * h_t + i
-            wa = act + srow * 2 * A
+            srow = sb + t * s_t
+            t1 = tl.maximum(t - 1, 0)
+            s1 = sb + t1 * s_t
+            h1 = hb + t1 * h_t
+            wa1 = act + s1 * 2 * A
             da_ = dact + srow * 2 * A
-            hr = tl.load(Hs + hrow * 2 * L + il, mask=ml, other=0.0)
-            hw = tl.load(Hs + hrow * 2 * L + L + il, mask=ml, other=0.0)
-            dr = tl.load(gH + hrow * 2 * L + il, mask=ml, other=0.0)  # gH_t + Σ_a act_a move_aᵀ(dH_{t+1})
-            dw = tl.load(gH + hrow * 2 * L + L + il, mask=ml, other=0.0)
+            hrn = tl.load(Hs + h1 * 2 * L + il, mask=ml, other=0.0)
+            hwn = tl.load(Hs + h1 * 2 * L + L + il, mask=ml, other=0.0)
+            grn = tl.load(gH + h1 * 2 * L + il, mask=ml, other=0.0)
+            gwn = tl.load(gH + h1 * 2 * L + L + il, mask=ml, other=0.0)
+            dr = gr  # gH_t + Σ_a act_a move_aᵀ(dH_{t+1}) (+ the key tape's part)
+            dw = gw
             if PL >= 0:  # the gradient of act: <move_a(H), dH'> = <H, move_aᵀ(dH')>; LEFTᵀ = RIGHT
                 tr = tl.sum(SL * dnr[:, None], 0)
                 tw = tl.sum(SL * dnw[:, None], 0)
                 tl.store(da_ + PL, tl.sum(hr * tr, 0))
                 tl.store(da_ + A + PL, tl.sum(hw * tw, 0))
-                dr += tl.load(wa + PL) * tr
-                dw += tl.load(wa + A + PL) * tw
+                dr += lr * tr
+                dw += lw * tw
+                lr = tl.load(wa1 + PL)
+                lw = tl.load(wa1 + A + PL)
             if PN >= 0:
                 tl.store(da_ + PN, tl.sum(hr * dnr, 0))
                 tl.store(da_ + A + PN, tl.sum(hw * dnw, 0))
-                dr += tl.load(wa + PN) * dnr
-                dw += tl.load(wa + A + PN) * dnw
+                dr += nr_ * dnr
+                dw += nw_ * dnw
+                nr_ = tl.load(wa1 + PN)
+                nw_ = tl.load(wa1 + A + PN)
             if PR >= 0:
                 tr = tl.sum(SR * dnr[:, None], 0)
                 tw = tl.sum(SR * dnw[:, None], 0)
                 tl.store(da_ + PR, tl.sum(hr * tr, 0))
                 tl.store(da_ + A + PR, tl.sum(hw * tw, 0))
-                dr += tl.load(wa + PR) * tr
-                dw += tl.load(wa + A + PR) * tw
+                dr += rr * tr
+                dw += rw * tw
+                rr = tl.load(wa1 + PR)
+                rw = tl.load(wa1 + A + PR)
             if PJ >= 0:
+                kn = tl.load(k + s1 * C + ic, mask=mc, other=0.0)
+                qn = tl.load(q + s1 * C + ic, mask=mc, other=0.0)
+                pwn = tl.load(pw + s1)
+                pen = tl.load(pe + s1)
+                if TRANSPOSED:
+                    un = tl.load(U + s1 * L + il, mask=ml, other=0.0)
+                else:
+                    un = tl.load(U + s1 * C + ic, mask=mc, other=0.0)
                 if ((t + 1) % SEG == 0) & (t + 1 < T):  # K_{t+1}, saved
                     Kt = tl.load(Kc + (((t + 1) // SEG) * NS + n) * LC + off2, mask=m2, other=0.0)
-                kk = tl.load(k + srow * C + ic, mask=mc, other=0.0)
-                qq = tl.load(q + srow * C + ic, mask=mc, other=0.0)
-                p_w = tl.load(pw + srow)
-                p_e = tl.load(pe + srow)
                 j = tl.sum(Kt * qq[:, None], 0)  # K_{t+1}ᵀ q
                 tl.store(da_ + PJ, tl.sum(j * dnr, 0))
                 tl.store(da_ + A + PJ, tl.sum(j * dnw, 0))
-                dj = tl.load(wa + PJ) * dnr + tl.load(wa + A + PJ) * dnw
+                dj = jr * dnr + jw * dnw
+                jr = tl.load(wa1 + PJ)
+                jw = tl.load(wa1 + A + PJ)
                 tl.store(dq + srow * C + ic, tl.sum(Kt * dj[None, :], 1), mask=mc)
                 dK = dK + qq[:, None] * dj[None, :]
                 hk = hw
@@ -309,10 +413,9 @@ def kernels(interpret: bool):
                     den = tl.maximum(nrm, 1e-6)
                     hk = hw / den
                 if TRANSPOSED:  # K' = K + k wᵀ, w = p_w h − p_e a, a = Kᵀ k
-                    w = tl.load(U + srow * L + il, mask=ml, other=0.0)
-                    dkk = tl.sum(dK * w[None, :], 1)
+                    dkk = tl.sum(dK * uu[None, :], 1)
                     dwv = tl.sum(dK * kk[:, None], 0)
-                    Kt = Kt - kk[:, None] * w[None, :]  # K_t
+                    Kt = Kt - kk[:, None] * uu[None, :]  # K_t
                     a = tl.sum(Kt * kk[:, None], 0)
                     dhk = p_w * dwv
                     tl.store(dpw + srow, tl.sum(hk * dwv, 0))
@@ -321,10 +424,9 @@ def kernels(interpret: bool):
                     dK = dK + kk[:, None] * dav[None, :]
                     dkk = dkk + tl.sum(Kt * dav[None, :], 1)
                 else:  # K' = K + u hᵀ, u = p_w k − p_e a, a = K h
-                    u = tl.load(U + srow * C + ic, mask=mc, other=0.0)
                     du = tl.sum(dK * hk[None, :], 1)
-                    dhk = tl.sum(dK * u[:, None], 0)
-                    Kt = Kt - u[:, None] * hk[None, :]  # K_t
+                    dhk = tl.sum(dK * uu[:, None], 0)
+                    Kt = Kt - uu[:, None] * hk[None, :]  # K_t
                     a = tl.sum(Kt * hk[None, :], 1)
                     dkk = p_w * du
                     tl.store(dpw + srow, tl.sum(kk * du, 0))
@@ -338,8 +440,10 @@ def kernels(interpret: bool):
                     dw += (dhk - hk * s) / den
                 else:
                     dw += dhk
+                kk, qq, p_w, p_e, uu = kn, qn, pwn, pen, un
             dnr = dr
             dnw = dw
+            hr, hw, gr, gw = hrn, hwn, grn, gwn
         tl.store(dH0 + n * 2 * L + il, dnr, mask=ml)
         tl.store(dH0 + n * 2 * L + L + il, dnw, mask=ml)
         if PJ >= 0:
