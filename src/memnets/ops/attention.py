@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_positive_int, check_tensor
+from .gpu import attention as _gpu_attention
 from .nam import unit
 from .varlen import attention_varlen, check_cu_seqlens, same_sequence_mask
 
@@ -176,6 +177,10 @@ def nam_attention(
       int32/int64 tensor of offsets ``[0, l₁, l₁ + l₂, …, T]``. Each sequence attends only to
       itself, causal or not: the output equals running each sequence alone (the bidirectional
       form uses each sequence's own summary ``μ(K)ᵀV``). Bad offsets raise ValueError.
+
+    On CUDA, causal attention on ``[B, H, S, D]`` bfloat16/float16 inputs (head dims up to 256)
+    runs flash-linear-attention's chunked kernel where it is installed
+    (:mod:`memnets.ops.gpu.attention`); elsewhere the chunked PyTorch form.
     """
     fn = "nam_attention"
     causal = _sdpa_keywords(fn, attn_mask, dropout_p, is_causal, causal)
@@ -195,6 +200,8 @@ def nam_attention(
             f"nam_attention: causal=True expects query and key of the same length, "
             f"got L={query.shape[-2]} and S={key.shape[-2]}"
         )
+    if _gpu_attention.use_fla_attention(qn, kn, value):  # CUDA, half precision: fla's chunked kernel
+        return _gpu_attention.nam_attention_fla(qn, kn, value)
     return _causal_chunked(qn, kn, value, chunk_size)
 
 
