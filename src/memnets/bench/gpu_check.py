@@ -421,9 +421,9 @@ def _env(device: torch.device) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------------- run
-def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = True, tests_timeout: float = 200.0,
+def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = True, tests_timeout: float = 180.0,
         tests_k: str | None = None, with_compile: bool = False, bench_seconds: float = 150.0,
-        total_seconds: float = 450.0, sections: tuple[str, ...] = tuple(SECTIONS), wheels: str | Path | None = None,
+        total_seconds: float = 400.0, sections: tuple[str, ...] = tuple(SECTIONS), wheels: str | Path | None = None,
         verbose: bool = True) -> dict[str, Any]:
     """The GPU check (see the module's doc); returns the result written to ``out``/gpu-check.json.
 
@@ -506,13 +506,13 @@ def main(argv: list[str] | None = None) -> int:
                    "(also written to $OUT when set; default out/gpu-check)")
     p.add_argument("--cpu", action="store_true", help="dry run on the CPU at tiny sizes (not a measurement)")
     p.add_argument("--no-tests", action="store_true", help="skip the CUDA tests")
-    p.add_argument("--tests-timeout", type=float, default=200.0, help="wall-time limit of the CUDA tests (s)")
+    p.add_argument("--tests-timeout", type=float, default=180.0, help="wall-time limit of the CUDA tests (s)")
     p.add_argument("--tests-k", default=None, help="pytest -k selection of the CUDA tests (default: the CUDA "
                    "variants, compile tests left out)")
     p.add_argument("--with-compile", action="store_true", help="also run the torch.compile CUDA tests (minutes)")
     p.add_argument("--bench-seconds", type=float, default=150.0,
                    help="budget of the bench's timed repeats (first calls and warm-ups not counted)")
-    p.add_argument("--total-seconds", type=float, default=450.0, help="no bench row starts after this")
+    p.add_argument("--total-seconds", type=float, default=400.0, help="no bench row starts after this")
     p.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
     p.add_argument("--wheels", default="wheels", help="install the *.whl of this folder first, without network "
                    "(default wheels/; none there is fine; '' to skip)")
