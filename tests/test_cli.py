@@ -14,7 +14,7 @@ batch_size = 16
 threads = 1
 
 [model]
-backbone = "lstm"
+backbone = "bilstm"
 d_model = 16
 options = { num_layers = 1 }
 

@@ -201,3 +201,45 @@ def test_nam_step_takes_initial_state_like_nam_scan_and_state_with_a_warning():
     torch.testing.assert_close(s_old, s1)
     with pytest.raises(TypeError, match="both"):
         nam_step(q[:, 0], k[:, 0], v[:, 0], p[:, 0], p[:, 0], state=s0, initial_state=s0)
+
+
+def test_backbones_have_names_that_match_their_labels_and_old_names_still_work(tmp_path, capsys):
+    from memnets.models.seq import BACKBONES, SequenceTaskModel
+    from memnets.train import load_config
+
+    assert BACKBONES["bilstm"][3] == "biLSTM" and BACKBONES["lsam_stack"][3] == "LSAM (stack)"
+    assert "lstm" not in BACKBONES and "lsam" not in BACKBONES
+    assert load_config("cpu/reduce-lstm").model.backbone == "bilstm"  # the presets use the new names
+    with pytest.warns(FutureWarning, match="'lstm' is now named 'bilstm'"):
+        cfg = load_config("cpu/reduce-transformer", ["model.backbone=lstm", "model.options={num_layers = 1}"])
+    assert cfg.model.backbone == "bilstm"
+    with pytest.warns(FutureWarning, match="'lsam_stack'"):
+        assert SequenceTaskModel("lsam", d_model=16, num_heads=2).backbone_name == "lsam_stack"
+    # a run recorded under a former name is still labelled by what it is
+    d = _run_dir(tmp_path, "old", 0, 0.5)
+    res = json.loads((d / "results.json").read_text())
+    (d / "results.json").write_text(json.dumps({**res, "backbone": "lstm"}))
+    assert main(["table", str(d)]) == 0
+    assert "| biLSTM |" in capsys.readouterr().out
+
+
+def test_renamed_preset_still_loads_with_a_warning():
+    from memnets.train import load_config
+    from memnets.train.config import list_presets
+
+    assert not [p for p in list_presets() if p.endswith("-nam-nam") or p.endswith("-9000-nam")]
+    with pytest.warns(FutureWarning, match="now named 'lra/listops-2000-nam-9000'"):
+        old = load_config("lra/listops-2000-nam-9000-nam")
+    assert old == load_config("lra/listops-2000-nam-9000")
+    assert not [p for p in list_presets() if "(was " in load_config(p).description]
+
+
+def test_time_limit_help_says_it_stops_inside_an_epoch(tmp_path, capsys):
+    from memnets.train.config import describe_keys
+
+    help_text = next(h for k, _, _, h in describe_keys() if k == "time_limit_min")
+    assert "inside an epoch" in help_text
+    run = tmp_path / "run"
+    assert main(["train", "cpu/reduce-lstm", *SMALL, "time_limit_min=1e-9", "--run-dir", str(run), "--quiet"]) == 0
+    res = json.loads((run / "results.json").read_text())
+    assert res["steps"] == 1 and res["stopped_by_time_limit"] and res["best_epoch"] < 1

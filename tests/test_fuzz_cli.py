@@ -114,7 +114,7 @@ def test_random_overrides_load_or_config_error(pairs, noeq):
 
 TOML_LINES = st.one_of(
     st.tuples(st.sampled_from([k for k in KEYS if "." not in k] + ["zz"]), TOML_LITERALS).map(lambda kv: f"{kv[0]} = {kv[1]}"),
-    st.sampled_from(["[model]", "[task]", "[optim]", "[schedule]", "[zz]", "[[model]]", "backbone = \"lstm\"",
+    st.sampled_from(["[model]", "[task]", "[optim]", "[schedule]", "[zz]", "[[model]]", "backbone = \"bilstm\"",
                      "lr = 0.1", "options = { num_layers = 1 }", "splits = { id = [1, 2] }", "kind = \"zz\""]),
     st.text(_alphabet, max_size=20),
 )
@@ -162,7 +162,7 @@ def test_python_dash_m_usage_error_has_no_traceback(tmp_path):
 @pytest.mark.parametrize("device", ["tpu", "cuda:99" if __import__("torch").cuda.is_available() else "cuda"])
 def test_unusable_device_is_a_usage_error(device, tmp_path, capsys):
     cfg = tmp_path / "tiny.toml"
-    cfg.write_text('epochs = 1\nbatch_size = 4\n[task]\ntrain_size = 8\neval_size = 4\n[model]\nbackbone = "lstm"\n'
+    cfg.write_text('epochs = 1\nbatch_size = 4\n[task]\ntrain_size = 8\neval_size = 4\n[model]\nbackbone = "bilstm"\n'
                    "d_model = 8\n")
     try:
         rc = _run(["train", str(cfg), f"device={device}", "--run-dir", str(tmp_path / "run"), "--quiet"], capsys)

@@ -34,7 +34,7 @@ checkpoint_every = 1
 eval_every = 1
 threads = 1
 [model]
-backbone = "lstm"
+backbone = "bilstm"
 d_model = 8
 options = { num_layers = 1 }
 [task]

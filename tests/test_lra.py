@@ -75,7 +75,7 @@ def test_presets_reproduce_the_experiment_presets():
             a.task.options["max_len"], a.model.options["pool"]) == (512, 4, 8, 2048, 4000, "cls")
     b = load_config("lra/listops-paper-softmax")
     assert (b.model.options["ffn"], b.task.options["max_len"], b.max_steps, b.batch_size) == (1024, 2000, 5000, 32)
-    c = load_config("lra/listops-nam-authors-gpu-nam")
+    c = load_config("lra/listops-nam-authors-gpu")
     assert (c.schedule.kind, c.schedule.warmup_steps, c.optim.weight_decay, c.optim.lr) == ("rsqrt", 16000, 0.01, 3.95e-4)
     assert c.device == "cuda" and c.max_steps == 80000 and c.model.options["dropout"] == 0.1
     d = load_config("lra/listops-2000-softmax")

@@ -22,7 +22,7 @@ checkpoint_every = 3
 threads = 1
 
 [model]
-backbone = "lstm"
+backbone = "bilstm"
 d_model = 16
 options = { num_layers = 1 }
 

@@ -6,7 +6,7 @@ from memnets.models.seq import SequenceTaskModel
 
 
 def test_default_head_is_one_linear():
-    m = SequenceTaskModel("lstm", d_model=16, num_layers=1)
+    m = SequenceTaskModel("bilstm", d_model=16, num_layers=1)
     assert isinstance(m.head, torch.nn.Linear)
     assert {k for k in m.state_dict() if k.startswith("head.")} == {"head.weight", "head.bias"}
 
@@ -27,7 +27,7 @@ def test_mlp_head_shapes_and_nonlinearity():
 @pytest.mark.parametrize("kw", [{"head": "conv"}, {"head": "mlp", "head_dropout": 1.0}])
 def test_bad_head_options(kw):
     with pytest.raises(ValueError):
-        SequenceTaskModel("lstm", d_model=16, num_layers=1, **kw)
+        SequenceTaskModel("bilstm", d_model=16, num_layers=1, **kw)
 
 
 def test_head_option_through_run_config():

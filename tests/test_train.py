@@ -17,7 +17,7 @@ from memnets.train.data import batch_indices, epoch_order, eval_splits, train_ep
 
 def tiny_config(**kw) -> RunConfig:
     base = dict(name="tiny", epochs=2, batch_size=16, log_every=2, threads=1,
-                model=ModelConfig("lstm", 16, {"num_layers": 1}),
+                model=ModelConfig("bilstm", 16, {"num_layers": 1}),
                 task=TaskConfig(name="reduce", train_digits=(1, 4), train_size=64, eval_size=32,
                                 splits={"id": (2, 4), "od_easy": (5, 6), "od_hard": (7, 8)}),
                 optim=OptimConfig(lr=3e-3))
@@ -35,9 +35,9 @@ def test_defaults_are_the_papers():
 
 def test_overrides_are_typed():
     cfg = apply_overrides(RunConfig(), ["optim.lr=3e-4", "epochs=7", "task.splits.id=[2, 3]",
-                                        "model.options.num_heads=2", "model.backbone=lstm", "tensorboard=true"])
+                                        "model.options.num_heads=2", "model.backbone=bilstm", "tensorboard=true"])
     assert cfg.optim.lr == 3e-4 and cfg.epochs == 7 and cfg.task.splits["id"] == (2, 3)
-    assert cfg.model.options == {"num_heads": 2} and cfg.model.backbone == "lstm" and cfg.tensorboard is True
+    assert cfg.model.options == {"num_heads": 2} and cfg.model.backbone == "bilstm" and cfg.tensorboard is True
     assert isinstance(apply_overrides(RunConfig(), ["optim.lr=1"]).optim.lr, float)  # int accepted as float
     with pytest.raises(ConfigError, match="expected an integer"):
         apply_overrides(RunConfig(), ["epochs=2.5"])
@@ -66,7 +66,7 @@ def test_presets_load_and_roundtrip(tmp_path):
     nojmp = load_config("paper/palindrome-nam_tm_nojmp")
     assert nojmp.model.backbone == "nam_tm_nojmp" and nojmp.epochs == 200
     f = tmp_path / "mine.toml"
-    f.write_text('epochs = 3\n[model]\nbackbone = "lstm"\n')
+    f.write_text('epochs = 3\n[model]\nbackbone = "bilstm"\n')
     cfg = load_config(str(f), ["seed=5"])
     assert cfg.name == "mine" and cfg.epochs == 3 and cfg.seed == 5
     with pytest.raises(ConfigError, match="did you mean"):
@@ -281,7 +281,7 @@ def test_huge_learning_rate_gives_non_finite_error_from_the_cli(tmp_path, capsys
     from memnets.cli.main import main
 
     cfg = tmp_path / "tiny.toml"
-    cfg.write_text('name = "big-lr"\nepochs = 1\nbatch_size = 16\nthreads = 1\n[model]\nbackbone = "lstm"\n'
+    cfg.write_text('name = "big-lr"\nepochs = 1\nbatch_size = 16\nthreads = 1\n[model]\nbackbone = "bilstm"\n'
                    'd_model = 8\noptions = { num_layers = 1 }\n[task]\nname = "reduce"\ntrain_digits = [1, 3]\n'
                    "train_size = 64\neval_size = 8\nsplits = { id = [2, 3], od_easy = [4, 4], od_hard = [5, 5] }\n"
                    "[optim]\ngrad_clip = 0.0\n")

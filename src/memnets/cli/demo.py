@@ -440,7 +440,7 @@ def _run(args) -> int:
     results, dirs = [], []
     for cfg in cfgs:
         name = _label(cfg.model.backbone)
-        if cfg.model.backbone == "lstm":
+        if cfg.model.backbone == "bilstm":
             print(f"  {cfg.description}", flush=True)
         d = out / cfg.name
         t1 = time.perf_counter()

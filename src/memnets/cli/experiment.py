@@ -34,8 +34,8 @@ ALIASES: dict[tuple[str, str | None], tuple[str, ...]] = {
     **{("lra", p): tuple(f"lra/{p}-{k}" for k in _LRA_KINDS)
        for p in ("listops-200", "listops-2000", "listops-2000-gpu", "text-1000", "text-1000-4000", "listops-paper",
                  "text-paper")},
-    ("lra", "listops-2000-nam-9000"): ("lra/listops-2000-nam-9000-nam",),
-    ("lra", "listops-nam-authors-gpu"): ("lra/listops-nam-authors-gpu-nam",),
+    ("lra", "listops-2000-nam-9000"): ("lra/listops-2000-nam-9000",),
+    ("lra", "listops-nam-authors-gpu"): ("lra/listops-nam-authors-gpu",),
     ("babi-memn2n", None): ("babi/memn2n-task1",),
     ("babi-memn2n", "task1"): ("babi/memn2n-task1",),
     ("babi-memn2n", "joint"): ("babi/memn2n-joint",),
@@ -185,7 +185,7 @@ def _run_aliases(target: str, name: str, preset: str | None, extra: list[str]) -
 def add_parser(sub) -> None:
     import argparse
 
-    p = sub.add_parser("experiment", help="run a documented learning experiment (bAbI, Omniglot, LRA, NTM copy)",
+    p = sub.add_parser("experiment", help="the runs behind one documented result (bAbI, Omniglot, LRA, NTM copy), one after the other",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", nargs="?", metavar="NAME[/PRESET]",
                    help="experiment, optionally with a preset: the train presets of a documented run (see --list)")

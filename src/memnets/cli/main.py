@@ -18,6 +18,14 @@ SUBCOMMANDS = (
 )
 
 
+JOBS = """which command for which job:
+  train       one run: one model, one task, one seed, from a preset or a TOML file
+  experiment  the runs behind one documented result (docs/results.md), one after the other
+  suite       a grid of presets x seeds as resumable runs, then their tables
+  eval, table, viz, report    a finished run: its scores, the tables of several, figures, one HTML page
+first run and where to go next: README.md ("A first run") and docs/index.md"""
+
+
 class UsageError(Exception):
     """Raised by subcommands for bad user input; printed without a traceback, exit 2."""
 
@@ -38,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="memnets",
         description="Differentiable neural memories: train, evaluate, benchmark, visualise.",
+        epilog=JOBS, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"memnets {ver}",
                         help="print the installed version and exit")
@@ -102,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         # answered before the subcommands (and torch, which some of them import) are loaded
         print(f"memnets {_version()}")
         raise SystemExit(0)  # as argparse's version action does
+    import warnings
+
+    # a warning for the user (a renamed preset or backbone) reads as one line, not as a source location
+    warnings.formatwarning = lambda message, category, *a, **k: f"memnets: {category.__name__}: {message}\n"
     parser = build_parser()
     args = _parse(parser, argv)
     if getattr(args, "device_override", None):

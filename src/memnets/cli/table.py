@@ -58,9 +58,10 @@ def _params(n: int) -> str:
 
 
 def _label(res: dict) -> str:
-    from ..models.seq import BACKBONES
+    from ..models.seq import BACKBONES, canonical_backbone
 
-    return BACKBONES.get(res.get("backbone", ""), (None, None, None, res.get("backbone", "?")))[3]
+    name = canonical_backbone(str(res.get("backbone", "")), warn=False)  # a run of a former name too
+    return BACKBONES.get(name, (None, None, None, res.get("backbone", "?")))[3]
 
 
 def format_table1(results: list[dict], metric: str = "seq_acc") -> str:

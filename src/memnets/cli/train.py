@@ -24,7 +24,8 @@ presets: `memnets configs ls`; runs under torchrun use DistributedDataParallel."
 def add_parser(sub) -> None:
     import argparse
 
-    p = sub.add_parser("train", help="train a model from a preset or TOML config", description=__doc__,
+    p = sub.add_parser("train", help="one run: train one model on one task with one seed, from a preset or TOML file",
+                       description=__doc__,
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="preset name (see `memnets configs ls`) or path to a .toml file")
     p.add_argument("overrides", nargs="*", metavar="key=value",

@@ -18,7 +18,8 @@ from .._checks import check_tensor
 from ..registry import register_model
 from ..ops._amp import run_rnn
 
-__all__ = ["SequenceTaskModel", "BACKBONES", "SIZES", "backbone_available", "build_backbone"]
+__all__ = ["SequenceTaskModel", "BACKBONES", "SIZES", "RENAMED_BACKBONES", "backbone_available", "build_backbone",
+           "canonical_backbone"]
 
 
 def _kw(**fixed: Any) -> Callable[[int, dict], dict]:
@@ -34,7 +35,7 @@ def _kw(**fixed: Any) -> Callable[[int, dict], dict]:
 
 # name -> (module, class, kwargs builder, paper column label)
 BACKBONES: dict[str, tuple[str, str, Callable[[int, dict], dict], str]] = {
-    "lsam": ("memnets.memories.lsam", "LSAM", _kw(input_size="@d", hidden_size="@d"), "LSAM (stack)"),
+    "lsam_stack": ("memnets.memories.lsam", "LSAM", _kw(input_size="@d", hidden_size="@d"), "LSAM (stack)"),
     "lsam_encdec": ("memnets.models.lsam_seq2seq", "LSAMEncoderDecoder", _kw(d_model="@d"), "LSAM"),
     "nam_tm": ("memnets.memories.nam_tm", "NAMTuringMachine", _kw(input_size="@d", hidden_size="@d"), "NAM-TM"),
     "nam_tm_nojmp": ("memnets.memories.nam_tm", "NAMTuringMachine",
@@ -44,13 +45,43 @@ BACKBONES: dict[str, tuple[str, str, Callable[[int, dict], dict], str]] = {
     "lstm_attention": ("memnets.models.lstm_baseline", "LSTMAttentionBaseline", _kw(d_model="@d"), "LSTM"),
     "dnc": ("memnets.memories.dnc", "DNC", _kw(input_size="@d", output_size="@d"), "DNC"),
     "ntm": ("memnets.memories.ntm", "NTM", _kw(input_size="@d", output_size="@d"), "NTM"),
-    "lstm": ("torch.nn", "LSTM", _kw(), "biLSTM"),
+    "bilstm": ("torch.nn", "LSTM", _kw(), "biLSTM"),
 }
+
+# former backbone names, still accepted with a FutureWarning (:func:`canonical_backbone`): the name
+# of each backbone says what it is, and its label in the tables matches it
+RENAMED_BACKBONES = {"lstm": "bilstm", "lsam": "lsam_stack"}
+
+
+def canonical_backbone(name: str, warn: bool = True) -> str:
+    """The current name of backbone ``name`` (a former name, :data:`RENAMED_BACKBONES`, gives
+    the new one, with a FutureWarning when ``warn``); any other name is returned as it is."""
+    new = RENAMED_BACKBONES.get(name)
+    if new is None:
+        return name
+    if warn:
+        import warnings
+
+        warnings.warn(f"backbone {name!r} is now named {new!r} (label {BACKBONES[new][3]!r}); the old name "
+                      "will go", FutureWarning, stacklevel=3)
+    return new
+
+class _BySize(dict):
+    """Backbone name → sizes; a former backbone name (:data:`RENAMED_BACKBONES`) finds its entry."""
+
+    def __missing__(self, key: str) -> dict[str, Any]:
+        if key in RENAMED_BACKBONES:
+            return self[RENAMED_BACKBONES[key]]
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, RENAMED_BACKBONES.get(key, key) if isinstance(key, str) else key)
+
 
 # Backbone sizes: "tiny" (tests, < 0.1 M), "small" (CPU presets, ~0.1-1 M), "paper" (docs/maths.md §12).
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
-    "tiny": {
-        "lsam": {"d_model": 32, "num_heads": 4, "num_layers": 1, "bidirectional": True},
+    "tiny": _BySize({
+        "lsam_stack": {"d_model": 32, "num_heads": 4, "num_layers": 1, "bidirectional": True},
         "lsam_encdec": {"d_model": 32, "num_heads": 4, "dim_feedforward": 64},
         "nam_tm": {"d_model": 32, "num_tapes": 2, "tape_length": 32},
         "nam_tm_nojmp": {"d_model": 32, "num_tapes": 2, "tape_length": 32},
@@ -59,10 +90,10 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "lstm_attention": {"d_model": 32, "num_layers": 2},
         "dnc": {"d_model": 32, "memory_slots": 16, "word_size": 16, "read_heads": 2, "controller_size": 32},
         "ntm": {"d_model": 32, "memory_slots": 16, "word_size": 16, "controller_size": 32},
-        "lstm": {"d_model": 32, "num_layers": 2},
-    },
-    "small": {  # CPU presets: d_model 64-128, ~0.05-0.5 M parameters
-        "lsam": {"d_model": 64, "num_heads": 4, "num_layers": 2, "bidirectional": True},
+        "bilstm": {"d_model": 32, "num_layers": 2},
+    }),
+    "small": _BySize({  # CPU presets: d_model 64-128, ~0.05-0.5 M parameters
+        "lsam_stack": {"d_model": 64, "num_heads": 4, "num_layers": 2, "bidirectional": True},
         "lsam_encdec": {"d_model": 64, "num_heads": 4, "dim_feedforward": 128},
         "nam_tm": {"d_model": 64, "num_tapes": 4, "tape_length": 32},
         "nam_tm_nojmp": {"d_model": 64, "num_tapes": 4, "tape_length": 32},
@@ -72,10 +103,10 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "dnc": {"d_model": 64, "memory_slots": 32, "word_size": 32, "read_heads": 4, "controller_size": 128,
                 "controller_layers": 2},
         "ntm": {"d_model": 64, "memory_slots": 32, "word_size": 32, "controller_size": 128},
-        "lstm": {"d_model": 128, "num_layers": 2},
-    },
-    "paper": {  # the paper/* presets: docs/maths.md §12 sizes, free widths set to Table 1's counts (memnets.paper)
-        "lsam": {"d_model": 1024, "num_heads": 8, "num_layers": 2, "bidirectional": True},
+        "bilstm": {"d_model": 128, "num_layers": 2},
+    }),
+    "paper": _BySize({  # the paper/* presets: docs/maths.md §12 sizes, free widths set to Table 1's counts (memnets.paper)
+        "lsam_stack": {"d_model": 1024, "num_heads": 8, "num_layers": 2, "bidirectional": True},
         "lsam_encdec": {"d_model": 1024, "num_heads": 8, "dim_feedforward": 6656},
         "nam_tm": {"d_model": 1200, "num_tapes": 8, "tape_length": 32, "num_layers": 2},
         "nam_tm_nojmp": {"d_model": 1344, "num_tapes": 8, "tape_length": 32, "num_layers": 2},
@@ -86,13 +117,14 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "dnc": {"d_model": 512, "memory_slots": 32, "word_size": 768, "read_heads": 8, "controller_size": 816,
                 "controller_layers": 2},
         "ntm": {"d_model": 512, "memory_slots": 128, "word_size": 64},
-        "lstm": {"d_model": 1024, "num_layers": 2},
-    },
+        "bilstm": {"d_model": 1024, "num_layers": 2},
+    }),
 }
 
 
 def backbone_available(name: str) -> tuple[bool, str]:
     """``(True, "")`` when backbone ``name`` can be built here, else ``(False, reason)``."""
+    name = canonical_backbone(name, warn=False)
     if name not in BACKBONES:
         return False, f"unknown backbone {name!r}; expected one of {sorted(BACKBONES)}"
     module, cls, _, _ = BACKBONES[name]
@@ -124,12 +156,13 @@ def build_backbone(name: str, d_model: int, **kwargs: Any) -> nn.Module:
 
     Raises ValueError (unknown name) or ImportError (module not available) with the reason.
     """
+    name = canonical_backbone(name)
     ok, why = backbone_available(name)
     if not ok:
         if name not in BACKBONES:
             raise ValueError(f"`backbone` {why}")
         raise ImportError(f"backbone {name!r} cannot be built: {why}")
-    if name == "lstm":
+    if name == "bilstm":
         return _BiLSTM(d_model, **kwargs)
     module, cls, make, _ = BACKBONES[name]
     return getattr(importlib.import_module(module), cls)(**make(d_model, dict(kwargs)))
@@ -140,7 +173,7 @@ class SequenceTaskModel(nn.Module):
     """Embedding → backbone → head: token ids ``[B, W]`` (0 ≤ id < vocab) → logits ``[B, W, vocab]``.
 
     Args:
-        backbone: a key of :data:`BACKBONES` (``"nam_tm"``, ``"transformer"``, ``"lstm"``, ...).
+        backbone: a key of :data:`BACKBONES` (``"nam_tm"``, ``"transformer"``, ``"bilstm"``, ...).
         vocab_size: number of token ids (16 for the NSP tasks, docs/maths.md §12).
         d_model: embedding width, also the backbone's input and output width.
         head: ``"linear"`` (default): one Linear to the vocabulary. ``"mlp"``: the authors'
@@ -152,7 +185,7 @@ class SequenceTaskModel(nn.Module):
 
     Example::
 
-        model = SequenceTaskModel("lstm", d_model=32, num_layers=1)
+        model = SequenceTaskModel("bilstm", d_model=32, num_layers=1)
         logits = model(torch.zeros(2, 9, dtype=torch.long))   # [2, 9, 16]
     """
 
@@ -163,6 +196,7 @@ class SequenceTaskModel(nn.Module):
             raise ValueError(f"`head` expected 'linear' or 'mlp', got {head!r}")
         if not 0.0 <= float(head_dropout) < 1.0:
             raise ValueError(f"`head_dropout` expected a probability in [0, 1), got {head_dropout!r}")
+        backbone = canonical_backbone(backbone)
         self.backbone_name = backbone
         self.vocab_size = vocab_size
         self.d_model = d_model

@@ -37,7 +37,7 @@ __all__ = [
     "ModelConfig", "TaskConfig", "OptimConfig", "ScheduleConfig", "RunConfig", "ConfigError",
     "load_config", "apply_overrides", "config_to_dict", "config_from_dict", "list_presets",
     "preset_path", "flatten", "suggest_key", "to_toml", "config_to_toml", "describe_keys", "keys_markdown",
-    "keys_text",
+    "keys_text", "RENAMED_PRESETS",
 ]
 
 
@@ -56,8 +56,9 @@ class ModelConfig:
     """The task model: :class:`memnets.models.seq.SequenceTaskModel` ``(backbone, d_model, **options)``."""
 
     backbone: str = _field("transformer", help="sequence backbone: transformer, universal_transformer, "
-                           "lstm_attention, lstm, lsam, lsam_encdec, nam_tm, nam_tm_nojmp, ntm or dnc "
-                           "(memnets.models.seq.BACKBONES)")
+                           "lstm_attention, bilstm, lsam_stack, lsam_encdec, nam_tm, nam_tm_nojmp, ntm or dnc "
+                           "(memnets.models.seq.BACKBONES; lstm and lsam are former names of bilstm and "
+                           "lsam_stack); other task families name their own models")
     d_model: int = _field(64, help="model width: embedding and backbone input/output size")
     options: dict[str, Any] = _field(factory=dict, help="keyword arguments of the backbone, free-form "
                                      "(e.g. model.options.num_heads=2)")
@@ -133,8 +134,9 @@ class RunConfig:
     ``amp``: ``auto`` (bf16 autocast on CUDA
     only), ``bf16`` (bf16 autocast on CUDA and on the CPU) or ``none``. ``threads``: torch intra-op threads (0: torch's default).
     ``compile``: ``torch.compile`` the module the training steps call (``none``: eager).
-    ``time_limit_min``: stop at the first epoch end past this wall time (0: no limit; a run
-    stopped this way is not reproducible step for step).
+    ``time_limit_min``: stop after the first optimiser step past this wall time, inside an
+    epoch if need be, with a checkpoint and an evaluation there (0: no limit; a run stopped
+    this way is not reproducible step for step).
     """
 
     name: str = _field("run", help="run name; the run directory defaults to runs/NAME (a preset's or "
@@ -161,8 +163,9 @@ class RunConfig:
     tensorboard: bool = _field(False, help="also write TensorBoard event files to RUN_DIR/tb (needs the "
                                "tensorboard package, `pip install memnets[tensorboard]`; without it the run "
                                "goes on without them)")
-    time_limit_min: float = _field(0.0, help="stop at the first epoch end past this many minutes of wall time "
-                                   "(0: no limit; a run stopped so is not reproducible step for step)")
+    time_limit_min: float = _field(0.0, help="stop after the first optimiser step past this many minutes of wall "
+                                   "time, inside an epoch if need be, and evaluate there (0: no limit; a run "
+                                   "stopped so is not reproducible step for step)")
     max_steps: int = field(default=0, metadata={
         "help": "stop after this many optimiser steps, inside an epoch if need be, and evaluate there "
                 "(0: run every epoch)", "omit_empty": True})
@@ -172,7 +175,21 @@ class RunConfig:
     schedule: ScheduleConfig = _field(factory=ScheduleConfig, help="the learning-rate schedule")
 
     def __post_init__(self) -> None:
+        _rename_backbone(self)
         _validate(self)
+
+
+def _rename_backbone(cfg: "RunConfig") -> None:
+    """A former backbone name of the algorithmic tasks (``lstm``, ``lsam``) becomes the current
+    one (``bilstm``, ``lsam_stack``), with a FutureWarning."""
+    from ..models.seq import RENAMED_BACKBONES, canonical_backbone
+
+    if cfg.model.backbone in RENAMED_BACKBONES:
+        from .task import TASKS, get_task
+
+        if cfg.task.name in TASKS and get_task(cfg.task.name).family == "nsp":
+            new = canonical_backbone(cfg.model.backbone)
+            object.__setattr__(cfg, "model", dataclasses.replace(cfg.model, backbone=new))
 
 
 _CHOICES = {
@@ -538,8 +555,22 @@ def list_presets() -> list[str]:
                   if p.relative_to(root).parts[0] != "suites")
 
 
+# former preset names, still accepted (with a FutureWarning naming the new one)
+RENAMED_PRESETS = {
+    "lra/listops-2000-nam-9000-nam": "lra/listops-2000-nam-9000",
+    "lra/listops-nam-authors-gpu-nam": "lra/listops-nam-authors-gpu",
+}
+
+
 def preset_path(name: str) -> Path:
-    """The file of preset ``name``; ConfigError with a suggestion when there is none."""
+    """The file of preset ``name``; ConfigError with a suggestion when there is none. A former
+    name (:data:`RENAMED_PRESETS`) gives the renamed preset, with a FutureWarning."""
+    if name in RENAMED_PRESETS:
+        import warnings
+
+        warnings.warn(f"preset {name!r} is now named {RENAMED_PRESETS[name]!r}; the old name will go",
+                      FutureWarning, stacklevel=3)
+        name = RENAMED_PRESETS[name]
     p = Path(str(_preset_root())) / f"{name}.toml"
     if not p.is_file():
         names = list_presets()
@@ -594,7 +625,7 @@ def load_config(source: str | Path, overrides: list[str] | None = None) -> RunCo
     path = Path(source)
     if not (path.suffix == ".toml" and path.is_file()):
         path = preset_path(str(source))
-        default_name = str(source).replace("/", "-")
+        default_name = str(RENAMED_PRESETS.get(str(source), source)).replace("/", "-")
     else:
         default_name = path.stem
     try:
