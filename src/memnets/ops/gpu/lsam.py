@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-__all__ = ["LSAMRecurrenceTriton", "SEGMENT", "EPS"]
+__all__ = ["LSAMRecurrenceTriton", "SEGMENT", "EPS", "MAX_HEAD_DIM", "applies"]
 
 SEGMENT = 32  # steps between exact memory copies kept for the backward
 EPS = 1e-6  # μ's eps, as memnets.ops.unit
@@ -127,8 +127,22 @@ def kernels():
     return forward_step, backward_step
 
 
+MAX_HEAD_DIM = 128  # one program holds a d × d memory (and its gradient) in registers
+
+
 def _block(d: int) -> int:
     return max(16, 1 << (d - 1).bit_length())
+
+
+def _warps(block: int) -> int:
+    """Warps per program: enough threads that a ``block × block`` tile (two in the backward)
+    stays in registers."""
+    return 2 if block <= 16 else 4 if block <= 32 else 8 if block <= 64 else 16
+
+
+def applies(M0: torch.Tensor) -> bool:
+    """Whether the kernels take memories like ``M0 [N, d, d]`` (d up to :data:`MAX_HEAD_DIM`)."""
+    return M0.shape[-1] <= MAX_HEAD_DIM
 
 
 def _check(gx: torch.Tensor, w_hh: torch.Tensor, M0: torch.Tensor, h0: torch.Tensor) -> None:
@@ -138,6 +152,8 @@ def _check(gx: torch.Tensor, w_hh: torch.Tensor, M0: torch.Tensor, h0: torch.Ten
                          f"{tuple(h0.shape)}")
     T, dirs, B, G = gx.shape
     Dp, N, d = w_hh.shape[2], M0.shape[0], M0.shape[-1]
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"LSAM recurrence on Triton takes head dims up to {MAX_HEAD_DIM}, got d={d}")
     if T < 1 or d < 1 or Dp % d or N != dirs * B * (Dp // d) or G != (Dp // d) * (3 * d + 2) \
             or tuple(w_hh.shape) != (dirs, G, Dp) or tuple(M0.shape) != (N, d, d) or tuple(h0.shape) != (dirs, B, Dp):
         raise ValueError(f"LSAM recurrence: inconsistent shapes gx {tuple(gx.shape)}, w_hh {tuple(w_hh.shape)}, "
@@ -177,12 +193,13 @@ class LSAMRecurrenceTriton(torch.autograd.Function):
         M = M0.detach().clone(memory_format=torch.contiguous_format)  # updated in place
         blk, out, U = gx.new_empty(T, dirs, B, G), gx.new_empty(T, dirs, B, w_hh.shape[2]), gx.new_empty(T, N, d)
         ckpts = gx.new_empty(max((T - 1) // SEGMENT, 1), N, d, d)
-        BLOCK, h = _block(d), h0
+        ctx.segment = SEGMENT
+        BLOCK, h, seg = _block(d), h0, SEGMENT
         for t in range(T):
             _hmm(h, w_hh, blk[t], gx[t])
-            save = (t + 1) % SEGMENT == 0 and t < T - 1
-            fwd[(N,)](blk[t], M, out[t], U[t], ckpts[(t + 1) // SEGMENT - 1] if save else M, d, EPS,
-                      SAVE=save, BLOCK=BLOCK)
+            save = (t + 1) % seg == 0 and t < T - 1
+            fwd[(N,)](blk[t], M, out[t], U[t], ckpts[(t + 1) // seg - 1] if save else M, d, EPS,
+                      SAVE=save, BLOCK=BLOCK, num_warps=_warps(BLOCK))
             h = out[t]
         ctx.save_for_backward(w_hh, h0, out, M, ckpts, blk, U)
         ctx.mark_non_differentiable()
@@ -200,11 +217,11 @@ class LSAMRecurrenceTriton(torch.autograd.Function):
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         dgx = out.new_empty(T, dirs, B, G)
         dh = out.new_zeros(dirs, B, Dp)  # d h_t through the next step's g (none after the last)
-        BLOCK = _block(d)
+        BLOCK, seg = _block(d), ctx.segment
         for t in range(T - 1, -1, -1):
-            load = (t + 1) % SEGMENT == 0 and t < T - 1
-            bwd[(N,)](blk[t], work, dM, U[t], dout[t], dh, dgx[t], ckpts[(t + 1) // SEGMENT - 1] if load else work,
-                      d, EPS, LOAD=load, BLOCK=BLOCK)
+            load = (t + 1) % seg == 0 and t < T - 1
+            bwd[(N,)](blk[t], work, dM, U[t], dout[t], dh, dgx[t], ckpts[(t + 1) // seg - 1] if load else work,
+                      d, EPS, LOAD=load, BLOCK=BLOCK, num_warps=_warps(BLOCK))
             _hmm(dgx[t], w_hh, dh, None)
         dw = None
         if ctx.needs_input_grad[1]:

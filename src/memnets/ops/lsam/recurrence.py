@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from .._amp import float32_under_autocast
 from ..gpu import use_triton
-from ..gpu.lsam import LSAMRecurrenceTriton
+from ..gpu.lsam import LSAMRecurrenceTriton, applies
 from . import loops as _loops
 
 __all__ = ["lsam_scan", "LSAMRecurrence"]
@@ -127,7 +127,8 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
     if dirs == 2:
         gx = torch.stack([gx[:, 0], gx[:, 1].flip(0)], dim=1)  # backward direction reversed in time
     M0 = memory.reshape(dirs * B * Hp, d, d)  # [N, d, d]
-    fn = LSAMRecurrenceTriton if use_triton(gx) else LSAMRecurrence  # Triton on CUDA (memnets.ops.gpu)
+    # Triton on CUDA (memnets.ops.gpu.lsam), for head dims up to 128
+    fn = LSAMRecurrenceTriton if use_triton(gx) and applies(M0) else LSAMRecurrence
     out, M = fn.apply(gx.contiguous(), w_hh, M0, h.contiguous(), bool(compiled))
     h_T = out[-1]  # [dirs, B, D']
     if dirs == 2:
