@@ -407,3 +407,50 @@ def test_learning_curves_from_records():
 
 def test_model_figures_of_an_unsupported_model_is_empty():
     assert model_figures(torch.nn.Linear(3, 3), torch.zeros(1, 2, 3)) == {}
+
+
+# ----------------------------------------------------------------------------- readable pictures
+
+def test_one_point_learning_curve_is_a_marker_and_shows_beside_others():
+    one = [{"kind": "train", "step": 1, "loss": 2.0},
+           {"kind": "eval", "step": 1, "epoch": 0.5, "splits": {"id": {"seq_acc": 0.25}}}]
+    many = [{"kind": "train", "step": s, "loss": 3.0 / s} for s in range(1, 5)]
+    for runs in ({"short": one}, {"short": one, "long": many}):
+        fig = plot_learning_curves(runs)
+        line = next(ln for ln in fig.axes[0].lines if ln.get_label() == "short")
+        assert line.get_marker() not in (None, "None", "") and len(line.get_xdata()) == 1
+    long = next(ln for ln in fig.axes[0].lines if ln.get_label() == "long")
+    assert long.get_marker() in (None, "None", "")
+
+
+def test_tape_heads_lay_tapes_side_by_side_with_tokens_and_a_note_on_signed_weights():
+    T, tapes, L = 6, 4, 8
+    pos = torch.linspace(-1.0, 1.25, T * tapes * L).reshape(T, tapes, L)
+    act = torch.full((T, tapes, 4), 0.25)
+    tokens = list("12+34=")
+    fig = plot_tape_heads({"read head": pos, "write head": pos}, {"read action": act, "write action": act},
+                          action_names=["LEFT", "NOOP", "RIGHT", "JUMP"], time_labels=tokens)
+    w, h = fig.get_size_inches()
+    assert w > h  # 4 rows of 4 tapes, not 16 panels stacked
+    heat = panels(fig)
+    assert len(heat) == 16
+    assert [t.get_text() for t in heat[0].get_xticklabels()] == tokens
+    lo, hi = heat[0].images[0].get_clim()
+    assert lo == -hi and hi >= 1.25  # a scale centred at 0 that holds the signed weights
+    note = " ".join(t.get_text() for t in fig.texts)
+    assert "JUMP" in note and "negative" in note
+
+
+def test_report_has_a_table_of_contents(tmp_path):
+    from memnets.viz.report import build_report
+
+    root = tmp_path / "runs"
+    for name in ("a", "b"):
+        d = root / name
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps({"name": name, "task": "reduce", "backbone": "bilstm",
+                                                    "params": 10, "splits": {}}))
+    page = build_report([root / "a", root / "b"], tmp_path / "r.html").read_text()
+    nav = page[page.index('<nav class="toc">'):page.index("</nav>")]
+    assert '<a href="#results">' in nav and '<a href="#a">' in nav and '<a href="#b">' in nav
+    assert 'id="results"' in page and 'id="a"' in page and 'id="b"' in page

@@ -350,11 +350,12 @@ def plot_learning_curves(run_dirs: list[Path], path: Path) -> Path:
         recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
         name = json.loads((d / "config.json").read_text())["model"]["backbone"]
         tr = [r for r in recs if r["kind"] == "train"]
-        ax_loss.plot([r["step"] for r in tr], [r["loss"] for r in tr], label=name)
+        # one record (a short run) is drawn as a marker: a line through one point is invisible
+        ax_loss.plot([r["step"] for r in tr], [r["loss"] for r in tr], label=name, marker="o" if len(tr) == 1 else None)
         ev = [r for r in recs if r["kind"] == "eval"]
         for split, style in zip(ev[0]["splits"] if ev else [], ("-", "--", ":")):
             ax_acc.plot([r["epoch"] for r in ev], [r["splits"][split]["seq_acc"] for r in ev], style,
-                        label=f"{name} {split}")
+                        label=f"{name} {split}", marker="o" if len(ev) == 1 else None)
     ax_loss.set(xlabel="step", ylabel="train loss (cross-entropy)", yscale="log", title="training loss")
     ax_acc.set(xlabel="epoch", ylabel="sequence accuracy", ylim=(-0.02, 1.02), title="Reduce: accuracy by split")
     ax_loss.legend()

@@ -106,7 +106,8 @@ def plot_learning_curves(runs, *, title: str | None = None, log_loss: bool = Tru
             key, xs, ys = c
             keys.add(key)
             lo, hi = min(lo, min(ys)), max(hi, max(ys))
-            ax.plot(xs, ys, label=name, lw=1.3)
+            # a run with one training record is a point, drawn as a marker (a line of one point is invisible)
+            ax.plot(xs, ys, label=name, lw=1.3, marker="o" if len(xs) == 1 else None, ms=5)
     key = "/".join(sorted(keys))
     ax.set_title(f"training {key}")
     ax.set_xlabel("optimiser step")

@@ -72,14 +72,19 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
 
 
 def grid_figure(n_rows: int, n_cols: int = 1, *, panel_w: float = 7.6, panel_h: float = 1.6,
-                title: str | None = None) -> tuple[Figure, list]:
+                title: str | None = None, note: str | None = None) -> tuple[Figure, list]:
     """A Figure with an ``n_rows × n_cols`` grid of axes (row-major list) and fixed margins in
     inches, sized so that each panel is about ``panel_w × panel_h`` inches plus room for its
     title, tick labels, axis labels and colour bar. (Fixed margins instead of a layout engine:
-    several times faster to render, and panels line up across figures.)"""
+    several times faster to render, and panels line up across figures.) ``note``: a few words
+    printed under the panels (wrapped to the figure's width)."""
+    import textwrap
+
     left, right, bottom, top = 0.85, 0.95, 0.5, 0.35 + (0.3 if title else 0.0)
     vgap, hgap = 0.75, 1.75
     W = left + right + n_cols * panel_w + (n_cols - 1) * hgap
+    note_lines = textwrap.wrap(note, width=max(40, int(W * 13))) if note else []
+    bottom += 0.17 * len(note_lines) + (0.15 if note_lines else 0.0)
     H = bottom + top + n_rows * panel_h + (n_rows - 1) * vgap
     fig = Figure(figsize=(W, H))
     fig.subplots_adjust(left=left / W, right=1 - right / W, bottom=bottom / H, top=1 - top / H,
@@ -87,6 +92,8 @@ def grid_figure(n_rows: int, n_cols: int = 1, *, panel_w: float = 7.6, panel_h: 
     axes = fig.subplots(n_rows, n_cols, squeeze=False)
     if title:
         fig.suptitle(title, y=1 - 0.12 / H, va="top")
+    if note_lines:
+        fig.text(0.1 / W, 0.08 / H, "\n".join(note_lines), fontsize=8, va="bottom", ha="left")
     return fig, [ax for row in axes for ax in row]
 
 
@@ -192,8 +199,26 @@ def plot_dnc_memory(usage, link, *, read_modes=None, step: int | None = None, ti
     return fig
 
 
+HEAD_WEIGHTS_NOTE = ("Head weights: each head is a mixture of its moved copies (LEFT, NO-OP, RIGHT) and, with JUMP, "
+                     "of the jump target K'ᵀq read from the key tape, which is not a distribution (docs/maths.md §3): "
+                     "weights can be negative or above 1. Colour scale centred at 0; red > 0, blue < 0.")
+
+
+def _time_axis(ax, labels: Sequence[str] | None, n: int) -> None:
+    """Label the time axis of ``ax`` with the input token at each step (thinned past 64 steps)."""
+    if not labels:
+        return
+    labels = list(labels)[:n]
+    every = max(1, -(-len(labels) // 64))
+    ticks = list(range(0, len(labels), every))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([labels[i] for i in ticks], fontsize=7)
+    ax.set_xlabel("time step (input token)")
+
+
 def plot_tape_heads(positions: dict, actions: dict | None = None, *, action_names: Sequence[str] | None = None,
-                    model_name: str = "NAM-TM", title: str | None = None) -> Figure:
+                    model_name: str = "NAM-TM", title: str | None = None,
+                    time_labels: Sequence[str] | None = None, max_cols: int = 4) -> Figure:
     """NAM Turing Machine heads on the tape (docs/maths.md §3): head position weights and action
     probabilities per tape over time.
 
@@ -202,7 +227,12 @@ def plot_tape_heads(positions: dict, actions: dict | None = None, *, action_name
             "write head": ...}``), cell on y.
         actions: ``{label: [T, tapes, A]}`` action probabilities (LEFT, NO-OP, RIGHT, JUMP ...).
         action_names: y tick labels of the action panels.
-    Returns a Figure with one panel per (entry, tape).
+        time_labels: one label per time step (the input tokens), shown on the time axes.
+        max_cols: at most this many tapes side by side; the panels of one entry (a head's
+            position or actions) fill a row, one column per tape.
+    Returns a Figure with one panel per (entry, tape) and a note under it on the range of the
+    head weights (:data:`HEAD_WEIGHTS_NOTE`): with JUMP they are signed, so the position panels
+    use a diverging colour scale centred at 0.
     """
     pos = {k: _check_dims(k, to_numpy(v), ["T", "tapes", "L"]) for k, v in positions.items()}
     act = {k: _check_dims(k, to_numpy(v), ["T", "tapes", "A"]) for k, v in (actions or {}).items()}
@@ -210,15 +240,24 @@ def plot_tape_heads(positions: dict, actions: dict | None = None, *, action_name
     panels += [(k, t, v[:, t].T, "act") for k, v in act.items() for t in range(v.shape[1])]
     if not panels:
         raise ValueError("`positions` expected at least one [T, tapes, L] array")
-    fig, axes = _figure(len(panels), title=title)
+    tapes = max(v.shape[1] for v in [*pos.values(), *act.values()])
+    cols = max(1, min(tapes, max_cols))
+    rows = -(-len(panels) // cols)
+    fig, axes = grid_figure(rows, cols, panel_w=7.6 if cols == 1 else 3.6, panel_h=1.6, title=title,
+                            note=HEAD_WEIGHTS_NOTE)
+    # one colour scale for every position panel, centred at 0: the weights are signed with JUMP
+    span = max((float(np.abs(v).max()) for v in pos.values() if v.size), default=1.0) or 1.0
     for ax, (label, t, a, kind) in zip(axes, panels):
         if kind == "pos":
             heatmap(fig, ax, a, title=f"{model_name}: {label} position, tape {t}", xlabel="time step",
-                    ylabel="tape cell", cbar_label="weight", cmap="magma")
+                    ylabel="tape cell", cbar_label="weight (signed)", cmap="RdBu_r", vmin=-span, vmax=span)
         else:
             names = list(action_names)[: a.shape[0]] if action_names else None
             heatmap(fig, ax, a, title=f"{model_name}: {label} probabilities, tape {t}", xlabel="time step",
                     ylabel="action", cbar_label="probability", vmin=0.0, vmax=1.0, yticklabels=names)
+        _time_axis(ax, time_labels, a.shape[1])
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
     return fig
 
 

@@ -33,13 +33,19 @@ figure { margin: 10px 0 22px 0; }
 figure img { max-width: 100%; border: 1px solid #e4e8ec; }
 figcaption { color: #57606a; font-size: 0.85em; }
 .error { color: #b42318; }
+nav.toc { border: 1px solid #d5dae1; border-radius: 4px; padding: 6px 16px; margin: 12px 0; background: #f7f8fa; }
+nav.toc h2 { font-size: 1.05em; margin: 4px 0; }
+nav.toc ul { margin: 4px 0; padding-left: 20px; }
 """
 
 _CAPTIONS = {
     "learning_curve": "Learning curve: training loss and the evaluation metric per split.",
     "weightings": "Inputs, outputs and the write / read weightings over time (memory slot on y).",
     "dnc_memory": "DNC usage over time, the temporal link matrix after the last step, and read modes.",
-    "tape_heads": "NAM-TM head positions on each tape and action probabilities over time.",
+    "tape_heads": "NAM-TM head positions on each tape and action probabilities over time, one column per tape, "
+                  "the input token under each step. Head weights are signed: a head mixes its moved copies and, "
+                  "with JUMP, the jump target read from the key tape, which is not a distribution "
+                  "(docs/maths.md §3), so weights below 0 or above 1 are expected.",
     "gates": "Read and write gates per head over time.",
     "attention": "Implied attention maps (query on y, key on x) for one sample.",
 }
@@ -138,7 +144,8 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html"
     memory figures of its model on one task sample drawn with ``seed``
     (:func:`memnets.viz.runs.run_figures`). A run whose model cannot be rebuilt keeps its
     table row and shows the reason instead of figures. When there are several runs, a combined
-    learning-curve figure comes first. Raises ValueError when ``run_dirs`` is empty.
+    learning-curve figure comes first. A table of contents links the results table, the
+    combined curves and each run's section. Raises ValueError when ``run_dirs`` is empty.
     """
     from .curves import plot_learning_curves, read_metrics, train_curve
     from .runs import run_figures
@@ -146,11 +153,14 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html"
     if not run_dirs:
         raise ValueError("`run_dirs` expected at least one run directory")
     rows, sections, curves, metrics = [], [], {}, set()
+    toc: list[tuple[str, str]] = []  # (anchor, text) of each run's section
     for rd in run_dirs:
         d = Path(rd)
         row = results_row(d)
         rows.append(row)
         name = row["run"]
+        anchor = name if name not in {a for a, _ in toc} else f"{name}-{len(toc) + 1}"
+        toc.append((anchor, name))
         try:
             recs = read_metrics(d)
             if train_curve(recs):
@@ -158,7 +168,7 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html"
                 metrics.add(_run_metric(d))
         except FileNotFoundError:
             pass
-        parts = [f'<h2 id="{html.escape(name)}">{html.escape(name)}</h2>',
+        parts = [f'<h2 id="{html.escape(anchor)}">{html.escape(name)}</h2>',
                  f'<p class="meta">{html.escape(str(d))}</p>']
         try:
             figs = run_figures(d, seed=seed)
@@ -177,8 +187,13 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html"
     if len(curves) > 1:
         metric = metrics.pop() if len(metrics) == 1 else "seq_acc"
         uri = figure_data_uri(plot_learning_curves(curves, title="all runs", metric=metric), dpi)
-        combined = (f'<h2>Learning curves</h2><figure><img src="{uri}" alt="learning curves of all runs">'
+        combined = (f'<h2 id="learning-curves">Learning curves</h2><figure><img src="{uri}" alt="learning curves of all runs">'
                     f'<figcaption>{html.escape(_CAPTIONS["learning_curve"])}</figcaption></figure>')
+    items = [("results", "Results")] + ([("learning-curves", "Learning curves of all runs")] if combined else [])
+    items += toc
+    nav = ('<nav class="toc"><h2>Contents</h2><ul>\n'
+           + "\n".join(f'<li><a href="#{html.escape(a)}">{html.escape(t)}</a></li>' for a, t in items)
+           + "\n</ul></nav>")
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     page = f"""<!DOCTYPE html>
 <html lang="en">
@@ -190,7 +205,8 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path = "report.html"
 <body>
 <h1>{html.escape(title)}</h1>
 <p class="meta">{len(rows)} run(s) · generated {stamp} · sample seed {seed}</p>
-<h2>Results</h2>
+{nav}
+<h2 id="results">Results</h2>
 {_table(rows)}
 {combined}
 {"".join(sections)}

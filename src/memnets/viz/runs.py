@@ -149,7 +149,8 @@ def _attention_figure(maps: dict[str, torch.Tensor], tokens=None, max_maps: int 
     return plot_attention_maps(flat, tokens=tokens, title=title)
 
 
-def _memory_figures(trace: dict, memory, inputs, outputs, in_labels, out_labels, out_label: str) -> dict[str, Figure]:
+def _memory_figures(trace: dict, memory, inputs, outputs, in_labels, out_labels, out_label: str,
+                    tokens: list[str] | None = None) -> dict[str, Figure]:
     kind = trace["kind"]
     figs: dict[str, Figure] = {}
     if kind in ("ntm", "dnc"):
@@ -162,11 +163,11 @@ def _memory_figures(trace: dict, memory, inputs, outputs, in_labels, out_labels,
     if kind == "lsam":
         figs["gates"] = plot_gates({k: v[0] for k, v in trace["gates"].items()}, model_name="LSAM")
     if kind == "nam_tm":
-        figs.update(_nam_tm_figures(trace, memory))
+        figs.update(_nam_tm_figures(trace, memory, tokens))
     return figs
 
 
-def _nam_tm_figures(trace: dict, memory) -> dict[str, Figure]:
+def _nam_tm_figures(trace: dict, memory, tokens: list[str] | None = None) -> dict[str, Figure]:
     """Classify the NAM-TM aux fields by shape and name: positions, actions and gates."""
     cfg = getattr(memory, "config", None)
     names = getattr(memory, "actions", None) or getattr(cfg, "actions", None)
@@ -187,7 +188,7 @@ def _nam_tm_figures(trace: dict, memory) -> dict[str, Figure]:
             gates[label] = t[0]
     figs = {}
     if positions:
-        figs["tape_heads"] = plot_tape_heads(positions, actions, action_names=names)
+        figs["tape_heads"] = plot_tape_heads(positions, actions, action_names=names, time_labels=tokens)
     if gates:
         figs["gates"] = plot_gates(gates, model_name="NAM-TM")
     return figs
@@ -225,7 +226,7 @@ def model_figures(model: torch.nn.Module, x: Any) -> dict[str, Figure]:
         probs = torch.softmax(model.head(trace["output"]), -1)[0]  # [W, V]
         onehot = torch.nn.functional.one_hot(x[0], model.vocab_size).double()  # [W, V]
         labels = list(TOKEN_CHARS[: model.vocab_size])
-        return _memory_figures(trace, memory, onehot, probs, labels, labels, "token")
+        return _memory_figures(trace, memory, onehot, probs, labels, labels, "token", tokens=tokens)
     if memory_kind(model) is None:
         return _inner_figures(model, x if isinstance(x, tuple) else (x,))
     trace = memory_trace(model, x)
