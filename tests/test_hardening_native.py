@@ -209,7 +209,7 @@ def _harness(tmp_path: Path, flags) -> ctypes.CDLL:
                    "y[i] = fast_tanhf(x[i]); }\n")
     out = tmp_path / "harness.so"
     extra = os.environ.get("MEMNETS_NATIVE_CFLAGS", "").split()
-    res = subprocess.run(["cc", *flags, *extra, f"-I{NATIVE}", "-o", str(out), str(src), "-lm"],
+    res = subprocess.run([os.environ.get("CC") or "cc", *flags, *extra, f"-I{NATIVE}", "-o", str(out), str(src), "-lm"],
                          capture_output=True, text=True)
     if res.returncode:
         pytest.skip(f"these flags do not compile here: {res.stderr[-300:]}")
@@ -391,10 +391,12 @@ def test_a_replaced_or_truncated_library_is_rebuilt_not_run(monkeypatch, tmp_pat
     lib = libs[0]
     good = lib.read_bytes()
     plant = _planted_library(tmp_path)
+    lib.unlink()  # a new file (this process has the old one mapped: writing into it would fault)
     shutil.copy(plant, lib)  # replaced behind the cache's back
     assert _load_elsewhere(cache, marker) == "loaded"
     assert not marker.exists()
     assert lib.read_bytes() != plant.read_bytes()
+    lib.unlink()
     lib.write_bytes(good[: len(good) // 3])  # truncated
     assert _load_elsewhere(cache, marker) == "loaded"
     assert lib.stat().st_size == len(good)  # rebuilt in place, not beside it
