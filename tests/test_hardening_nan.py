@@ -126,3 +126,16 @@ def test_attention_bad_chunk_size(chunk):
         linear_attention(q, k, v, causal=True, chunk_size=chunk)
     with pytest.raises(ValueError, match="chunk_size"):
         nam_attention(q, k, v, chunk_size=chunk)
+
+
+@pytest.mark.parametrize("name", ["k", "v", "p_w", "p_e"])
+def test_the_c_value_tape_is_local_too(name):
+    from memnets.ops.nam_tape import available, nam_tape_scan
+    if not available(torch.zeros(1, dtype=D64)):
+        pytest.skip("no C kernel here")
+    x = _scan_inputs(2, 12, 2, 4, 3)
+    x[name] = x[name].clone()
+    x[name][0, 5, 1] = float("nan")
+    S0 = torch.zeros(2, 2, 3, 4, dtype=D64)
+    o, _ = nam_tape_scan(x["q"], x["k"], x["v"], x["p_w"], x["p_e"], x["p_r"], S0)
+    assert torch.isfinite(o[0, :5]).all() and torch.isfinite(o[1]).all()
