@@ -323,8 +323,9 @@ def _scan_rows(bench, tiny: bool) -> None:
                     if role == "delta_chunk":
                         call = lambda: fn(q=q, k=k, v=v, beta=pw, scale=1.0, output_final_state=True)  # noqa: E731
                     else:
+                        gk = torch.zeros_like(k)  # no decay
                         call = lambda: fn(q=q, k=k, v=v * pw[..., None], a=k, b=-pe[..., None] * k,  # noqa: E731
-                                          gk=torch.zeros_like(k), scale=1.0, output_final_state=True)
+                                          gk=gk, scale=1.0, output_final_state=True)
                     return _fwd_bwd(call, [q, k, v, pw, pe])
                 base = bench.measure("scan", f"{fla_name} ({tag})", cfg, dtype, make_fla, warmup, repeat,
                                      extra={"needs_cuda": True, "baseline_row": True, **extra})
