@@ -430,3 +430,18 @@ def test_a_library_that_does_not_load_falls_back_with_one_warning(monkeypatch, t
     with pytest.warns(RuntimeWarning, match="does not load") as record:
         assert _native.load("gru") is None
     assert len(record) == 1
+
+
+def test_gru_checks_its_arguments():
+    from memnets.ops.gru import gru_scan
+    T, D, B, h = 3, 1, 2, 4
+    gx, w, b, h0 = torch.randn(T, D, B, 3 * h), torch.randn(D, 3 * h, h), torch.randn(D, 3 * h), torch.zeros(D, B, h)
+    assert gru_scan(gx, w, b, h0).shape == (T, D, B, h)
+    with pytest.raises(ValueError, match="3h"):
+        gru_scan(gx[..., :-1], w, b, h0)
+    with pytest.raises(ValueError, match="w_hh"):
+        gru_scan(gx, w[:, :, :3], b, h0)
+    with pytest.raises(ValueError, match="h0"):
+        gru_scan(gx, w, b, h0[:, :1])
+    with pytest.raises(ValueError, match="w_hh"):
+        gru_scan(gx, w.double(), b, h0)

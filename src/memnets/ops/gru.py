@@ -205,7 +205,21 @@ def gru_scan(gx: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, h0: torch
     return hs.view(B, T, D, G // 3).permute(1, 2, 0, 3)
 
 
+def _check(gx, w_hh, b_hh, h0) -> None:
+    """Shapes, dtypes and devices, checked before the recurrence (whose C kernel trusts them)."""
+    if gx.dim() != 4 or gx.shape[-1] % 3:
+        raise ValueError(f"gru: the input projections expected [D, B, T, 3h], got {list(gx.shape)}")
+    D, B, T, G = gx.shape
+    for name, x, shape in (("w_hh", w_hh, (D, G, G // 3)), ("b_hh", b_hh, (D, G)), ("h0", h0, (D, B, G // 3))):
+        if tuple(x.shape) != shape:
+            raise ValueError(f"gru: `{name}` expected shape {list(shape)}, got {list(x.shape)}")
+        if x.device != gx.device or (x.dtype != gx.dtype and not torch.is_autocast_enabled(gx.device.type)):
+            raise ValueError(f"gru: `{name}` expected {gx.dtype} on {gx.device} like the inputs, "
+                             f"got {x.dtype} on {x.device}")
+
+
 def _gru(gx, w_hh, b_hh, h0, reverse: bool, compiled: bool):
+    _check(gx, w_hh, b_hh, h0)
     dev = gx.device.type
     if torch.is_autocast_enabled(dev) and gx.dtype != torch.float64:
         # the loops write into buffers of one dtype: run them in float32, autocast off
