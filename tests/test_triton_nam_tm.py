@@ -9,39 +9,110 @@ and the whole NAMTuringMachine down the CUDA code path (:func:`memnets.ops.gpu.c
 Triton kernels, cuDNN's ``nn.GRU`` in place of the per-step GRU, no per-step loop) equal to its
 CPU fused path.
 
-``TRITON_INTERPRET=1`` is set per test (a fixture), not for the session: Triton reads it when a
-function is decorated, and the kernels are decorated on first use, once per mode
-(:func:`memnets.ops.gpu.nam_tm.kernels`), so this works whatever imported Triton before and
-leaves other tests' kernels compiled. Skipped (reason printed) without triton or numpy (the
-interpreter's).
+Triton reads ``TRITON_INTERPRET`` when a function is decorated, Triton's own library included,
+so one process runs Triton either interpreted or compiled, whichever it imported Triton as.
+These tests therefore run in a child process started with ``TRITON_INTERPRET=1`` (one for all
+the tests selected here), each test of this process reporting its own outcome there
+(:func:`interpreted`); this process never imports Triton, so the file runs the same whatever
+other tests imported before or after it. :func:`test_kernels_compile_for_cuda` compiles the
+kernels for sm_90 in a child without the interpreter. Skipped (reason printed) without triton
+or numpy (the interpreter's).
 """
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 import torch
 
 MISSING = [m for m in ("triton", "numpy") if importlib.util.find_spec(m) is None]
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} "
-                                "(Triton's interpreter runs the kernels on the CPU)")
+pytestmark = [pytest.mark.interpret,
+              pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} "
+                                 "(Triton's interpreter runs the kernels on the CPU)")]
 
 from memnets.memories import nam_tm as nam_tm_module  # noqa: E402
 from memnets.memories.nam_tm import NAMTMState, NAMTuringMachine  # noqa: E402
 from memnets.ops import unit  # noqa: E402
 from memnets.ops.delta.reference import nam_scan_reference  # noqa: E402
-from memnets.ops.gpu import cuda_path, use_triton  # noqa: E402
+from memnets.ops.gpu import cuda_path, interpreting, use_triton  # noqa: E402
 
 LEFT, NOOP, RIGHT, JUMP = 0, 1, 2, 3
 TOL = {torch.float64: dict(rtol=1e-9, atol=1e-11), torch.float32: dict(rtol=2e-4, atol=2e-5)}
+ROOT = Path(__file__).resolve().parents[1]
+CHILD_ENV = "MEMNETS_TEST_TRITON_CHILD"
+CHILD = os.environ.get(CHILD_ENV) == "1"  # this process is the interpreter's child
 
 
-@pytest.fixture(autouse=True)
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.delenv("MEMNETS_TRITON", raising=False)
-    yield
+def _child_env(interpret: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "MEMNETS_TRITON")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                               if p])
+    if interpret:
+        env.update(TRITON_INTERPRET="1", **{CHILD_ENV: "1"})
+    return env
+
+
+@pytest.fixture(scope="module")
+def interpreter_results(request):
+    """Runs the selected :func:`interpreted` tests of this file in one child process under
+    ``TRITON_INTERPRET=1``; ``{test name: (outcome, report)}`` and the child's output."""
+    mine = [item for item in request.session.items
+            if item.module is request.module and getattr(getattr(item, "function", None), "interpreted", False)]
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "report.xml"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+               *[f"{Path(__file__).resolve()}::{item.name}" for item in mine]]
+        proc = subprocess.run(cmd, cwd=ROOT, env=_child_env(True), capture_output=True, text=True, timeout=900)
+        results = {}
+        if xml.exists():
+            for case in ET.parse(xml).getroot().iter("testcase"):
+                outcome, text = "passed", ""
+                for tag in ("failure", "error", "skipped"):
+                    node = case.find(tag)
+                    if node is not None:
+                        outcome = "skipped" if tag == "skipped" else "failed"
+                        text = (node.get("message") or "") + "\n" + (node.text or "")
+                        break
+                results[case.get("name")] = (outcome, text)
+    print(f"interpreter child: {proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ''}")
+    return results, proc.stdout[-6000:] + proc.stderr[-6000:]
+
+
+def interpreted(fn):
+    """Mark a test to run in the interpreter's child process: there it runs as written; here it
+    reports the child's outcome of the same test (same name and parameters)."""
+    fn.interpreted = True
+    if CHILD:
+        return fn
+
+    def proxy(**kwargs):
+        request = kwargs["request"]
+        results, output = kwargs["interpreter_results"]
+        if request.node.name not in results:
+            pytest.fail(f"the interpreter's child did not run {request.node.name}:\n{output}", pytrace=False)
+        outcome, text = results[request.node.name]
+        if outcome == "skipped":
+            pytest.skip(text.strip())
+        if outcome == "failed":
+            pytest.fail(f"in the interpreter's child: {text}", pytrace=False)
+
+    params = {"request", "interpreter_results"}
+    sig = inspect.signature(fn)
+    proxy.__signature__ = sig.replace(parameters=[
+        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in ("request", "interpreter_results")] + [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for n, p in sig.parameters.items() if n not in params])
+    proxy.__name__, proxy.__qualname__, proxy.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    proxy.pytestmark = list(getattr(fn, "pytestmark", []))
+    proxy.interpreted = True
+    return proxy
 
 
 @pytest.fixture
@@ -87,6 +158,7 @@ def _run_tape(fn, inputs, with_pr):
     return [o, S, *_grads([o, S], ins.values())]
 
 
+@interpreted
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("with_pr", [True, False], ids=["p_r", "no_p_r"])
 def test_tape_scan_matches_reference(dtype, with_pr, short_segment):
@@ -98,6 +170,7 @@ def test_tape_scan_matches_reference(dtype, with_pr, short_segment):
     _close(got, want, dtype, names)
 
 
+@interpreted
 def test_tape_scan_dispatch_and_dtypes():
     """nam_tape_scan runs the Triton kernel on the CUDA path; T < SEGMENT (no saved state but the
     last) and T = 1; bfloat16 runs in float32 and comes back in bfloat16; shapes are checked."""
@@ -194,6 +267,7 @@ HEAD_CASES = [  # order, transposed, unit_keys, batch_major
 ]
 
 
+@interpreted
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("case", HEAD_CASES, ids=["pos", "transposed-bm", "unitkeys-bm", "unitkeys-transposed",
                                                   "nojmp-bm", "jump-noop-bm"])
@@ -209,6 +283,7 @@ def test_heads_match_reference(case, dtype, short_segment):
     _close(got, want, dtype, names)
 
 
+@interpreted
 def test_heads_dispatch():
     """nam_tm_heads runs the Triton kernel on the CUDA path (also for unit_keys, which the
     TorchScript loops do not run) and gives what the reference gives."""
@@ -229,6 +304,7 @@ def test_heads_dispatch():
                                    batch_major=True)
 
 
+@interpreted
 def test_gradcheck(monkeypatch):
     from memnets.ops.gpu import nam_tm
     from memnets.ops.gpu.nam_tm import nam_tape_scan_triton, nam_tm_heads_triton
@@ -258,6 +334,7 @@ MODELS = [
 ]
 
 
+@interpreted
 @pytest.mark.parametrize("kw", MODELS, ids=["default", "all-transposed", "nojmp-2layers"])
 def test_nam_tm_on_the_cuda_path_matches_cpu(kw, monkeypatch):
     """NAMTuringMachine forward and backward down the CUDA path equal the CPU fused path (C
@@ -296,3 +373,49 @@ def test_nam_tm_on_the_cuda_path_matches_cpu(kw, monkeypatch):
     names = ["y", "tape", "key_tape", "h_r", "h_w", "read_pos", "write_pos", "read_act", "write_act", "dx",
              "dtape", "dkey_tape", "dh_r", "dh_w"] + [f"d{n}" for n, _ in m.named_parameters()]
     _close(got, want, DT, names)
+
+
+# ---------------------------------------------------------------------------------------------
+# the compiled kernels
+
+
+COMPILE = r"""
+import sys
+import triton
+from triton.backends import backends
+if "nvidia" not in backends:
+    print("SKIP this triton has no NVIDIA backend")
+    sys.exit(0)
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from memnets.ops.gpu.nam_tm import kernels
+
+ns = kernels(False)
+cases = [("tape_fwd", dict(HAS_PR=True, SEG=16, BK=32, BV=32)),
+         ("tape_bwd", dict(HAS_PR=True, SEG=16, BK=32, BV=32)),
+         ("heads_fwd", dict(A=4, PL=1, PN=2, PR=3, PJ=0, TRANSPOSED=True, UNIT_KEYS=True, SEG=16, BL=32, BC=64)),
+         ("heads_bwd", dict(A=4, PL=0, PN=1, PR=2, PJ=3, TRANSPOSED=False, UNIT_KEYS=True, SEG=16, BL=32, BC=64)),
+         ("heads_bwd", dict(A=3, PL=2, PN=0, PR=1, PJ=-1, TRANSPOSED=False, UNIT_KEYS=False, SEG=16, BL=16, BC=16))]
+for name, consts in cases:
+    fn = getattr(ns, name)
+    names = list(fn.arg_names)
+    first_int = names.index("T")  # the pointers come first, then the sizes and strides
+    for ptr in ("*fp32", "*fp64"):
+        sig = {a: "constexpr" if a in consts else ptr if i < first_int else "i32" for i, a in enumerate(names)}
+        compiled = triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 4})
+        assert "cubin" in compiled.asm, name
+print("OK")
+"""
+
+
+@pytest.mark.skipif(CHILD, reason="runs in its own process, without the interpreter")
+def test_kernels_compile_for_cuda():
+    """The kernels as a GPU runs them (not interpreted) compile to cubins for sm_90, float32 and
+    float64, no GPU needed: the interpreter accepts some code that the compiler does not."""
+    proc = subprocess.run([sys.executable, "-c", COMPILE], cwd=ROOT, env=_child_env(False), capture_output=True,
+                          text=True, timeout=600)
+    out = proc.stdout.strip()
+    if out.startswith("SKIP"):
+        pytest.skip(out[5:])
+    assert proc.returncode == 0 and out.endswith("OK"), proc.stdout[-4000:] + proc.stderr[-4000:]
