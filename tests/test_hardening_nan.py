@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from memnets.ops import nam_attention, nam_scan
-from memnets.ops.attention import linear_attention
+from memnets.ops.attention import linear_attention, nam_attention_quadratic
 from memnets.ops.delta import IMPLS, supports
 from memnets.ops.nam import unit
 
@@ -70,7 +70,7 @@ def _attn_inputs(B, H, S, dk, dv, seed=0):
             torch.randn(B, H, S, dv, generator=g, dtype=D64))
 
 
-@pytest.mark.parametrize("fn", ["nam", "linear"])
+@pytest.mark.parametrize("fn", ["nam", "quadratic", "linear"])
 @pytest.mark.parametrize("which", ["key", "value"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("S,chunk", [(8, 64), (50, 16)])
@@ -83,6 +83,9 @@ def test_causal_attention_nonfinite_at_t_leaves_earlier_outputs_finite(fn, which
     if fn == "nam":
         o = nam_attention(q, x["key"], x["value"], is_causal=True, chunk_size=chunk)
         ref = nam_attention(q, k, v, is_causal=True, chunk_size=chunk)
+    elif fn == "quadratic":
+        o = nam_attention_quadratic(q, x["key"], x["value"], is_causal=True)
+        ref = nam_attention_quadratic(q, k, v, is_causal=True)
     else:
         o = linear_attention(q, x["key"], x["value"], causal=True, chunk_size=chunk)
         ref = linear_attention(q, k, v, causal=True, chunk_size=chunk)
@@ -101,11 +104,15 @@ def test_causal_attention_huge_later_values_do_not_cancel_earlier_prefixes():
     torch.testing.assert_close(a[..., :40, :], b[..., :40, :])
 
 
-def test_causal_attention_packed_sequences():
+@pytest.mark.parametrize("which", ["key", "value"])
+def test_causal_attention_packed_sequences(which):
     q, k, v = _attn_inputs(1, 2, 30, 4, 3)
-    k = k.clone()
-    k[0, 0, 20, 0] = float("nan")
-    o = nam_attention(q, k, v, is_causal=True, chunk_size=8, cu_seqlens=torch.tensor([0, 12, 30]))
+    x = {"key": k.clone(), "value": v.clone()}
+    x[which][0, 0, 20, 0] = float("nan")
+    cu = torch.tensor([0, 12, 30])
+    o = nam_attention(q, x["key"], x["value"], is_causal=True, chunk_size=8, cu_seqlens=cu)
+    assert torch.isfinite(o[..., :20, :]).all()
+    o = nam_attention_quadratic(q, x["key"], x["value"], is_causal=True, cu_seqlens=cu)
     assert torch.isfinite(o[..., :20, :]).all()
 
 

@@ -70,6 +70,18 @@ def _causal_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int, s
     return out.flatten(-3, -2)[..., :S, :], final  # [..., S, dv]
 
 
+def _causal_cuts(k: torch.Tensor, v: torch.Tensor) -> list[int]:
+    """The first step with a non-finite key or value of each row ``[...]`` (0 and repeats left out),
+    sorted: where a causal pass must be cut for NaN locality. Empty after one sum when all is finite."""
+    S = k.shape[-2]
+    if S == 0 or torch.compiler.is_compiling() or bool(torch.isfinite(k.sum() + v.sum())):
+        return []
+    from .delta.chunked import _first_nonfinite
+
+    bad = ~torch.isfinite(k).all(-1) | ~torch.isfinite(v).all(-1)  # [..., S]
+    return [t for t in _first_nonfinite(bad.reshape(-1, S)) if t > 0]
+
+
 def _causal_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int) -> torch.Tensor:
     """o_t = Σ_{s<=t} (q_t·k_s) v_s with within-chunk quadratic terms and prefix states.
 
@@ -80,11 +92,7 @@ def _causal_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: in
     S = q.shape[-2]
     if S == 0:
         return q @ (k.transpose(-1, -2) @ v)  # [..., 0, dv]
-    cuts: list[int] = []
-    if not torch.compiler.is_compiling() and not bool(torch.isfinite(k.sum() + v.sum())):  # one sum: all finite?
-        from .delta.chunked import _first_nonfinite
-        bad = ~torch.isfinite(k).all(-1) | ~torch.isfinite(v).all(-1)  # [..., S]
-        cuts = [t for t in _first_nonfinite(bad.reshape(-1, S)) if t > 0]
+    cuts = _causal_cuts(k, v)
     if not cuts:
         return _causal_run(q, k, v, chunk, None)[0]
     outs, state = [], None
@@ -233,10 +241,16 @@ def nam_attention_quadratic(
     if s is not None:
         scores = scores * s
     if causal:
-        scores = scores.tril()
+        scores = scores.tril()  # selects: a NaN above the diagonal becomes 0
     if offsets is not None:
-        scores = scores * same_sequence_mask(offsets, scores.device).to(scores.dtype)
-    return scores @ value
+        scores = scores.masked_fill(~same_sequence_mask(offsets, scores.device), 0)
+    cuts = _causal_cuts(key, value) if causal else []
+    if not cuts:
+        return scores @ value
+    # a non-finite value at step t would reach the rows before t through its zero scores (0 · NaN):
+    # the rows of each run, cut at every row's first non-finite step, see only the values up to their end
+    return torch.cat([scores[..., a:b, :b] @ value[..., :b, :] for a, b in zip([0] + cuts, cuts + [scores.shape[-2]])],
+                     -2)
 
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
