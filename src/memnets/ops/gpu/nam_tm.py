@@ -25,17 +25,19 @@ the C kernels of :mod:`memnets.ops._native` hold it in cache on the CPU):
       heads               H'_e = Σ_a act_{e,a} · move_a(H_e)   (e = read, write head)
                           LEFT = roll(H, −1), NOOP = H, RIGHT = roll(H, +1), JUMP = j
 
-  A shift of a head is a product with a 0/1 matrix built once per program (no shuffles
-  across lanes). The backward walks the key tape back from copies saved every
+  A shift of a head is a product with a 0/1 matrix ``[L, L]`` built once per program (no
+  shuffles across lanes; O(L²) per step, small beside the key tape's O(C·L) for tape lengths
+  up to a few hundred). The backward walks the key tape back from copies saved every
   :data:`SEGMENT` steps, recomputing ``a`` and the jump; without JUMP among the actions the
   key tape is neither read nor written and only the heads run.
 
 Every buffer a kernel writes is allocated by its autograd Function. Float32 and float64 run in
 their own precision; float16/bfloat16 inputs run in float32 and the results are cast back.
-The kernels are decorated on first use (:func:`kernels`, once per interpreter mode), so that
-``TRITON_INTERPRET=1`` set before that use runs them on CPU tensors (the tests do this).
-Held to the per-step references in float32 and float64 by tests/test_triton_nam_tm.py.
-Not twice differentiable.
+The kernels are decorated on first use (:func:`kernels`); on CPU tensors they run through
+Triton's interpreter, which needs ``TRITON_INTERPRET=1`` set before Triton is first imported in
+the process (Triton's own library is decorated then too). Held to the per-step references in
+float32 and float64 through the interpreter, and compiled for sm_90, by
+tests/test_triton_nam_tm.py. Not twice differentiable.
 """
 from __future__ import annotations
 
@@ -66,8 +68,8 @@ def _warps(block: int) -> int:
 @functools.lru_cache(maxsize=None)
 def kernels(interpret: bool):
     """The Triton kernels, decorated now (Triton reads ``TRITON_INTERPRET`` when a function is
-    decorated), once per interpreter mode: a namespace of ``tape_fwd``, ``tape_bwd``,
-    ``heads_fwd``, ``heads_bwd``."""
+    decorated), once per mode (``interpret``, the cache key): a namespace of ``tape_fwd``,
+    ``tape_bwd``, ``heads_fwd``, ``heads_bwd``."""
     del interpret  # the cache key
     import triton
     import triton.language as tl
