@@ -445,3 +445,16 @@ def test_gru_checks_its_arguments():
         gru_scan(gx, w, b, h0[:, :1])
     with pytest.raises(ValueError, match="w_hh"):
         gru_scan(gx, w.double(), b, h0)
+
+
+@needs_kernels
+def test_tape_refuses_missing_probabilities():
+    q, k, v, pw, pe, pr, S0 = _tape_inputs(1, 3, 1, 2, 2)
+    for i in (3, 4):  # p_w, p_e: the kernel reads them at every step
+        args = [q, k, v, pw, pe, pr, S0]
+        args[i] = None
+        with pytest.raises(ValueError, match="p_w|p_e"):
+            nam_tape_scan(*args)
+    o, S = nam_tape_scan(q, k, v, pw, pe, pr, None)  # no initial state: zeros
+    o0, S0_ = nam_tape_scan(q, k, v, pw, pe, pr, torch.zeros_like(S0))
+    assert torch.equal(o, o0) and torch.equal(S, S0_)

@@ -93,13 +93,13 @@ class _TapeScan(torch.autograd.Function):
 
 
 def nam_tape_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_w: torch.Tensor, p_e: torch.Tensor,
-                  p_r: Optional[torch.Tensor], initial_state: torch.Tensor):
+                  p_r: Optional[torch.Tensor], initial_state: Optional[torch.Tensor]):
     """:func:`memnets.ops.nam_scan` by the step-by-step C kernel (see the module docstring).
 
     Args:
         q, k: ``[B, T, H, dk]`` (views with the same strides are read in place, e.g. the
             read and write heads of one tensor); v: ``[B, T, H, dv]``; p_w, p_e: ``[B, T, H]``; p_r: ``[B, T, H]``
-            or ``None`` (= 1); initial_state: ``[B, H, dv, dk]``. One dtype, float32 or
+            or ``None`` (= 1); initial_state: ``[B, H, dv, dk]`` (``None``: zeros). One dtype, float32 or
             float64, on the CPU (check with :func:`available`).
     Returns:
         ``(outputs [B, T, H, dv], final_state [B, H, dv, dk])``.
@@ -114,6 +114,11 @@ def nam_tape_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_w: torch.
         raise ValueError(f"`q` and `v` expected [B, T, H, d], got {list(q.shape)} and {list(v.shape)}")
     B, T, H, K = q.shape
     V = v.shape[-1]
+    if initial_state is None:
+        initial_state = q.new_zeros(B, H, V, K)
+    for name, x in (("k", k), ("p_w", p_w), ("p_e", p_e)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"`{name}` expected a tensor, got {type(x).__name__}")
     for name, x, shape in (("k", k, (B, T, H, K)), ("v", v, (B, T, H, V)), ("p_w", p_w, (B, T, H)),
                            ("p_e", p_e, (B, T, H)), ("p_r", p_r, (B, T, H)),
                            ("initial_state", initial_state, (B, H, V, K))):
