@@ -665,9 +665,12 @@ def nam_tm_heads_triton(act: torch.Tensor, q: Optional[torch.Tensor], k: Optiona
             raise ValueError(f"nam_tm_heads: `{name}` expected shape {list(shape)}, {act.dtype} on {act.device}, "
                              f"got {got}")
     dt = _compute_dtype(act.dtype)
-    if steps[1 if batch_major else 0] == 0 or N == 0:
-        B, Tn = (steps[0], steps[2]) if batch_major else (1, N)
-        heads = h0.view(B, 1, Tn, 2, L) if batch_major else h0.unsqueeze(0)
+    T = steps[1 if batch_major else 0]
+    if T == 0 or N == 0:  # no step or no sequence: the heads stay where they are
+        if batch_major:
+            heads = h0.view(steps[0], 1, steps[2], 2, L).expand(steps[0], T + 1, steps[2], 2, L)
+        else:
+            heads = h0.unsqueeze(0).expand((T + 1,) + h0.shape)
         return heads.clone(), key_tape.clone()
 
     def c(x):
