@@ -54,11 +54,25 @@ def _memnets(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Complete
                           timeout=timeout)
 
 
-@pytest.mark.parametrize("override, words", [
-    ("model.options.num_head=2", ["`model.options.num_head`", "did you mean", "num_tapes"]),
-    ("threads=-1", ["`threads`", ">= 0", "-1"]),
-])
-def test_bad_option_or_range_is_one_line_exit_2_and_leaves_no_run_folder(tmp_path, override, words):
+BAD = [("model.options.num_head=2", ["`model.options.num_head`", "did you mean", "num_tapes"]),
+       ("threads=-1", ["`threads`", ">= 0", "-1"])]
+
+
+@pytest.mark.parametrize("override, words", BAD)
+def test_bad_option_or_range_is_one_line_exit_2_and_leaves_no_run_folder(tmp_path, monkeypatch, capsys,
+                                                                          override, words):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "cpu/reduce-nam_tm", override]) == 2
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in cap.err, cap.err
+    assert all(w in lines[0] for w in words), lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override, words", BAD)
+def test_bad_option_or_range_from_the_shell(tmp_path, override, words):
     p = _memnets("train", "cpu/reduce-nam_tm", override, cwd=tmp_path)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
