@@ -28,6 +28,8 @@ from torch import nn
 
 from .._checks import check_input_dtype, check_positive_int, check_shape
 from ..ops.addressing import circular_shift, content_weights, erase_add_write, interpolate, sharpen, weighted_read
+from ..ops.gpu import use_triton
+from ..ops.gpu.ntm import applies as ntm_applies, ntm_scan_triton
 from ..registry import register_model
 
 __all__ = ["NTM", "NTMConfig", "NTMState", "NTMAux"]
@@ -233,6 +235,11 @@ class NTM(nn.Module):
             raise ValueError(f"`x` expected a sequence of length T >= 1, got {list(x.shape)}")
         state = self.init_state(B, x.device, x.dtype) if state is None else state
         self._check_state(state, B)
+        cfg = self.config
+        if not return_aux and use_triton(x) and ntm_applies(cfg.memory_slots, cfg.word_size, cfg.controller_size):
+            # the CUDA path: two kernel launches per time step (memnets.ops.gpu.ntm)
+            h, reads, state = ntm_scan_triton(self, self.ctrl_x(x), state)
+            return self._readout(h, reads), state
         gx = self.ctrl_x(x).unbind(1)  # T x [B, G]: the input part of every step at once
         hs, rs, trace = [], [], []
         for t in range(T):

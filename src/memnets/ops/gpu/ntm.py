@@ -1,0 +1,448 @@
+"""The Neural Turing Machine's time loop as Triton kernels (docs/maths.md §7): two launches per
+time step forward, two backward.
+
+Forward, per step ``t`` (one program per sequence ``b`` of the batch)::
+
+    z_t = gx_t + [r_{t-1} ; h_{t-1}] W_rhᵀ          # one cuBLAS addmm for the whole batch
+    controller: LSTM (c_t, h_t) or tanh (h_t)       # one Triton program per sequence does
+    p_t = W_h h_t + b_h                             #   everything from here to the reads,
+    write heads: address M_{t-1}, erase, add → M_t  #   the memory [N, W] in registers
+    read heads: address M_t, read r_t
+
+Addressing is the NTM's (content → interpolation → circular shift → sharpening,
+:mod:`memnets.ops.addressing`), with the same eps and the same softplus threshold as the
+PyTorch path. Saved for the backward: every step's memory, weightings, cell state, ``[r ; h]``
+and controller pre-activations (the step's intermediates are recomputed). Backward, per step in
+reverse: one program per sequence recomputes the step and walks it back (reads, read
+addressing, write, write addressing, the heads' linear layer, the controller) writing
+``dz_t`` and ``dp_t``; one matmul ``d[r ; h]_{t-1} = dz_t W_rh`` follows. The weight
+gradients are matmuls after the loop.
+
+:func:`ntm_scan_triton` runs it for :class:`memnets.memories.ntm.NTM` where
+:func:`memnets.ops.gpu.use_triton` says so (CUDA); the tests run it on the CPU through Triton's
+interpreter against the NTM's step-by-step PyTorch path, float32 and float64.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+__all__ = ["NTMScanTriton", "ntm_scan_triton", "applies", "MAX_SLOTS"]
+
+EPS = 1e-6  # cosine's eps (memnets.ops.addressing)
+SHARP_EPS = 1e-12  # sharpening's eps
+MAX_SLOTS = 256  # one program holds the [N, W] memory and an [N, N] shift matrix in registers
+MAX_WIDTH = 256  # word size and controller width
+
+
+def _p2(n: int) -> int:
+    return max(16, 1 << (max(n, 1) - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=None)
+def kernels():
+    """``(forward_step, backward_step)``, defined on first use (Triton reads
+    ``TRITON_INTERPRET`` when a kernel is defined)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _sig(x):
+        return 1.0 / (1.0 + tl.exp(-x))
+
+    @triton.jit
+    def _tanh(x):
+        return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+    @triton.jit
+    def _softplus(x):  # torch's softplus: x itself past the threshold 20
+        return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+
+    @triton.jit
+    def _softplus_grad(x):
+        return tl.where(x > 20.0, 1.0, _sig(x))
+
+    @triton.jit
+    def _rows(w_ptr, b_ptr, row0, n, C, h, ci, cm, BR: tl.constexpr):
+        """``y[r] = W[row0 + r] · h + b[row0 + r]`` for r < n, and the rows ``W[row0 : row0+n]``."""
+        r = tl.arange(0, BR)
+        rm = r < n
+        Wt = tl.load(w_ptr + (row0 + r)[:, None] * C + ci[None, :], mask=rm[:, None] & cm[None, :], other=0.0)
+        y = tl.sum(Wt * h[None, :], 1) + tl.load(b_ptr + row0 + r, mask=rm, other=0.0)
+        return y, Wt
+
+    @triton.jit
+    def _row(w_ptr, b_ptr, row, C, h, ci, cm):
+        w = tl.load(w_ptr + row * C + ci, mask=cm, other=0.0)
+        return tl.sum(w * h, 0) + tl.load(b_ptr + row), w
+
+    @triton.jit
+    def _params(w_ptr, b_ptr, off, W, C, h, ci, cm, S: tl.constexpr, BW: tl.constexpr, BS: tl.constexpr):
+        """One head's raw parameters (key, β, g, γ, shift logits) from ``h``, and their rows."""
+        kr, Wk = _rows(w_ptr, b_ptr, off, W, C, h, ci, cm, BW)
+        br, Wb = _row(w_ptr, b_ptr, off + W, C, h, ci, cm)
+        gr, Wg = _row(w_ptr, b_ptr, off + W + 1, C, h, ci, cm)
+        yr, Wy = _row(w_ptr, b_ptr, off + W + 2, C, h, ci, cm)
+        sr, Ws = _rows(w_ptr, b_ptr, off + W + 3, S, C, h, ci, cm, BS)
+        return kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws
+
+    @triton.jit
+    def _shift_matrix(s, N, ni, nm, S: tl.constexpr, BS: tl.constexpr):
+        """``A[i, m] = s_j`` where ``i − m ≡ j − n (mod N)``: ``w̃ = A w`` is the circular shift."""
+        js = tl.arange(0, BS)
+        dif = (ni[:, None] - ni[None, :] + N) % N
+        valid = nm[:, None] & nm[None, :]
+        A = tl.zeros_like(dif.to(s.dtype))
+        for j in tl.static_range(S):
+            sj = tl.sum(tl.where(js == j, s, 0.0), 0)
+            A += tl.where(valid & (dif == (j - S // 2 + N) % N), sj, 0.0)
+        return A
+
+    @triton.jit
+    def _address(M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, S: tl.constexpr, BS: tl.constexpr):
+        """The weighting of one head on memory ``M [BN, BW]`` and the intermediates."""
+        key = _tanh(kr)
+        key = tl.where(wm, key, 0.0)
+        beta = _softplus(br)
+        g = _sig(gr)
+        gamma = 1.0 + _softplus(yr)
+        sm = js < S
+        sl = tl.where(sm, sr, float("-inf"))
+        se = tl.where(sm, tl.exp(sl - tl.max(sl, 0)), 0.0)
+        s = se / tl.sum(se, 0)
+        kn = tl.sqrt(tl.sum(key * key, 0) + 1e-6)
+        mn = tl.sqrt(tl.sum(M * M, 1) + 1e-6)
+        dot = tl.sum(M * key[None, :], 1)
+        cos = dot / (kn * mn)
+        a = tl.where(nm, beta * cos, float("-inf"))
+        ae = tl.where(nm, tl.exp(a - tl.max(a, 0)), 0.0)
+        wc = ae / tl.sum(ae, 0)
+        wg = g * wc + (1.0 - g) * wprev
+        A = _shift_matrix(s, N, ni, nm, S, BS)
+        wt = tl.sum(A * wg[None, :], 1)
+        lw = tl.log(tl.maximum(wt, 0.0) + 1e-12)
+        b = tl.where(nm, gamma * lw, float("-inf"))
+        be = tl.where(nm, tl.exp(b - tl.max(b, 0)), 0.0)
+        w = be / tl.sum(be, 0)
+        return w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, A, wt, lw
+
+    @triton.jit
+    def _address_bwd(dw, M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, S: tl.constexpr, BS: tl.constexpr):
+        """Gradients of one head's weighting: ``(dM, d key_raw, dβ_raw, dg_raw, dγ_raw, ds_raw, dw_prev)``."""
+        w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, A, wt, lw = _address(
+            M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, S, BS)
+        dw = tl.where(nm, dw, 0.0)
+        db = w * (dw - tl.sum(w * dw, 0))  # sharpening's softmax
+        dgamma = tl.sum(tl.where(nm, db * lw, 0.0), 0)
+        dwt = tl.where(nm & (wt >= 0.0), db * gamma / (tl.maximum(wt, 0.0) + 1e-12), 0.0)
+        dwg = tl.sum(A * dwt[:, None], 0)  # Aᵀ dw̃
+        dif = (ni[:, None] - ni[None, :] + N) % N
+        valid = nm[:, None] & nm[None, :]
+        outer = dwt[:, None] * wg[None, :]
+        ds = tl.zeros_like(s)
+        for j in tl.static_range(S):
+            dsj = tl.sum(tl.sum(tl.where(valid & (dif == (j - S // 2 + N) % N), outer, 0.0), 1), 0)
+            ds += tl.where(js == j, dsj, 0.0)
+        dg = tl.sum(dwg * (wc - wprev), 0)
+        dwc = g * dwg
+        dwprev = (1.0 - g) * dwg
+        da = wc * (dwc - tl.sum(wc * dwc, 0))  # content softmax
+        dbeta = tl.sum(tl.where(nm, da * cos, 0.0), 0)
+        dcos = tl.where(nm, da * beta, 0.0)
+        ddot = dcos / (kn * mn)
+        dkn = -tl.sum(dcos * cos, 0) / kn
+        dmn = -dcos * cos / mn
+        dkey = tl.sum(M * ddot[:, None], 0) + dkn * key / kn
+        dM = ddot[:, None] * key[None, :] + (dmn / mn)[:, None] * M
+        dkr = tl.where(wm, dkey * (1.0 - key * key), 0.0)
+        dbr = dbeta * _softplus_grad(br)
+        dgr = dg * g * (1.0 - g)
+        dyr = dgamma * _softplus_grad(yr)
+        dsr = tl.where(js < S, s * (ds - tl.sum(s * ds, 0)), 0.0)
+        return dM, dkr, dbr, dgr, dyr, dsr, dwprev
+
+    @triton.jit
+    def _controller(z_ptr, cprev_ptr, b, C, ci, cm, LSTM: tl.constexpr):
+        if LSTM:
+            base = z_ptr + b * 4 * C
+            zi = tl.load(base + ci, mask=cm, other=0.0)
+            zf = tl.load(base + C + ci, mask=cm, other=0.0)
+            zg = tl.load(base + 2 * C + ci, mask=cm, other=0.0)
+            zo = tl.load(base + 3 * C + ci, mask=cm, other=0.0)
+            cprev = tl.load(cprev_ptr + b * C + ci, mask=cm, other=0.0)
+            si, sf, tg, so = _sig(zi), _sig(zf), _tanh(zg), _sig(zo)
+            c = sf * cprev + si * tg
+            tc = _tanh(c)
+            h = so * tc
+        else:
+            zi = tl.load(z_ptr + b * C + ci, mask=cm, other=0.0)
+            h = _tanh(zi)
+            si, sf, tg, so, cprev, c, tc = h, h, h, h, h, h, h
+        return h, c, si, sf, tg, so, cprev, tc
+
+    @triton.jit
+    def forward_step(z_ptr, cprev_ptr, c_ptr, mprev_ptr, m_ptr, wrprev_ptr, wr_ptr, wwprev_ptr, ww_ptr, rh_ptr,
+                     wh_ptr, bh_ptr, N, W, C, RHW,
+                     R: tl.constexpr, HW: tl.constexpr, S: tl.constexpr, LSTM: tl.constexpr,
+                     BN: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr):
+        b = tl.program_id(0)
+        ci = tl.arange(0, BC)
+        cm = ci < C
+        ni = tl.arange(0, BN)
+        nm = ni < N
+        wi = tl.arange(0, BW)
+        wm = wi < W
+        js = tl.arange(0, BS)
+        h, c, si, sf, tg, so, cprev, tc = _controller(z_ptr, cprev_ptr, b, C, ci, cm, LSTM)
+        if LSTM:
+            tl.store(c_ptr + b * C + ci, c, mask=cm)
+        tl.store(rh_ptr + b * RHW + R * W + ci, h, mask=cm)
+        P = W + 3 + S
+        moffs = b * N * W + ni[:, None] * W + wi[None, :]
+        mmask = nm[:, None] & wm[None, :]
+        M = tl.load(mprev_ptr + moffs, mask=mmask, other=0.0)
+        keep = tl.zeros_like(M) + 1.0
+        add = tl.zeros_like(M)
+        for hw in tl.static_range(HW):
+            kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws = _params(wh_ptr, bh_ptr, (R + hw) * P, W, C, h, ci, cm, S, BW, BS)
+            wprev = tl.load(wwprev_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
+            w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, A, wt, lw = _address(
+                M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, S, BS)
+            tl.store(ww_ptr + (b * HW + hw) * N + ni, w, mask=nm)
+            eo = (R + HW) * P + hw * 2 * W
+            er, We = _rows(wh_ptr, bh_ptr, eo, W, C, h, ci, cm, BW)
+            ad, Wa = _rows(wh_ptr, bh_ptr, eo + W, W, C, h, ci, cm, BW)
+            keep = keep * (1.0 - w[:, None] * _sig(er)[None, :])
+            add += w[:, None] * ad[None, :]
+        Mn = tl.where(mmask, M * keep + add, 0.0)
+        tl.store(m_ptr + moffs, Mn, mask=mmask)
+        for rr in tl.static_range(R):
+            kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws = _params(wh_ptr, bh_ptr, rr * P, W, C, h, ci, cm, S, BW, BS)
+            wprev = tl.load(wrprev_ptr + (b * R + rr) * N + ni, mask=nm, other=0.0)
+            w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, A, wt, lw = _address(
+                Mn, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, S, BS)
+            tl.store(wr_ptr + (b * R + rr) * N + ni, w, mask=nm)
+            tl.store(rh_ptr + b * RHW + rr * W + wi, tl.sum(Mn * w[:, None], 0), mask=wm)
+
+    @triton.jit
+    def _store_params(dp_ptr, off, W, dkr, dbr, dgr, dyr, dsr, wi, wm, js, S: tl.constexpr):
+        tl.store(dp_ptr + off + wi, dkr, mask=wm)
+        tl.store(dp_ptr + off + W, dbr)
+        tl.store(dp_ptr + off + W + 1, dgr)
+        tl.store(dp_ptr + off + W + 2, dyr)
+        tl.store(dp_ptr + off + W + 3 + js, dsr, mask=js < S)
+
+    @triton.jit
+    def _dh_params(dkr, dbr, dgr, dyr, dsr, Wk, Wb, Wg, Wy, Ws):
+        return tl.sum(Wk * dkr[:, None], 0) + dbr * Wb + dgr * Wg + dyr * Wy + tl.sum(Ws * dsr[:, None], 0)
+
+    @triton.jit
+    def backward_step(z_ptr, cprev_ptr, mprev_ptr, m_ptr, wrprev_ptr, wr_ptr, wwprev_ptr, ww_ptr, rh_ptr,
+                      wh_ptr, bh_ptr, drh_ptr, drhc_ptr, dm_ptr, dmprev_ptr, dwr_ptr, dwrprev_ptr, dww_ptr,
+                      dwwprev_ptr, dc_ptr, dcprev_ptr, dz_ptr, dp_ptr, N, W, C, RHW, KIN, PT,
+                      R: tl.constexpr, HW: tl.constexpr, S: tl.constexpr, LSTM: tl.constexpr,
+                      BN: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr):
+        b = tl.program_id(0)
+        ci = tl.arange(0, BC)
+        cm = ci < C
+        ni = tl.arange(0, BN)
+        nm = ni < N
+        wi = tl.arange(0, BW)
+        wm = wi < W
+        js = tl.arange(0, BS)
+        h, c, si, sf, tg, so, cprev, tc = _controller(z_ptr, cprev_ptr, b, C, ci, cm, LSTM)
+        P = W + 3 + S
+        moffs = b * N * W + ni[:, None] * W + wi[None, :]
+        mmask = nm[:, None] & wm[None, :]
+        M = tl.load(mprev_ptr + moffs, mask=mmask, other=0.0)
+        Mn = tl.load(m_ptr + moffs, mask=mmask, other=0.0)
+        dMn = tl.load(dm_ptr + moffs, mask=mmask, other=0.0)
+        dh = tl.zeros_like(h)
+        # reads, then the read heads' addressing on M_t
+        for rr in tl.static_range(R):
+            dr = tl.load(drh_ptr + b * RHW + rr * W + wi, mask=wm, other=0.0) \
+                + tl.load(drhc_ptr + b * KIN + rr * W + wi, mask=wm, other=0.0)
+            w = tl.load(wr_ptr + (b * R + rr) * N + ni, mask=nm, other=0.0)
+            dMn += w[:, None] * dr[None, :]
+            dw = tl.sum(Mn * dr[None, :], 1) + tl.load(dwr_ptr + (b * R + rr) * N + ni, mask=nm, other=0.0)
+            kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws = _params(wh_ptr, bh_ptr, rr * P, W, C, h, ci, cm, S, BW, BS)
+            wprev = tl.load(wrprev_ptr + (b * R + rr) * N + ni, mask=nm, other=0.0)
+            dMa, dkr, dbr, dgr, dyr, dsr, dwprev = _address_bwd(dw, Mn, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js,
+                                                                S, BS)
+            dMn += tl.where(mmask, dMa, 0.0)
+            tl.store(dwrprev_ptr + (b * R + rr) * N + ni, dwprev, mask=nm)
+            _store_params(dp_ptr + b * PT, rr * P, W, dkr, dbr, dgr, dyr, dsr, wi, wm, js, S)
+            dh += _dh_params(dkr, dbr, dgr, dyr, dsr, Wk, Wb, Wg, Wy, Ws)
+        # the write: M_t = M_{t-1} ∘ Π_h (1 − w_h e_hᵀ) + Σ_h w_h a_hᵀ
+        keep = tl.zeros_like(M) + 1.0
+        for hw in tl.static_range(HW):
+            w = tl.load(ww_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
+            er, We = _rows(wh_ptr, bh_ptr, (R + HW) * P + hw * 2 * W, W, C, h, ci, cm, BW)
+            keep = keep * (1.0 - w[:, None] * _sig(er)[None, :])
+        dM = dMn * keep
+        for hw in tl.static_range(HW):
+            w = tl.load(ww_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
+            eo = (R + HW) * P + hw * 2 * W
+            er, We = _rows(wh_ptr, bh_ptr, eo, W, C, h, ci, cm, BW)
+            ad, Wa = _rows(wh_ptr, bh_ptr, eo + W, W, C, h, ci, cm, BW)
+            e = _sig(er)
+            other = tl.zeros_like(M) + 1.0
+            for h2 in tl.static_range(HW):
+                if h2 != hw:
+                    w2 = tl.load(ww_ptr + (b * HW + h2) * N + ni, mask=nm, other=0.0)
+                    er2, We2 = _rows(wh_ptr, bh_ptr, (R + HW) * P + h2 * 2 * W, W, C, h, ci, cm, BW)
+                    other = other * (1.0 - w2[:, None] * _sig(er2)[None, :])
+            g_e = dMn * M * other  # d(keep_h) · M, per cell
+            dw = tl.sum(dMn * ad[None, :], 1) - tl.sum(g_e * e[None, :], 1) \
+                + tl.load(dww_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
+            de = -tl.sum(g_e * w[:, None], 0)
+            dad = tl.sum(dMn * w[:, None], 0)
+            der = tl.where(wm, de * e * (1.0 - e), 0.0)
+            dad = tl.where(wm, dad, 0.0)
+            tl.store(dp_ptr + b * PT + eo + wi, der, mask=wm)
+            tl.store(dp_ptr + b * PT + eo + W + wi, dad, mask=wm)
+            dh += tl.sum(We * der[:, None], 0) + tl.sum(Wa * dad[:, None], 0)
+            kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws = _params(wh_ptr, bh_ptr, (R + hw) * P, W, C, h, ci, cm, S, BW, BS)
+            wprev = tl.load(wwprev_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
+            dMa, dkr, dbr, dgr, dyr, dsr, dwprev = _address_bwd(dw, M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js,
+                                                                S, BS)
+            dM += tl.where(mmask, dMa, 0.0)
+            tl.store(dwwprev_ptr + (b * HW + hw) * N + ni, dwprev, mask=nm)
+            _store_params(dp_ptr + b * PT, (R + hw) * P, W, dkr, dbr, dgr, dyr, dsr, wi, wm, js, S)
+            dh += _dh_params(dkr, dbr, dgr, dyr, dsr, Wk, Wb, Wg, Wy, Ws)
+        tl.store(dmprev_ptr + moffs, dM, mask=mmask)
+        # the controller
+        dh += tl.load(drh_ptr + b * RHW + R * W + ci, mask=cm, other=0.0)
+        if LSTM:
+            dh += tl.load(drhc_ptr + b * KIN + R * W + ci, mask=cm, other=0.0)
+            dc = tl.load(dc_ptr + b * C + ci, mask=cm, other=0.0) + dh * so * (1.0 - tc * tc)
+            base = dz_ptr + b * 4 * C
+            tl.store(base + ci, dc * tg * si * (1.0 - si), mask=cm)
+            tl.store(base + C + ci, dc * cprev * sf * (1.0 - sf), mask=cm)
+            tl.store(base + 2 * C + ci, dc * si * (1.0 - tg * tg), mask=cm)
+            tl.store(base + 3 * C + ci, dh * tc * so * (1.0 - so), mask=cm)
+            tl.store(dcprev_ptr + b * C + ci, dc * sf, mask=cm)
+        else:
+            tl.store(dz_ptr + b * C + ci, dh * (1.0 - h * h), mask=cm)
+
+    # the kernels call these helpers by name: Triton (compiler and interpreter alike) looks a
+    # called function up in the kernel's module globals
+    globals().update(_sig=_sig, _tanh=_tanh, _softplus=_softplus, _softplus_grad=_softplus_grad, _rows=_rows,
+                     _row=_row, _params=_params, _shift_matrix=_shift_matrix, _address=_address,
+                     _address_bwd=_address_bwd, _controller=_controller, _store_params=_store_params,
+                     _dh_params=_dh_params)
+    return forward_step, backward_step
+
+
+def applies(memory_slots: int, word_size: int, controller_size: int) -> bool:
+    """Whether the kernels take an NTM of these sizes (each up to its limit in registers)."""
+    return memory_slots <= MAX_SLOTS and word_size <= MAX_WIDTH and controller_size <= MAX_WIDTH
+
+
+def _warps(BN: int, BW: int) -> int:
+    n = BN * max(BN, BW)
+    return 2 if n <= 512 else 4 if n <= 4096 else 8 if n <= 16384 else 16
+
+
+class NTMScanTriton(torch.autograd.Function):
+    """The NTM's recurrence on Triton kernels (module docstring).
+
+    ``forward(gx [T, B, G], w_rh [G, K], w_h [P, C], b_h [P], M0 [B, N, W], wr0 [B, R, N],
+    ww0 [B, Hw, N], r0 [B, R, W], h0 [B, C], c0 [B, C], shifts, lstm)`` with ``G = 4C``
+    (LSTM, ``K = R W + C``) or ``C`` (``K = R W``), ``P = (R + Hw)(W + 3 + shifts) + 2 Hw W``
+    -> ``(rh [T, B, R W + C] (each step's reads, then h), M_T, wr_T, ww_T, c_T)``. Every buffer
+    it writes is its own."""
+
+    @staticmethod
+    def forward(ctx, gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0, shifts: int, lstm: bool):
+        T, B, G = gx.shape
+        N, W = M0.shape[1:]
+        R, Hw, C = wr0.shape[1], ww0.shape[1], h0.shape[1]
+        S = int(shifts)
+        K = R * W + (C if lstm else 0)
+        Pt = (R + Hw) * (W + 3 + S) + 2 * Hw * W
+        want = {"gx": (T, B, 4 * C if lstm else C), "w_rh": (G, K), "w_h": (Pt, C), "b_h": (Pt,), "M0": (B, N, W),
+                "wr0": (B, R, N), "ww0": (B, Hw, N), "r0": (B, R, W), "h0": (B, C), "c0": (B, C)}
+        args = dict(gx=gx, w_rh=w_rh, w_h=w_h, b_h=b_h, M0=M0, wr0=wr0, ww0=ww0, r0=r0, h0=h0, c0=c0)
+        for name, t in args.items():
+            if tuple(t.shape) != want[name]:
+                raise ValueError(f"NTM recurrence: `{name}` expected shape {list(want[name])}, got {list(t.shape)}")
+            if t.dtype != gx.dtype or t.device != gx.device:
+                raise TypeError(f"NTM recurrence: `{name}` expected {gx.dtype} on {gx.device} like `gx`, "
+                                f"got {t.dtype} on {t.device}")
+        if gx.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"NTM recurrence expected float32 or float64, got {gx.dtype}")
+        if T < 1 or S < 1 or S % 2 == 0 or S > N or not applies(N, W, C):
+            raise ValueError(f"NTM recurrence: T={T} >= 1, an odd shift count <= N={N} (got {S}), "
+                             f"N <= {MAX_SLOTS}, W and C <= {MAX_WIDTH} expected")
+        fwd, _ = kernels()
+        gx, w_rh, w_h, b_h = (t.contiguous() for t in (gx, w_rh, w_h, b_h))
+        new = gx.new_empty
+        Ms, Wr, Ww, Cs = new(T + 1, B, N, W), new(T + 1, B, R, N), new(T + 1, B, Hw, N), new(T + 1, B, C)
+        RH, Z = new(T + 1, B, R * W + C), new(T, B, G)
+        Ms[0], Wr[0], Ww[0], Cs[0] = M0, wr0, ww0, c0
+        RH[0, :, : R * W], RH[0, :, R * W:] = r0.reshape(B, R * W), h0
+        BN, BW, BC, BS = _p2(N), _p2(W), _p2(C), _p2(S)
+        meta = dict(R=R, HW=Hw, S=S, LSTM=bool(lstm), BN=BN, BW=BW, BC=BC, BS=BS, num_warps=_warps(BN, BW))
+        for t in range(T):
+            torch.addmm(gx[t], RH[t, :, :K], w_rh.t(), out=Z[t])
+            fwd[(B,)](Z[t], Cs[t], Cs[t + 1], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], RH[t + 1],
+                      w_h, b_h, N, W, C, R * W + C, **meta)
+        if not lstm:
+            Cs[1:] = c0
+        ctx.save_for_backward(w_rh, w_h, b_h, Ms, Wr, Ww, Cs, RH, Z)
+        ctx.meta, ctx.K = meta, K
+        return RH[1:].clone(), Ms[T].clone(), Wr[T].clone(), Ww[T].clone(), Cs[T].clone()
+
+    @staticmethod
+    def backward(ctx, d_rh, dM, dwr, dww, dc):
+        w_rh, w_h, b_h, Ms, Wr, Ww, Cs, RH, Z = ctx.saved_tensors
+        _, bwd = kernels()
+        meta, K = ctx.meta, ctx.K
+        T, B, G = Z.shape
+        N, W = Ms.shape[2:]
+        R, Hw, C = Wr.shape[2], Ww.shape[2], Cs.shape[2]
+        Pt = w_h.shape[0]
+
+        def grad(g, like):
+            return torch.zeros_like(like) if g is None else g.contiguous()
+
+        d_rh = grad(d_rh, RH[1:])
+        dMs, dWr, dWw, dCs = (torch.zeros_like(x) for x in (Ms, Wr, Ww, Cs))
+        dMs[T], dWr[T], dWw[T], dCs[T] = grad(dM, Ms[T]), grad(dwr, Wr[T]), grad(dww, Ww[T]), grad(dc, Cs[T])
+        dZ, DP = torch.empty_like(Z), Z.new_zeros(T, B, Pt)
+        drhc = Z.new_zeros(B, K)  # d[r ; h]_t through the next step's z
+        for t in range(T - 1, -1, -1):
+            bwd[(B,)](Z[t], Cs[t], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], RH[t + 1], w_h, b_h,
+                      d_rh[t], drhc, dMs[t + 1], dMs[t], dWr[t + 1], dWr[t], dWw[t + 1], dWw[t], dCs[t + 1], dCs[t],
+                      dZ[t], DP[t], N, W, C, R * W + C, K, Pt, **meta)
+            torch.mm(dZ[t], w_rh, out=drhc)
+        lstm = meta["LSTM"]
+        rh_in = RH[:T, :, :K].reshape(T * B, K)
+        d_wrh = torch.mm(dZ.reshape(T * B, G).t(), rh_in) if ctx.needs_input_grad[1] else None
+        hs = RH[1:, :, R * W:].reshape(T * B, C)
+        d_wh = torch.mm(DP.reshape(T * B, Pt).t(), hs) if ctx.needs_input_grad[2] else None
+        d_bh = DP.sum((0, 1)) if ctx.needs_input_grad[3] else None
+        dr0 = drhc[:, : R * W].reshape(B, R, W)
+        dh0 = drhc[:, R * W:] if lstm else torch.zeros_like(Cs[0])
+        return dZ, d_wrh, d_wh, d_bh, dMs[0], dWr[0], dWw[0], dr0, dh0, dCs[0], None, None
+
+
+def ntm_scan_triton(ntm, gx: torch.Tensor, state):
+    """Run ``ntm`` (:class:`memnets.memories.ntm.NTM`) over the controller input pre-activations
+    ``gx [B, T, G]`` from ``state`` on the kernels: ``(h [B, T, C], reads [B, T, R, W], state)``."""
+    from ...memories.ntm import NTMState
+
+    cfg = ntm.config
+    B, T = gx.shape[:2]
+    R, Hw, W, C = cfg.read_heads, cfg.write_heads, cfg.word_size, cfg.controller_size
+    lstm = cfg.controller == "lstm"
+    c0 = state.c if lstm else gx.new_zeros(B, C)
+    rh, M, wr, ww, c = NTMScanTriton.apply(
+        gx.transpose(0, 1), ntm.ctrl_rh.weight, ntm.heads.weight, ntm.heads.bias, state.memory.contiguous(),
+        state.read_weights.contiguous(), state.write_weights.contiguous(), state.reads.contiguous(),
+        state.h.contiguous(), c0.contiguous(), 2 * cfg.shift_range + 1, lstm)
+    rh = rh.transpose(0, 1)  # [B, T, R W + C]
+    reads, h = rh[..., : R * W].unflatten(-1, (R, W)), rh[..., R * W:]
+    return h, reads, NTMState(M, wr, ww, reads[:, -1], h[:, -1], c if lstm else state.c)

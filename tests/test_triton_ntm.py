@@ -1,0 +1,124 @@
+"""The NTM's Triton kernels (memnets.ops.gpu.ntm) against its step-by-step PyTorch path, values
+and every gradient, float64 and float32: on a GPU when there is one, else on CPU tensors through
+Triton's interpreter (``TRITON_INTERPRET=1``, switched on for this module's tests). Skipped,
+with the reason, only where triton or numpy is not installed (``pip install 'memnets[gpu]' numpy``)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+MISSING = [m for m in ("triton",) + (() if CUDA else ("numpy",)) if importlib.util.find_spec(m) is None]
+pytestmark = [pytest.mark.interpret, pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} "
+                                                        "(pip install 'memnets[gpu]' numpy)")]
+
+from memnets.memories.ntm import NTM  # noqa: E402
+from memnets.ops import gpu  # noqa: E402
+from memnets.ops.gpu import ntm as tl_ntm  # noqa: E402
+
+DEV = "cuda" if CUDA else "cpu"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter():
+    """Without a GPU the kernels run through Triton's interpreter, for this module's tests only."""
+    if CUDA:
+        yield
+        return
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    yield
+    if old is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = old
+
+
+def _run(m, x, state, cuda_path):
+    params = list(m.parameters())
+    with gpu.cuda_path() if cuda_path else torch.enable_grad():
+        if cuda_path:
+            assert gpu.use_triton(x)
+        y, st = m(x, state)
+    g = torch.Generator().manual_seed(1)
+    outs = [y, *st]
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o)).sum() for o in outs if o.numel())
+    inputs = [x] + params + ([t for t in state if t.requires_grad] if state is not None else [])
+    grads = torch.autograd.grad(loss, inputs, allow_unused=True)
+    return outs, grads
+
+
+CASES = [dict(), dict(read_heads=2, write_heads=2, shift_range=2), dict(controller="mlp")]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-9), (torch.float32, 1e-4)], ids=["f64", "f32"])
+@pytest.mark.parametrize("kw", CASES, ids=["lstm", "2r2w-shift2", "mlp"])
+def test_triton_ntm_matches_the_pytorch_path(kw, dtype, tol):
+    torch.manual_seed(0)
+    m = NTM(3, 4, memory_slots=7, word_size=5, controller_size=6, **kw).to(DEV, dtype)
+    with torch.no_grad():  # away from the focused start, so that every head's gradient is exercised
+        m.read_w0.normal_()
+        m.write_w0.normal_()
+    x = torch.randn(2, 5, 3, dtype=dtype, device=DEV, requires_grad=True)
+    got, ggot = _run(m, x, None, True)
+    ref, gref = _run(m, x, None, False)
+    for a, b in zip(got + list(ggot), ref + list(gref)):
+        if b is None:
+            assert a is None or not a.abs().sum()
+            continue
+        assert a.shape == b.shape and a.dtype == b.dtype
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+def test_triton_ntm_continues_from_a_given_state():
+    """A state from an earlier piece (memory, weightings, reads, h, c) with gradients into it."""
+    torch.manual_seed(1)
+    m = NTM(3, 4, memory_slots=6, word_size=4, controller_size=5).to(DEV, torch.float64)
+    x0 = torch.randn(2, 3, 3, dtype=torch.float64, device=DEV)
+    _, st = m(x0)
+    st = type(st)(*(t.detach().clone().requires_grad_() for t in st))
+    x = torch.randn(2, 4, 3, dtype=torch.float64, device=DEV, requires_grad=True)
+    got, ggot = _run(m, x, st, True)
+    ref, gref = _run(m, x, st, False)
+    for a, b in zip(got + list(ggot), ref + list(gref)):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
+
+
+def test_triton_ntm_recurrence_gradcheck():
+    """torch.autograd.gradcheck of the autograd Function, float64, a very small NTM."""
+    torch.manual_seed(2)
+    B, T, N, W, R, Hw, C, S = 1, 2, 3, 2, 1, 1, 2, 3
+    G, K, P = 4 * C, R * W + C, (R + Hw) * (W + 3 + S) + 2 * Hw * W
+
+    def r(*s, scale=0.5):
+        return (scale * torch.randn(*s, dtype=torch.float64)).to(DEV).requires_grad_()
+
+    # the weights as constants (their gradients are held to the PyTorch path's above): gradcheck
+    # costs two interpreted forward passes per input element
+    args = (r(T, B, G), r(G, K).detach(), r(P, C).detach(), r(P).detach(), r(B, N, W),
+            torch.softmax(r(B, R, N), -1).detach().requires_grad_(),
+            torch.softmax(r(B, Hw, N), -1).detach().requires_grad_(), r(B, R, W), r(B, C), r(B, C))
+    assert torch.autograd.gradcheck(lambda *a: tl_ntm.NTMScanTriton.apply(*a, S, True), args, eps=1e-6, atol=1e-6)
+
+
+def test_triton_ntm_checks_its_arguments():
+    B, T, N, W, R, Hw, C, S = 1, 2, 4, 3, 1, 1, 2, 3
+    G, K, P = 4 * C, R * W + C, (R + Hw) * (W + 3 + S) + 2 * Hw * W
+    z = torch.zeros
+    args = [z(T, B, G), z(G, K), z(P, C), z(P), z(B, N, W), z(B, R, N), z(B, Hw, N), z(B, R, W), z(B, C), z(B, C)]
+    args = [a.to(DEV) for a in args]
+    tl_ntm.NTMScanTriton.apply(*args, S, True)
+    bad = list(args)
+    bad[2] = z(P + 1, C, device=DEV)
+    with pytest.raises(ValueError, match="`w_h` expected shape"):
+        tl_ntm.NTMScanTriton.apply(*bad, S, True)
+    bad = list(args)
+    bad[4] = bad[4].double()
+    with pytest.raises(TypeError, match="`M0` expected"):
+        tl_ntm.NTMScanTriton.apply(*bad, S, True)
+    P2 = (R + Hw) * (W + 3 + 2) + 2 * Hw * W  # an even shift count
+    with pytest.raises(ValueError, match="odd shift count"):
+        tl_ntm.NTMScanTriton.apply(*args[:2], z(P2, C, device=DEV), z(P2, device=DEV), *args[4:], 2, True)
