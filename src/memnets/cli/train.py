@@ -55,6 +55,9 @@ def _run(args) -> int:
         run_dir = Path(args.run_dir or Path("runs") / cfg.name)
         if args.resume and (run_dir / "config.json").is_file():
             cfg = resume_config(run_dir, args.overrides)  # the run's own config, not the preset's
+            if not args.quiet:
+                print(f"memnets train: resuming {run_dir} ({cfg.name}) with its saved config.json",
+                      file=sys.stderr, flush=True)
         res = train(cfg, run_dir, resume=args.resume, quiet=args.quiet)
     except (ConfigError, RunLockedError) as e:
         raise UsageError(str(e)) from e
