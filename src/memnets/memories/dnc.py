@@ -28,6 +28,8 @@ from ..ops.addressing import content_weights, erase_add_write, weighted_read
 from ..ops.dnc import (DNCRecurrence, dnc_access_fused, dnc_allocation, dnc_directional_weights, dnc_link,
                        dnc_precedence, dnc_read_weights, dnc_retention, dnc_usage, dnc_write_weighting,
                        interface_permutation, interface_sizes)
+from ..ops.gpu import use_triton
+from ..ops.gpu.dnc import DNCRecurrenceTriton, applies as triton_applies
 from ..registry import register_model
 from ..ops._impl import resolve_impl, runs_fused
 
@@ -247,7 +249,10 @@ class DNC(nn.Module):
         b_xi = self.interface.bias.index_select(0, perm)
         upper = [p for lin in self.ctrl_rec[1:] for p in (lin.weight, lin.bias)]
         ctrl, a = state.controller, state.access
-        HR, h, c, mem, usage, link, prec, wr, ww = DNCRecurrence.apply(  # HR: [r_t | h_t] of every step
+        rec = DNCRecurrence  # on the CUDA path, one controller layer: Triton kernels (memnets.ops.gpu.dnc)
+        if use_triton(x) and triton_applies(ctrl.h, a.memory, upper):
+            rec = DNCRecurrenceTriton
+        HR, h, c, mem, usage, link, prec, wr, ww = rec.apply(  # HR: [r_t | h_t] of every step
             (R, W), x, self.ctrl_x.weight, self.ctrl_x.bias, w_xi, b_xi, ctrl.h, ctrl.c, a.memory, a.usage,
             a.link, a.precedence, a.read_weights, a.write_weights, state.reads, self.ctrl_rec[0].weight, *upper)
         w_out = torch.cat([self.out_r.weight, self.out_h.weight], 1)  # the readout as one matmul

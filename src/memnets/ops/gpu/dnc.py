@@ -1,0 +1,567 @@
+"""The DNC recurrence as Triton kernels (docs/maths.md §8): two launches per time step forward,
+two per time step backward.
+
+Forward, per step ``t`` (one LSTM controller layer; B batch rows, N slots of width W, R read
+heads; ``X_t = [r_{t-1} | h_{t-1}]``)::
+
+    z_t = (x_t W_xᵀ + b_x) + X_t W_0ᵀ               # one cuBLAS addmm (the input half before the loop)
+    one Triton program per batch row:                # everything else of the step
+        LSTM pointwise: c_t, h_t; interface ξ_t = W_ξ h_t + b_ξ (rows in
+        :func:`memnets.ops.dnc.interface_layout` order), its split and nonlinearities;
+        retention, usage, allocation (sort-free: slot j's free-list predecessors are the
+        slots of smaller usage, ties broken by slot order, as a stable sort), write content
+        weighting on M_{t-1}, write weighting, erase/add write, temporal link, precedence,
+        forward/backward weightings, read content weighting on M_t, read modes, reads r_t
+
+Every step's state (memory, usage, link, precedence, weightings, c, ``[r_t | h_t]``) and its
+interface vector and pre-activations are kept for the backward (a few kilobytes per batch row
+and step at the DNC's sizes).
+
+Backward, per step in reverse: one Triton program per batch row recomputes the step's local
+values from what was kept and walks the hand-derived backward of
+:mod:`memnets.ops.dnc.backward` (reads, read modes, read content, directional weightings,
+link, precedence, write, write weighting, allocation, write content, usage, retention, the
+interface's nonlinearities, ``W_ξᵀ dξ``, the LSTM pointwise), writing ``dz_t`` and ``dξ_t``;
+one matmul ``dX_t = dz_t W_0`` follows (the gradient of ``[r_{t-1} | h_{t-1}]``). The weight
+gradients (``W_x``, ``b_x``, ``W_0``, ``W_ξ``, ``b_ξ``) and ``dx`` are matmuls after the loop.
+
+:class:`DNCRecurrenceTriton` has the signature and results of
+:class:`memnets.ops.dnc.DNCRecurrence` for one controller layer (:func:`applies`);
+``DNC.forward`` runs it where :func:`memnets.ops.gpu.use_triton` says so (CUDA), and the tests
+run it on the CPU through Triton's interpreter against ``DNC(impl="reference")``, float32 and
+float64.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..dnc.layout import interface_layout
+
+__all__ = ["DNCRecurrenceTriton", "EPS", "applies", "launches_per_step"]
+
+EPS = 1e-6  # inside every norm's square root, as memnets.ops.addressing
+MAX_SLOTS = 64  # one program holds the N × N link matrix and [R, N, N] products in registers
+MAX_WORD = 128
+
+
+@functools.lru_cache(maxsize=None)
+def kernels():
+    """``(forward_step, backward_step)``, compiled on first use (Triton reads
+    ``TRITON_INTERPRET`` when a kernel is defined, so defining them lazily lets a process
+    choose the interpreter before its first DNC step)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def forward_step(z_ptr, cp_ptr, c_ptr, x_ptr, wxi_ptr, bxi_ptr, xi_ptr,
+                     mp_ptr, m_ptr, up_ptr, u_ptr, lp_ptr, l_ptr, pp_ptr, p_ptr, wrp_ptr, wr_ptr, wwp_ptr, ww_ptr,
+                     C, N, W, R, I, eps,
+                     BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr):
+        b = tl.program_id(0)
+        ic = tl.arange(0, BC)
+        mc = ic < C
+        inn = tl.arange(0, BN)
+        mn = inn < N
+        iw = tl.arange(0, BW)
+        mw = iw < W
+        ir = tl.arange(0, BR)
+        mr = ir < R
+        RW = R * W
+        XW = RW + C
+        # ---- LSTM pointwise
+        zb = z_ptr + b * 4 * C
+        si = 1.0 / (1.0 + tl.exp(-tl.load(zb + ic, mask=mc, other=0.0)))
+        sf = 1.0 / (1.0 + tl.exp(-tl.load(zb + C + ic, mask=mc, other=0.0)))
+        tg = 2.0 / (1.0 + tl.exp(-2.0 * tl.load(zb + 2 * C + ic, mask=mc, other=0.0))) - 1.0
+        so = 1.0 / (1.0 + tl.exp(-tl.load(zb + 3 * C + ic, mask=mc, other=0.0)))
+        c = sf * tl.load(cp_ptr + b * C + ic, mask=mc, other=0.0) + si * tg
+        h = tl.where(mc, so * (2.0 / (1.0 + tl.exp(-2.0 * c)) - 1.0), 0.0)
+        tl.store(c_ptr + b * C + ic, c, mask=mc)
+        xo = x_ptr + b * XW
+        tl.store(xo + RW + ic, h, mask=mc)
+        # ---- interface ξ = W_ξ h + b_ξ, kept (read back below in parts)
+        xb = xi_ptr + b * I
+        for i0 in range(0, I, BI):
+            ii = i0 + tl.arange(0, BI)
+            mi = ii < I
+            wt = tl.load(wxi_ptr + ii[:, None] * C + ic[None, :], mask=mi[:, None] & mc[None, :], other=0.0)
+            xi = tl.sum(wt * h[None, :], 1) + tl.load(bxi_ptr + ii, mask=mi, other=0.0)
+            tl.store(xb + ii, xi, mask=mi)
+        tl.debug_barrier()
+        STR = (R + 1) * W
+        V = STR + R + 1
+        SIG = V + W
+        FREE = SIG + W
+        GA = FREE + R
+        GW = GA + 1
+        MODES = GW + 1
+        mrw = mr[:, None] & mw[None, :]
+        kr = tl.load(xb + ir[:, None] * W + iw[None, :], mask=mrw, other=0.0)  # [BR, BW]
+        kw = tl.load(xb + RW + iw, mask=mw, other=0.0)
+        s_r = tl.load(xb + STR + ir, mask=mr, other=0.0)
+        s_w = tl.load(xb + STR + R)
+        v = tl.load(xb + V + iw, mask=mw, other=0.0)
+        e = 1.0 / (1.0 + tl.exp(-tl.load(xb + SIG + iw, mask=mw, other=0.0)))
+        ga = 1.0 / (1.0 + tl.exp(-tl.load(xb + GA)))
+        gw = 1.0 / (1.0 + tl.exp(-tl.load(xb + GW)))
+        m0 = tl.load(xb + MODES + ir, mask=mr, other=0.0)
+        m1 = tl.load(xb + MODES + R + ir, mask=mr, other=0.0)
+        m2 = tl.load(xb + MODES + 2 * R + ir, mask=mr, other=0.0)
+        mx = tl.maximum(tl.maximum(m0, m1), m2)
+        e0 = tl.exp(m0 - mx)
+        e1 = tl.exp(m1 - mx)
+        e2 = tl.exp(m2 - mx)
+        es = e0 + e1 + e2
+        pi0 = e0 / es
+        pi1 = e1 / es
+        pi2 = e2 / es
+        beta_r = 1.0 + tl.where(s_r > 20.0, s_r, tl.log(1.0 + tl.exp(tl.minimum(s_r, 20.0))))
+        beta_w = 1.0 + tl.where(s_w > 20.0, s_w, tl.log(1.0 + tl.exp(tl.minimum(s_w, 20.0))))
+        rho_r = 1.0 / tl.sqrt(tl.sum(kr * kr, 1) + eps)
+        rho_w = 1.0 / tl.sqrt(tl.sum(kw * kw, 0) + eps)
+        khr = kr * (beta_r * rho_r)[:, None]
+        khw = kw * (beta_w * rho_w)
+        # ---- previous state
+        mnw = mn[:, None] & mw[None, :]
+        mnn = mn[:, None] & mn[None, :]
+        mrn = mr[:, None] & mn[None, :]
+        offs_m = b * N * W + inn[:, None] * W + iw[None, :]
+        offs_l = b * N * N + inn[:, None] * N + inn[None, :]
+        offs_r = b * R * N + ir[:, None] * N + inn[None, :]
+        Mp = tl.load(mp_ptr + offs_m, mask=mnw, other=0.0)
+        Lp = tl.load(lp_ptr + offs_l, mask=mnn, other=0.0)
+        up = tl.load(up_ptr + b * N + inn, mask=mn, other=0.0)
+        wwp = tl.load(wwp_ptr + b * N + inn, mask=mn, other=0.0)
+        pp = tl.load(pp_ptr + b * N + inn, mask=mn, other=0.0)
+        wrp = tl.load(wrp_ptr + offs_r, mask=mrn, other=0.0)
+        # ---- retention ψ = Π_r (1 − f_r w^r_{t-1}), usage
+        psi = tl.where(mn, 1.0 + 0.0 * up, 0.0 * up)
+        for r in range(R):
+            fr = 1.0 / (1.0 + tl.exp(-tl.load(xb + FREE + r)))
+            psi = psi * (1.0 - fr * tl.load(wrp_ptr + b * R * N + r * N + inn, mask=mn, other=0.0))
+        u = (up + wwp - up * wwp) * psi
+        tl.store(u_ptr + b * N + inn, u, mask=mn)
+        # ---- allocation a_j = (1 − u_j) Π_{i before j} u_i
+        P = tl.where(mn, 1.0 + 0.0 * u, 0.0 * u)
+        for i in range(N):
+            ui = tl.sum(tl.where(inn == i, u, 0.0), 0)
+            before = (ui < u) | ((ui == u) & (i < inn))  # slot i precedes slot j (= the lane)
+            P = P * tl.where(before, ui, 1.0)
+        a = tl.where(mn, (1.0 - u) * P, 0.0)
+        # ---- write content weighting on M_{t-1}, write weighting
+        nrm_p = 1.0 / tl.sqrt(tl.sum(Mp * Mp, 1) + eps)
+        sc = tl.where(mn, tl.sum(Mp * khw[None, :], 1) * nrm_p, float("-inf"))
+        ex = tl.exp(sc - tl.max(sc, 0))
+        cw = ex / tl.sum(ex, 0)
+        ww = gw * (ga * a + (1.0 - ga) * cw)
+        tl.store(ww_ptr + b * N + inn, ww, mask=mn)
+        # ---- erase/add write, link, precedence
+        M = Mp * (1.0 - ww[:, None] * e[None, :]) + ww[:, None] * v[None, :]
+        tl.store(m_ptr + offs_m, M, mask=mnw)
+        offd = inn[:, None] != inn[None, :]
+        L = tl.where(offd, (1.0 - ww[:, None] - ww[None, :]) * Lp + ww[:, None] * pp[None, :], 0.0)
+        tl.store(l_ptr + offs_l, L, mask=mnn)
+        p = (1.0 - tl.sum(ww, 0)) * pp + ww
+        tl.store(p_ptr + b * N + inn, p, mask=mn)
+        # ---- forward f[r, i] = Σ_j L[i, j] w[r, j]; backward b[r, j] = Σ_i L[i, j] w[r, i]
+        fw = tl.sum(L[None, :, :] * wrp[:, None, :], 2)
+        bw = tl.sum(L[None, :, :] * wrp[:, :, None], 1)
+        # ---- read content weighting on M_t, read weighting, reads
+        nrm = 1.0 / tl.sqrt(tl.sum(M * M, 1) + eps)
+        sr = tl.sum(khr[:, None, :] * M[None, :, :], 2) * nrm[None, :]
+        sr = tl.where(mn[None, :], sr, float("-inf"))
+        exr = tl.exp(sr - tl.max(sr, 1)[:, None])
+        cr = exr / tl.sum(exr, 1)[:, None]
+        wr = pi0[:, None] * bw + pi1[:, None] * cr + pi2[:, None] * fw
+        tl.store(wr_ptr + offs_r, wr, mask=mrn)
+        rd = tl.sum(wr[:, :, None] * M[None, :, :], 1)  # [BR, BW]
+        tl.store(xo + ir[:, None] * W + iw[None, :], rd, mask=mrw)
+
+    @triton.jit
+    def backward_step(z_ptr, cp_ptr, c_ptr, wxi_ptr, xi_ptr,
+                      mp_ptr, m_ptr, up_ptr, u_ptr, lp_ptr, l_ptr, pp_ptr, wrp_ptr, wr_ptr, wwp_ptr, ww_ptr,
+                      dhr_ptr, dx_ptr,
+                      gm_ptr, gu_ptr, gl_ptr, gp_ptr, gwr_ptr, gww_ptr, gc_ptr,
+                      gm_out, gu_out, gl_out, gp_out, gwr_out, gww_out, gc_out,
+                      gxi_ptr, dz_ptr,
+                      C, N, W, R, I, eps,
+                      BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr):
+        b = tl.program_id(0)
+        ic = tl.arange(0, BC)
+        mc = ic < C
+        inn = tl.arange(0, BN)
+        mn = inn < N
+        iw = tl.arange(0, BW)
+        mw = iw < W
+        ir = tl.arange(0, BR)
+        mr = ir < R
+        RW = R * W
+        XW = RW + C
+        STR = (R + 1) * W
+        V = STR + R + 1
+        SIG = V + W
+        FREE = SIG + W
+        GA = FREE + R
+        GW = GA + 1
+        MODES = GW + 1
+        mrw = mr[:, None] & mw[None, :]
+        mnw = mn[:, None] & mw[None, :]
+        mnn = mn[:, None] & mn[None, :]
+        mrn = mr[:, None] & mn[None, :]
+        offs_m = b * N * W + inn[:, None] * W + iw[None, :]
+        offs_l = b * N * N + inn[:, None] * N + inn[None, :]
+        offs_r = b * R * N + ir[:, None] * N + inn[None, :]
+        # ---- the step's values, recomputed from what the forward kept
+        xb = xi_ptr + b * I
+        kr = tl.load(xb + ir[:, None] * W + iw[None, :], mask=mrw, other=0.0)
+        kw = tl.load(xb + RW + iw, mask=mw, other=0.0)
+        s_r = tl.load(xb + STR + ir, mask=mr, other=0.0)
+        s_w = tl.load(xb + STR + R)
+        v = tl.load(xb + V + iw, mask=mw, other=0.0)
+        e = 1.0 / (1.0 + tl.exp(-tl.load(xb + SIG + iw, mask=mw, other=0.0)))
+        ga = 1.0 / (1.0 + tl.exp(-tl.load(xb + GA)))
+        gw = 1.0 / (1.0 + tl.exp(-tl.load(xb + GW)))
+        m0 = tl.load(xb + MODES + ir, mask=mr, other=0.0)
+        m1 = tl.load(xb + MODES + R + ir, mask=mr, other=0.0)
+        m2 = tl.load(xb + MODES + 2 * R + ir, mask=mr, other=0.0)
+        mx = tl.maximum(tl.maximum(m0, m1), m2)
+        e0 = tl.exp(m0 - mx)
+        e1 = tl.exp(m1 - mx)
+        e2 = tl.exp(m2 - mx)
+        es = e0 + e1 + e2
+        pi0 = e0 / es
+        pi1 = e1 / es
+        pi2 = e2 / es
+        beta_r = 1.0 + tl.where(s_r > 20.0, s_r, tl.log(1.0 + tl.exp(tl.minimum(s_r, 20.0))))
+        beta_w = 1.0 + tl.where(s_w > 20.0, s_w, tl.log(1.0 + tl.exp(tl.minimum(s_w, 20.0))))
+        dsp_r = tl.where(s_r > 20.0, 1.0, 1.0 / (1.0 + tl.exp(-s_r)))  # softplus'
+        dsp_w = tl.where(s_w > 20.0, 1.0, 1.0 / (1.0 + tl.exp(-s_w)))
+        rho_r = 1.0 / tl.sqrt(tl.sum(kr * kr, 1) + eps)
+        rho_w = 1.0 / tl.sqrt(tl.sum(kw * kw, 0) + eps)
+        khr = kr * (beta_r * rho_r)[:, None]
+        khw = kw * (beta_w * rho_w)
+        Mp = tl.load(mp_ptr + offs_m, mask=mnw, other=0.0)
+        M = tl.load(m_ptr + offs_m, mask=mnw, other=0.0)
+        Lp = tl.load(lp_ptr + offs_l, mask=mnn, other=0.0)
+        L = tl.load(l_ptr + offs_l, mask=mnn, other=0.0)
+        up = tl.load(up_ptr + b * N + inn, mask=mn, other=0.0)
+        u = tl.load(u_ptr + b * N + inn, mask=mn, other=0.0)
+        wwp = tl.load(wwp_ptr + b * N + inn, mask=mn, other=0.0)
+        ww = tl.load(ww_ptr + b * N + inn, mask=mn, other=0.0)
+        pp = tl.load(pp_ptr + b * N + inn, mask=mn, other=0.0)
+        wrp = tl.load(wrp_ptr + offs_r, mask=mrn, other=0.0)
+        wr = tl.load(wr_ptr + offs_r, mask=mrn, other=0.0)
+        psi = tl.where(mn, 1.0 + 0.0 * up, 0.0 * up)
+        for r in range(R):
+            fr = 1.0 / (1.0 + tl.exp(-tl.load(xb + FREE + r)))
+            psi = psi * (1.0 - fr * tl.load(wrp_ptr + b * R * N + r * N + inn, mask=mn, other=0.0))
+        ub = up + wwp - up * wwp
+        P = tl.where(mn, 1.0 + 0.0 * u, 0.0 * u)
+        for i in range(N):
+            ui = tl.sum(tl.where(inn == i, u, 0.0), 0)
+            P = P * tl.where((ui < u) | ((ui == u) & (i < inn)), ui, 1.0)
+        a = tl.where(mn, (1.0 - u) * P, 0.0)
+        nrm_p = 1.0 / tl.sqrt(tl.sum(Mp * Mp, 1) + eps)
+        dw_ = tl.sum(Mp * khw[None, :], 1)  # k̂_w · M_{t-1}[n]
+        sc = tl.where(mn, dw_ * nrm_p, float("-inf"))
+        ex = tl.exp(sc - tl.max(sc, 0))
+        cw = ex / tl.sum(ex, 0)
+        fw = tl.sum(L[None, :, :] * wrp[:, None, :], 2)
+        bw = tl.sum(L[None, :, :] * wrp[:, :, None], 1)
+        nrm = 1.0 / tl.sqrt(tl.sum(M * M, 1) + eps)
+        dr_ = tl.sum(khr[:, None, :] * M[None, :, :], 2)  # k̂_r · M_t[n]
+        sr = tl.where(mn[None, :], dr_ * nrm[None, :], float("-inf"))
+        exr = tl.exp(sr - tl.max(sr, 1)[:, None])
+        cr = exr / tl.sum(exr, 1)[:, None]
+        # ---- incoming gradients: of [r_t | h_t] (outputs + the next step's recurrent input), of the state
+        hb = b * XW
+        gr = tl.load(dhr_ptr + hb + ir[:, None] * W + iw[None, :], mask=mrw, other=0.0) \
+            + tl.load(dx_ptr + hb + ir[:, None] * W + iw[None, :], mask=mrw, other=0.0)
+        gh = tl.load(dhr_ptr + hb + RW + ic, mask=mc, other=0.0) + tl.load(dx_ptr + hb + RW + ic, mask=mc, other=0.0)
+        gM = tl.load(gm_ptr + offs_m, mask=mnw, other=0.0)
+        gu = tl.load(gu_ptr + b * N + inn, mask=mn, other=0.0)
+        gL = tl.load(gl_ptr + offs_l, mask=mnn, other=0.0)
+        gp = tl.load(gp_ptr + b * N + inn, mask=mn, other=0.0)
+        gwr = tl.load(gwr_ptr + offs_r, mask=mrn, other=0.0)
+        gww = tl.load(gww_ptr + b * N + inn, mask=mn, other=0.0)
+        # ---- reads r = w^r M_t
+        gwr += tl.sum(gr[:, None, :] * M[None, :, :], 2)
+        gM += tl.sum(wr[:, :, None] * gr[:, None, :], 0)
+        # ---- read weighting w^r = π0 b + π1 c^r + π2 f, modes softmax over the three
+        gpi0 = tl.sum(gwr * bw, 1)
+        gpi1 = tl.sum(gwr * cr, 1)
+        gpi2 = tl.sum(gwr * fw, 1)
+        dot = pi0 * gpi0 + pi1 * gpi1 + pi2 * gpi2
+        gm0 = pi0 * (gpi0 - dot)
+        gm1 = pi1 * (gpi1 - dot)
+        gm2 = pi2 * (gpi2 - dot)
+        gbw = pi0[:, None] * gwr
+        gcr = pi1[:, None] * gwr
+        gfw = pi2[:, None] * gwr
+        # ---- read content on M_t: s = (k̂·M_n) n_n, n_n = (|M_n|² + eps)^(-1/2)
+        gs = cr * (gcr - tl.sum(cr * gcr, 1)[:, None])
+        gsn = gs * nrm[None, :]
+        gkh = tl.sum(gsn[:, :, None] * M[None, :, :], 1)  # [BR, BW]
+        gM += tl.sum(gsn[:, :, None] * khr[:, None, :], 0) \
+            - (tl.sum(gs * dr_, 0) * nrm * nrm * nrm)[:, None] * M
+        kg = tl.sum(gkh * kr, 1)
+        g_str_r = kg * rho_r * dsp_r  # k̂ = β ρ k
+        g_kr = (beta_r * rho_r)[:, None] * gkh - (beta_r * kg * rho_r * rho_r * rho_r)[:, None] * kr
+        # ---- directional weightings
+        gL += tl.sum(gfw[:, :, None] * wrp[:, None, :], 0) + tl.sum(wrp[:, :, None] * gbw[:, None, :], 0)
+        gwrp = tl.sum(gfw[:, :, None] * L[None, :, :], 1) + tl.sum(L[None, :, :] * gbw[:, None, :], 2)
+        # ---- link
+        offd = inn[:, None] != inn[None, :]
+        G = tl.where(offd & mnn, gL, 0.0)
+        gLp = G * (1.0 - ww[:, None] - ww[None, :])
+        gww += tl.sum(G * (pp[None, :] - Lp), 1) - tl.sum(G * Lp, 0)
+        gpp = tl.sum(G * ww[:, None], 0)
+        # ---- precedence
+        gpp += gp * (1.0 - tl.sum(ww, 0))
+        gww += gp - tl.sum(gp * pp, 0)
+        # ---- erase/add write
+        gMp = gM * (1.0 - ww[:, None] * e[None, :])
+        gww += tl.sum(gM * (v[None, :] - Mp * e[None, :]), 1)
+        g_v = tl.sum(gM * ww[:, None], 0)
+        g_e = -tl.sum(gM * Mp * ww[:, None], 0)
+        gww = tl.where(mn, gww, 0.0)
+        # ---- write weighting w^w = g_w (g_a a + (1 − g_a) c^w)
+        g_gw = tl.sum(gww * (ga * a + (1.0 - ga) * cw), 0)
+        g_ga = gw * tl.sum(gww * (a - cw), 0)
+        gal = gw * ga * gww
+        gcw = gw * (1.0 - ga) * gww
+        # ---- allocation: ∂a_k/∂u_k = −Π_{i before k} u_i; ∂a_k/∂u_j = (1 − u_k) Π_{i before k, i ≠ j} u_i
+        gau = (1.0 - u) * gal
+        acc = -P * gal
+        for j in range(N):
+            uj = tl.sum(tl.where(inn == j, u, 0.0), 0)
+            E = tl.where(mn, 1.0 + 0.0 * u, 0.0 * u)
+            for i in range(N):
+                ui = tl.sum(tl.where(inn == i, u, 0.0), 0)
+                E = E * tl.where(((ui < u) | ((ui == u) & (i < inn))) & (i != j), ui, 1.0)
+            jb = (uj < u) | ((uj == u) & (j < inn))  # j precedes the lane k
+            acc += tl.where(inn == j, tl.sum(tl.where(jb & mn, gau * E, 0.0), 0), 0.0)
+        gu += acc
+        # ---- write content on M_{t-1}
+        gsw = cw * (gcw - tl.sum(cw * gcw, 0))
+        gswn = gsw * nrm_p
+        gkhw = tl.sum(gswn[:, None] * Mp, 0)
+        gMp += gswn[:, None] * khw[None, :] - (gsw * dw_ * nrm_p * nrm_p * nrm_p)[:, None] * Mp
+        kgw = tl.sum(gkhw * kw, 0)
+        g_str_w = kgw * rho_w * dsp_w
+        g_kw = beta_w * rho_w * gkhw - beta_w * kgw * rho_w * rho_w * rho_w * kw
+        # ---- usage u = ū ψ, ū = u_{t-1} + w^w_{t-1} − u_{t-1} w^w_{t-1}
+        gub = gu * psi
+        gpsi = gu * ub
+        gup = gub * (1.0 - wwp)
+        gwwp = gub * (1.0 - up)
+        # ---- retention ψ = Π_r (1 − f_r w^r_{t-1}[r])
+        g_free = tl.zeros([BR], dtype=gpsi.dtype)
+        for r in range(R):
+            others = tl.where(mn, 1.0 + 0.0 * up, 0.0 * up)
+            for q in range(R):
+                fq = 1.0 / (1.0 + tl.exp(-tl.load(xb + FREE + q)))
+                kq = 1.0 - fq * tl.load(wrp_ptr + b * R * N + q * N + inn, mask=mn, other=0.0)
+                others = others * tl.where(q != r, kq, 1.0)
+            fr = 1.0 / (1.0 + tl.exp(-tl.load(xb + FREE + r)))
+            wrow = tl.load(wrp_ptr + b * R * N + r * N + inn, mask=mn, other=0.0)
+            gkeep = gpsi * others
+            g_free = tl.where(ir == r, -tl.sum(gkeep * wrow, 0) * fr * (1.0 - fr), g_free)
+            gwrp = tl.where(ir[:, None] == r, gwrp - (gkeep * fr)[None, :], gwrp)
+        # ---- the interface's gradient, kept; then W_ξᵀ dξ
+        gb = gxi_ptr + b * I
+        tl.store(gb + ir[:, None] * W + iw[None, :], g_kr, mask=mrw)
+        tl.store(gb + RW + iw, g_kw, mask=mw)
+        tl.store(gb + STR + ir, g_str_r, mask=mr)
+        tl.store(gb + STR + R, g_str_w)
+        tl.store(gb + V + iw, g_v, mask=mw)
+        tl.store(gb + SIG + iw, g_e * e * (1.0 - e), mask=mw)
+        tl.store(gb + FREE + ir, g_free, mask=mr)
+        tl.store(gb + GA, g_ga * ga * (1.0 - ga))
+        tl.store(gb + GW, g_gw * gw * (1.0 - gw))
+        tl.store(gb + MODES + ir, gm0, mask=mr)
+        tl.store(gb + MODES + R + ir, gm1, mask=mr)
+        tl.store(gb + MODES + 2 * R + ir, gm2, mask=mr)
+        tl.debug_barrier()
+        for i0 in range(0, I, BI):
+            ii = i0 + tl.arange(0, BI)
+            mi = ii < I
+            wt = tl.load(wxi_ptr + ii[:, None] * C + ic[None, :], mask=mi[:, None] & mc[None, :], other=0.0)
+            gh += tl.sum(wt * tl.load(gb + ii, mask=mi, other=0.0)[:, None], 0)
+        # ---- LSTM pointwise
+        zb = z_ptr + b * 4 * C
+        si = 1.0 / (1.0 + tl.exp(-tl.load(zb + ic, mask=mc, other=0.0)))
+        sf = 1.0 / (1.0 + tl.exp(-tl.load(zb + C + ic, mask=mc, other=0.0)))
+        tg = 2.0 / (1.0 + tl.exp(-2.0 * tl.load(zb + 2 * C + ic, mask=mc, other=0.0))) - 1.0
+        so = 1.0 / (1.0 + tl.exp(-tl.load(zb + 3 * C + ic, mask=mc, other=0.0)))
+        cp = tl.load(cp_ptr + b * C + ic, mask=mc, other=0.0)
+        c = tl.load(c_ptr + b * C + ic, mask=mc, other=0.0)
+        tc = 2.0 / (1.0 + tl.exp(-2.0 * c)) - 1.0
+        gct = tl.load(gc_ptr + b * C + ic, mask=mc, other=0.0) + gh * so * (1.0 - tc * tc)
+        db = dz_ptr + b * 4 * C
+        tl.store(db + ic, gct * tg * si * (1.0 - si), mask=mc)
+        tl.store(db + C + ic, gct * cp * sf * (1.0 - sf), mask=mc)
+        tl.store(db + 2 * C + ic, gct * si * (1.0 - tg * tg), mask=mc)
+        tl.store(db + 3 * C + ic, gh * tc * so * (1.0 - so), mask=mc)
+        tl.store(gc_out + b * C + ic, gct * sf, mask=mc)
+        # ---- gradients of the previous state
+        tl.store(gm_out + offs_m, gMp, mask=mnw)
+        tl.store(gu_out + b * N + inn, gup, mask=mn)
+        tl.store(gl_out + offs_l, gLp, mask=mnn)
+        tl.store(gp_out + b * N + inn, gpp, mask=mn)
+        tl.store(gwr_out + offs_r, gwrp, mask=mrn)
+        tl.store(gww_out + b * N + inn, gwwp, mask=mn)
+
+    return forward_step, backward_step
+
+
+def _p2(n: int) -> int:
+    return max(2, 1 << (n - 1).bit_length())
+
+
+def _blocks(C: int, N: int, W: int, R: int, I: int) -> dict:
+    BC = _p2(C)
+    return dict(BC=BC, BN=_p2(N), BW=_p2(W), BR=_p2(R), BI=max(2, min(_p2(I), max(2, 4096 // BC))))
+
+
+def _warps(BN: int, BW: int, BR: int) -> int:
+    big = BR * BN * max(BN, BW)
+    return 2 if big <= 1024 else 4 if big <= 4096 else 8
+
+
+def launches_per_step() -> dict:
+    """Launches per time step of :class:`DNCRecurrenceTriton`: forward (one addmm, one Triton
+    kernel) and backward (one Triton kernel, one mm)."""
+    return {"forward": 2, "backward": 2}
+
+
+def applies(h0: torch.Tensor, mem0: torch.Tensor, upper=()) -> bool:
+    """Whether the kernels take this DNC: one controller layer (``h0 [B, 1, C]``, no upper
+    layers), N ≤ :data:`MAX_SLOTS` slots and words of W ≤ :data:`MAX_WORD`."""
+    return len(upper) == 0 and h0.dim() == 3 and h0.shape[1] == 1 and mem0.dim() == 3 \
+        and mem0.shape[1] <= MAX_SLOTS and mem0.shape[2] <= MAX_WORD
+
+
+_NAMES = ("x", "w_x", "b_x", "w_xi", "b_xi", "h0", "c0", "mem0", "usage0", "link0", "prec0", "wr0", "ww0",
+          "reads0", "w0")
+
+
+def _check(dims, tensors, upper) -> None:
+    if upper:
+        raise ValueError(f"DNC recurrence on Triton takes one controller layer, got {1 + len(upper) // 2}")
+    if not isinstance(dims, (tuple, list)) or len(dims) != 2:
+        raise ValueError(f"DNC recurrence expected dims = (R, W), got {dims!r}")
+    R, W = (int(d) for d in dims)
+    x = tensors[0]
+    if x.dim() != 3 or tensors[1].dim() != 2 or tensors[7].dim() != 3:
+        raise ValueError(f"DNC recurrence expected x [B, T, F], w_x [4C, F], mem0 [B, N, W], got "
+                         f"{tuple(x.shape)}, {tuple(tensors[1].shape)}, {tuple(tensors[7].shape)}")
+    B, T, F = x.shape
+    G4 = tensors[1].shape[0]
+    C, N = G4 // 4, tensors[7].shape[1]
+    I = interface_layout(R, W)["size"]
+    want = {"x": (B, T, F), "w_x": (4 * C, F), "b_x": (4 * C,), "w_xi": (I, C), "b_xi": (I,), "h0": (B, 1, C),
+            "c0": (B, 1, C), "mem0": (B, N, W), "usage0": (B, N), "link0": (B, N, N), "prec0": (B, N),
+            "wr0": (B, R, N), "ww0": (B, N), "reads0": (B, R, W), "w0": (4 * C, R * W + C)}
+    bad = [f"{n} {tuple(t.shape)} (expected {want[n]})" for n, t in zip(_NAMES, tensors) if tuple(t.shape) != want[n]]
+    if T < 1 or G4 % 4 or C < 1 or N < 1 or R < 1 or W < 1 or bad:
+        raise ValueError("DNC recurrence: inconsistent shapes " + (", ".join(bad) or f"T={T}, 4C={G4}, R={R}, W={W}"))
+    if N > MAX_SLOTS or W > MAX_WORD:
+        raise ValueError(f"DNC recurrence on Triton takes up to {MAX_SLOTS} slots of width up to {MAX_WORD}, "
+                         f"got N={N}, W={W}")
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1 or x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"DNC recurrence expected one dtype, float32 or float64, got {sorted(map(str, dtypes))}")
+    if len({t.device for t in tensors}) != 1:
+        raise ValueError("DNC recurrence: every tensor must be on one device")
+
+
+class DNCRecurrenceTriton(torch.autograd.Function):
+    """:class:`memnets.ops.dnc.DNCRecurrence` on Triton kernels (module docstring), one
+    controller layer: ``apply(dims, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0,
+    wr0, ww0, reads0, w0)`` -> ``(HR [T, B, R·W + C], h [B, 1, C], c [B, 1, C], memory, usage,
+    link, precedence, read_weights, write_weights)``. Every buffer it writes is its own; the
+    inputs are left unchanged."""
+
+    @staticmethod
+    def forward(ctx, dims, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0,
+                *upper):
+        tensors = (x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0)
+        _check(dims, tensors, upper)
+        fwd, _ = kernels()
+        R, W = (int(d) for d in dims)
+        x, w_x, b_x, w_xi, b_xi, w0 = (t.contiguous() for t in (x, w_x, b_x, w_xi, b_xi, w0))
+        B, T, F = x.shape
+        C, N, I, RW = w_x.shape[0] // 4, mem0.shape[1], w_xi.shape[0], R * W
+        new = x.new_empty
+        X, CB, Z, XI = new(T + 1, B, RW + C), new(T + 1, B, C), new(T, B, 4 * C), new(T, B, I)
+        MEM, U, LNK = new(T + 1, B, N, W), new(T + 1, B, N), new(T + 1, B, N, N)
+        PREC, WR, WW = new(T + 1, B, N), new(T + 1, B, R, N), new(T + 1, B, N)
+        X[0, :, :RW] = reads0.reshape(B, RW)
+        X[0, :, RW:] = h0[:, 0]
+        CB[0] = c0[:, 0]
+        MEM[0], U[0], LNK[0], PREC[0], WR[0], WW[0] = mem0, usage0, link0, prec0, wr0, ww0
+        GX = torch.addmm(b_x, x.transpose(0, 1).reshape(T * B, F), w_x.t()).view(T, B, 4 * C)
+        w0T = w0.t()
+        blk = _blocks(C, N, W, R, I)
+        nw = _warps(blk["BN"], blk["BW"], blk["BR"])
+        for t in range(T):
+            torch.addmm(GX[t], X[t], w0T, out=Z[t])
+            fwd[(B,)](Z[t], CB[t], CB[t + 1], X[t + 1], w_xi, b_xi, XI[t],
+                      MEM[t], MEM[t + 1], U[t], U[t + 1], LNK[t], LNK[t + 1], PREC[t], PREC[t + 1], WR[t], WR[t + 1],
+                      WW[t], WW[t + 1], C, N, W, R, I, EPS, **blk, num_warps=nw)
+        ctx.dims = (R, W)
+        ctx.save_for_backward(x, w_x, w_xi, w0, X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW)
+        return (X[1:].clone(), X[T, :, RW:].unsqueeze(1).clone(), CB[T].unsqueeze(1).clone(), MEM[T].clone(),
+                U[T].clone(), LNK[T].clone(), PREC[T].clone(), WR[T].clone(), WW[T].clone())
+
+    @staticmethod
+    def backward(ctx, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww):
+        x, w_x, w_xi, w0, X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW = ctx.saved_tensors
+        _, bwd = kernels()
+        R, W = ctx.dims
+        B, T, F = x.shape
+        C, N, I, RW = w_x.shape[0] // 4, MEM.shape[2], w_xi.shape[0], R * W
+
+        def grad(g, like):
+            return torch.zeros_like(like) if g is None else g.contiguous()
+
+        dHR = grad(dHR, X[1:])
+        # carried gradients of the state, two buffers each (read one, write the other)
+        gM, gu, gL = X.new_empty(2, B, N, W), X.new_empty(2, B, N), X.new_empty(2, B, N, N)
+        gp, gwr, gww, gc = X.new_empty(2, B, N), X.new_empty(2, B, R, N), X.new_empty(2, B, N), X.new_empty(2, B, C)
+        for buf, g, like in ((gM, dM, MEM[T]), (gu, du, U[T]), (gL, dL, LNK[T]), (gp, dp, PREC[T]),
+                             (gwr, dwr, WR[T]), (gww, dww, WW[T]), (gc, dcT, CB[T])):
+            buf[0].copy_(grad(g, like).reshape(buf[0].shape))
+        DX = X.new_zeros(B, RW + C)  # d [r_t | h_t] through the next step's pre-activation
+        if dhT is not None:
+            DX[:, RW:] = dhT[:, 0]
+        DZ, GXI = X.new_empty(T, B, 4 * C), X.new_empty(T, B, I)
+        blk = _blocks(C, N, W, R, I)
+        nw = _warps(blk["BN"], blk["BW"], blk["BR"])
+        s = 0
+        for t in range(T - 1, -1, -1):
+            o = 1 - s
+            bwd[(B,)](Z[t], CB[t], CB[t + 1], w_xi, XI[t],
+                      MEM[t], MEM[t + 1], U[t], U[t + 1], LNK[t], LNK[t + 1], PREC[t], WR[t], WR[t + 1], WW[t],
+                      WW[t + 1], dHR[t], DX,
+                      gM[s], gu[s], gL[s], gp[s], gwr[s], gww[s], gc[s],
+                      gM[o], gu[o], gL[o], gp[o], gwr[o], gww[o], gc[o],
+                      GXI[t], DZ[t], C, N, W, R, I, EPS, **blk, num_warps=nw)
+            torch.mm(DZ[t], w0, out=DX)
+            s = o
+        TB = T * B
+        dz = DZ.view(TB, 4 * C)
+        gxi = GXI.view(TB, I)
+        need = ctx.needs_input_grad
+        dx = (dz @ w_x).view(T, B, F).transpose(0, 1) if need[1] else None
+        dw_x = dz.t() @ x.transpose(0, 1).reshape(TB, F) if need[2] else None
+        db_x = dz.sum(0) if need[3] else None
+        dw_xi = gxi.t() @ X[1:, :, RW:].reshape(TB, C) if need[4] else None
+        db_xi = gxi.sum(0) if need[5] else None
+        dw0 = dz.t() @ X[:T].reshape(TB, RW + C) if need[15] else None
+        return (None, dx, dw_x, db_x, dw_xi, db_xi, DX[:, RW:].unsqueeze(1).clone(), gc[s].unsqueeze(1).clone(),
+                gM[s].clone(), gu[s].clone(), gL[s].clone(), gp[s].clone(), gwr[s].clone(), gww[s].clone(),
+                DX[:, :RW].reshape(B, R, W).clone(), dw0)

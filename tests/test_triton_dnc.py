@@ -1,0 +1,174 @@
+"""The DNC's Triton kernels (memnets.ops.gpu.dnc) against ``DNC(impl="reference")``, values,
+final state and every gradient, float32 and float64: on a GPU when there is one, else on CPU
+tensors through Triton's interpreter (``TRITON_INTERPRET=1``, set here before the kernels are
+first defined). Skipped, with the reason, only where triton or numpy is not installed
+(``pip install 'memnets[gpu]' numpy``)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+MISSING = [m for m in ("triton",) + (() if CUDA else ("numpy",)) if importlib.util.find_spec(m) is None]
+pytestmark = [pytest.mark.interpret, pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} "
+                                                        "(pip install 'memnets[gpu]' numpy)")]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter():
+    """Without a GPU, the kernels run through Triton's interpreter: switched on for this
+    module's tests only (not at import, so that collecting this file changes nothing for the
+    rest of a session); the kernels are defined on first use, after this."""
+    if CUDA:
+        yield
+        return
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    yield
+    if old is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = old
+
+from memnets.memories.dnc import DNC, DNCAccessState, DNCControllerState, DNCState  # noqa: E402
+from memnets.ops import gpu  # noqa: E402
+from memnets.ops.dnc import DNCRecurrence, interface_layout  # noqa: E402
+from memnets.ops.gpu import dnc as tl_dnc  # noqa: E402
+
+DEV = "cuda" if CUDA else "cpu"
+N, W, R = 5, 3, 2  # N not a power of 2
+
+
+def _random_state(B, C, dtype, seed):
+    """A state with every part non-zero: usages, weightings and precedence in (0, 1) (no ties)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s, scale=0.5):
+        return (scale * torch.randn(*s, generator=g, dtype=torch.float64)).to(DEV, dtype)
+
+    def u(*s, scale=1.0):
+        return (scale * torch.rand(*s, generator=g, dtype=torch.float64)).to(DEV, dtype)
+
+    link = u(B, N, N, scale=0.2) * (1 - torch.eye(N, dtype=dtype, device=DEV))
+    return DNCState(DNCControllerState(r(B, 1, C), r(B, 1, C)),
+                    DNCAccessState(r(B, N, W), u(B, N), link, u(B, N, scale=0.5), u(B, R, N, scale=0.4),
+                                   u(B, N, scale=0.5)),
+                    r(B, R, W))
+
+
+def _leaves(state):
+    return [t.detach().clone().requires_grad_() for t in (*state.controller, *state.access, state.reads)]
+
+
+def _pack(ts):
+    return DNCState(DNCControllerState(*ts[:2]), DNCAccessState(*ts[2:8]), ts[8])
+
+
+def _run(model, x, leaves):
+    y, st = model(x, _pack(leaves) if leaves else None)
+    outs = [y, *st.controller, *st.access, st.reads]
+    g = torch.Generator().manual_seed(1)
+    loss = sum((t * torch.randn(t.shape, generator=g, dtype=torch.float64).to(t)).sum() for t in outs)
+    inputs = [x, *model.parameters(), *leaves]
+    return outs, torch.autograd.grad(loss, inputs)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 2e-4)])
+@pytest.mark.parametrize("T,state", [(4, "zero"), (6, "random")])
+def test_triton_dnc_matches_the_reference(T, state, dtype, tol, monkeypatch):
+    """DNC.forward on the CUDA path (Triton kernels) against the per-equation reference: outputs,
+    final state, the gradients of every parameter, the input and the initial state."""
+    torch.manual_seed(0)
+    B, F, C = 2, 3, 4
+    ref = DNC(F, 2, memory_slots=N, word_size=W, read_heads=R, controller_size=C, impl="reference")
+    ref = ref.to(DEV, dtype)
+    fused = DNC(F, 2, memory_slots=N, word_size=W, read_heads=R, controller_size=C).to(DEV, dtype)
+    fused.load_state_dict(ref.state_dict())
+    x = (torch.randn(B, T, F, dtype=torch.float64)).to(DEV, dtype).requires_grad_()
+    leaves = _leaves(_random_state(B, C, dtype, seed=2)) if state == "random" else []
+    calls = []
+    real = tl_dnc.DNCRecurrenceTriton.apply
+    monkeypatch.setattr(tl_dnc.DNCRecurrenceTriton, "apply", lambda *a: calls.append(1) or real(*a))
+    with gpu.cuda_path():
+        assert gpu.use_triton(x)
+        got, ggot = _run(fused, x, leaves)
+    assert calls == [1]
+    want, gwant = _run(ref, x, [t.detach().clone().requires_grad_() for t in leaves])
+    assert len(ggot) == len(gwant) == 1 + len(list(ref.parameters())) + len(leaves)
+    for a, b in zip(got + list(ggot), want + list(gwant)):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+def _fn_inputs(B, T, F, C, n, w, r, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    I = interface_layout(r, w)["size"]
+
+    def rn(*s, scale=0.5):
+        return (scale * torch.randn(*s, generator=g, dtype=torch.float64)).to(DEV, dtype)
+
+    def u(*s, scale=1.0):
+        return (scale * torch.rand(*s, generator=g, dtype=torch.float64)).to(DEV, dtype)
+
+    return [rn(B, T, F), rn(4 * C, F), rn(4 * C), rn(I, C), rn(I), rn(B, 1, C), rn(B, 1, C), rn(B, n, w),
+            u(B, n), u(B, n, n, scale=0.2), u(B, n, scale=0.5), u(B, r, n, scale=0.4), u(B, n, scale=0.5),
+            rn(B, r, w), rn(4 * C, r * w + C)]
+
+
+def test_triton_dnc_recurrence_matches_the_cpu_recurrence_float64():
+    """The autograd Function against the CPU fused recurrence (same signature), values and
+    gradients, float64."""
+    args = [t.requires_grad_() for t in _fn_inputs(2, 3, 2, 3, N, W, R, seed=5)]
+    cargs = [a.detach().cpu().requires_grad_() for a in args]
+    got = tl_dnc.DNCRecurrenceTriton.apply((R, W), *args)
+    want = DNCRecurrence.apply((R, W), *cargs)
+    g = torch.Generator().manual_seed(6)
+    co = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in want]
+    ggot = torch.autograd.grad(sum((a * c.to(a)).sum() for a, c in zip(got, co)), args)
+    gwant = torch.autograd.grad(sum((a * c).sum() for a, c in zip(want, co)), cargs)
+    for a, b in zip(list(got) + list(ggot), list(want) + list(gwant)):
+        torch.testing.assert_close(a.cpu(), b, atol=1e-12, rtol=1e-12)
+
+
+def test_triton_dnc_recurrence_gradcheck():
+    """torch.autograd.gradcheck of the autograd Function, float64, a very small case."""
+    args = [t.requires_grad_() for t in _fn_inputs(1, 2, 1, 1, 3, 2, 1, seed=7)]
+    assert torch.autograd.gradcheck(lambda *a: tl_dnc.DNCRecurrenceTriton.apply((1, 2), *a), args,
+                                    eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
+
+
+def test_triton_dnc_checks_its_arguments_and_leaves_inputs_alone():
+    args = _fn_inputs(2, 2, 2, 2, N, W, R, seed=8, dtype=torch.float32)
+    before = [t.clone() for t in args]
+    tl_dnc.DNCRecurrenceTriton.apply((R, W), *args)
+    assert all(torch.equal(a, b) for a, b in zip(args, before))
+    bad = list(args)
+    bad[7] = args[7][:, :-1]  # mem0 with N − 1 slots
+    with pytest.raises(ValueError, match="inconsistent shapes"):
+        tl_dnc.DNCRecurrenceTriton.apply((R, W), *bad)
+    with pytest.raises(ValueError, match="inconsistent shapes"):
+        tl_dnc.DNCRecurrenceTriton.apply((R + 1, W), *args)
+    wrong = list(args)
+    wrong[3] = args[3].double()
+    with pytest.raises(TypeError, match="float32 or float64"):
+        tl_dnc.DNCRecurrenceTriton.apply((R, W), *wrong)
+    with pytest.raises(ValueError, match="one controller layer"):
+        tl_dnc.DNCRecurrenceTriton.apply((R, W), *args, args[-1], args[2])
+
+
+def test_triton_dnc_applies_to_one_controller_layer_only():
+    """Two controller layers keep the PyTorch recurrence on the CUDA path (same values)."""
+    torch.manual_seed(0)
+    m = DNC(3, 2, memory_slots=N, word_size=W, read_heads=R, controller_size=4, controller_layers=2).double()
+    x = torch.randn(2, 3, 3, dtype=torch.float64)
+    s = m.init_state(2)
+    assert not tl_dnc.applies(s.controller.h, s.access.memory, [p for p in m.ctrl_rec[1].parameters()])
+    assert tl_dnc.applies(s.controller.h[:, :1], s.access.memory)
+    y_ref, _ = m(x)
+    with gpu.cuda_path():
+        y, _ = m.to(DEV)(x.to(DEV))
+    torch.testing.assert_close(y.cpu(), y_ref, atol=1e-12, rtol=1e-12)
+    assert tl_dnc.launches_per_step() == {"forward": 2, "backward": 2}
