@@ -113,8 +113,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(0)  # as argparse's version action does
     import warnings
 
-    # a warning for the user (a renamed preset or backbone) reads as one line, not as a source location
-    warnings.formatwarning = lambda message, category, *a, **k: f"memnets: {category.__name__}: {message}\n"
+    # a warning of memnets' own for the user (a renamed preset or backbone) reads as one line, not as
+    # a source location; the warnings of other packages keep their usual form
+    if not getattr(warnings.formatwarning, "_memnets", False):
+        plain = warnings.formatwarning
+
+        def formatwarning(message, category, filename, lineno, line=None):
+            if f"{os.sep}memnets{os.sep}" in str(filename) and issubclass(category, (FutureWarning, DeprecationWarning)):
+                return f"memnets: {category.__name__}: {message}\n"
+            return plain(message, category, filename, lineno, line)
+
+        formatwarning._memnets = True  # type: ignore[attr-defined]
+        warnings.formatwarning = formatwarning
     parser = build_parser()
     args = _parse(parser, argv)
     if getattr(args, "device_override", None):
