@@ -80,3 +80,25 @@ def test_readme_first_run(tmp_path, monkeypatch, capsys):
     namespace: dict = {"__name__": "__readme__"}
     for i, code in enumerate(snippets):
         exec(compile(code, f"README.md[first run, snippet {i}]", "exec"), namespace)
+
+
+FAMILY_PAGES = ["lra.md", "babi.md", "fewshot.md", "ntm.md", "capacity.md"]
+
+
+def test_docs_index_gives_each_reader_a_path():
+    index = (REPO / "docs" / "index.md").read_text()
+    for path in ("use a memory layer", "reproduce a table", "add a model"):
+        assert re.search(rf"^## Path \d: {path}", index, re.M | re.I), path
+    for page in re.findall(r"\]\(([\w.-]+\.md)\)", index):
+        assert (REPO / "docs" / page).is_file(), page
+    readme = (REPO / "README.md").read_text()
+    assert "docs/index.md" in readme and "memnets.load_run" in _section(readme, FIRST_RUN)
+
+
+@pytest.mark.parametrize("page", FAMILY_PAGES)
+def test_family_page_opens_with_its_table_and_command(page):
+    text = (REPO / "docs" / page).read_text()
+    heads = [m.start() for m in re.finditer(r"^## ", text, re.M)]
+    top = text[:heads[1]] if len(heads) > 1 else text  # the title, the intro and the first section
+    assert re.search(r"^\|.*\|\s*$", top, re.M), f"{page} does not open with its table"
+    assert any("memnets " in block for block in BASH.findall(top)), f"{page} does not open with its command"
