@@ -464,3 +464,15 @@ def test_tape_refuses_missing_probabilities():
     o, S = nam_tape_scan(q, k, v, pw, pe, pr, None)  # no initial state: zeros
     o0, S0_ = nam_tape_scan(q, k, v, pw, pe, pr, torch.zeros_like(S0))
     assert torch.equal(o, o0) and torch.equal(S, S0_)
+
+
+@needs_kernels
+@pytest.mark.slow  # four processes build at once: about 15 s
+def test_concurrent_builds_into_an_empty_cache(tmp_path):
+    code = "from memnets.ops import _native; import sys; sys.exit(0 if _native.load('gru') is not None else 3)"
+    env = dict(os.environ, MEMNETS_CACHE=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(4)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0, 0]
+    libs = list((tmp_path / "cache" / "native").glob("gru-*.so"))
+    assert libs and all(_native._verified(p) for p in libs)
+    assert not list((tmp_path / "cache" / "native").glob("tmp*"))  # no temporary left behind
