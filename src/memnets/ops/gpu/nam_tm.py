@@ -61,8 +61,12 @@ def _pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def _warps(block: int) -> int:
-    return 1 if block <= 256 else 2 if block <= 1024 else 4 if block <= 4096 else 8
+def _warps(block: int, dtype: torch.dtype) -> int:
+    """Warps for a program whose largest tile has ``block`` elements: as few as keep some 32
+    words of each tile per thread (a time loop is bound by its latency, and every reduction
+    across warps costs a barrier), one to eight."""
+    words = block * (2 if dtype == torch.float64 else 1)
+    return min(8, _pow2(-(-words // 1024)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -496,7 +500,7 @@ class TapeScan(torch.autograd.Function):
             _kernels().tape_fwd[(B * H,)](q, k, v, pw, pe, pr if pr is not None else pw, S0, o, ST, Sc, U,
                                           T, H, K, V, *q.stride()[:3], *k.stride()[:3],
                                           HAS_PR=pr is not None, SEG=SEGMENT, BK=BK, BV=BV,
-                                          num_warps=_warps(BK * BV))
+                                          num_warps=_warps(BK * BV, q.dtype))
         ctx.save_for_backward(q, k, v, pw, pe, pr, Sc, U)
         return o, ST
 
@@ -519,7 +523,7 @@ class TapeScan(torch.autograd.Function):
                                           dq, dk, dv, dpw, dpe, dpr if dpr is not None else dpw, dS0,
                                           T, H, K, V, *q.stride()[:3], *k.stride()[:3],
                                           HAS_PR=pr is not None, SEG=SEGMENT, BK=BK, BV=BV,
-                                          num_warps=_warps(BK * BV))
+                                          num_warps=_warps(BK * BV, q.dtype))
         return dq, dk, dv, dpw, dpe, dpr, dS0
 
 
@@ -587,6 +591,7 @@ class HeadScan(torch.autograd.Function):
         s_b, s_t = (T * Tn, Tn) if bm else (0, N)
         h_b, h_t = ((T + 1) * Tn, Tn) if bm else (0, N)
         BL, BC = _pow2(L), _pow2(C)
+        warps = _warps(max(BL * BC, BL * BL) if has_jump else BL * BL, act.dtype)
         dummy = act
         with _device(act):
             _kernels().heads_fwd[(N,)](act, q if has_jump else dummy, k if has_jump else dummy, pw, pe, H0,
@@ -594,7 +599,7 @@ class HeadScan(torch.autograd.Function):
                                        U if has_jump else dummy, T, Tn, L, C, s_b, s_t, h_b, h_t,
                                        A=A, PL=pos[0], PN=pos[1], PR=pos[2], PJ=pos[3],
                                        TRANSPOSED=bool(transposed), UNIT_KEYS=bool(unit_keys), SEG=SEGMENT,
-                                       BL=BL, BC=BC, num_warps=_warps(max(BL * BC, BL * BL) if has_jump else BL * BL))
+                                       BL=BL, BC=BC, num_warps=warps)
         ctx.save_for_backward(act, q, k, pw, pe, Hs, Kc, U)
         ctx.meta = (T, B, Tn, N, L, C, A, pos, bool(transposed), bool(unit_keys), bm, has_jump)
         return Hs, (KT if has_jump else K0.clone())
@@ -613,6 +618,7 @@ class HeadScan(torch.autograd.Function):
         s_b, s_t = (T * Tn, Tn) if bm else (0, N)
         h_b, h_t = ((T + 1) * Tn, Tn) if bm else (0, N)
         BL, BC = _pow2(L), _pow2(C)
+        warps = _warps(max(BL * BC, BL * BL) if has_jump else BL * BL, act.dtype)
         d = act  # stands for the pointers a kernel without JUMP does not touch
         with _device(act):
             _kernels().heads_bwd[(N,)](act, q if has_jump else d, k if has_jump else d, pw, pe, Hs,
@@ -622,7 +628,7 @@ class HeadScan(torch.autograd.Function):
                                        dK0 if has_jump else d, T, Tn, L, C, s_b, s_t, h_b, h_t,
                                        A=A, PL=pos[0], PN=pos[1], PR=pos[2], PJ=pos[3],
                                        TRANSPOSED=transposed, UNIT_KEYS=unit_keys, SEG=SEGMENT,
-                                       BL=BL, BC=BC, num_warps=_warps(max(BL * BC, BL * BL) if has_jump else BL * BL))
+                                       BL=BL, BC=BC, num_warps=warps)
         if has_jump:
             return dact, dq, dk, dpw, dpe, dH0, dK0, None, None, None, None
         return dact, None, None, None, None, dH0, gK, None, None, None, None
