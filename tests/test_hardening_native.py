@@ -94,6 +94,20 @@ def test_heads_forward_leaves_the_callers_tapes_alone():
     assert all(torch.equal(x, b) for x, b in zip(xs, before))
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("L,C", [(1, 3), (4, 1), (1, 1)])
+def test_heads_return_a_key_tape_of_their_own(compiled, L, C):
+    """The returned key tape is not a view of a pooled workspace that a later call reuses."""
+    if compiled and not HAVE_CC:
+        pytest.skip("no C compiler")
+    xs = [x.requires_grad_() for x in _heads_inputs(5, 2, L, C, 4, seed=0)]
+    Hs, K = nam_tm_heads(*xs, [0, 1, 2, 3], compiled=compiled)
+    kept = K.detach().clone()
+    (Hs.sum() + K.sum()).backward()  # gives the workspace back
+    nam_tm_heads(*_heads_inputs(5, 2, L, C, 4, seed=1), [0, 1, 2, 3], compiled=compiled)
+    assert torch.equal(K.detach(), kept)
+
+
 # --- arguments are checked before a kernel reads them ---------------------------------------
 
 @needs_kernels

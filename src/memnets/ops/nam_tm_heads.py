@@ -266,7 +266,10 @@ class _HeadScan(torch.autograd.Function):
                 key = (T, N, L, C, transposed, act.dtype, act.device)
                 lease = _POOL.lease(key, lambda: _jump_space(T, N, L, C, transposed, act))
             _HeadScan._run(act, q, k, pw, pe, H0, K0, Hs, lease, order, transposed, compiled)
-            K_T = lease.space[0][T].transpose(1, 2).contiguous() if has_jump else K0.clone()
+            # a copy: the workspace goes back to the pool (``contiguous`` alone returns a view of it
+            # when L or C is 1)
+            K_T = lease.space[0][T].transpose(1, 2).clone(memory_format=torch.contiguous_format) if has_jump \
+                else K0.clone()
         ctx.save_for_backward(act, q, k, pw, pe, H0, K0, Hs)
         ctx.order, ctx.transposed, ctx.compiled, ctx.has_jump, ctx.bm = order, transposed, compiled, has_jump, bm
         ctx.lease, ctx.unit_keys = lease, unit_keys
@@ -297,7 +300,9 @@ class _HeadScan(torch.autograd.Function):
         args = (T, B, Tn, int(bm), L, C, A, orders, int(lease is not None), int(transposed), int(unit_keys),
                 _ptr(act), _ptr(q), _ptr(k), _ptr(pw), _ptr(pe), _ptr(Hs), _ptr(Kc), _SEGMENT, _ptr(Aa), _ptr(U), _ptr(J))
         _native.parallel(lambda i, n0, n1: fwd(*args, _ptr(work[i]) if work is not None else None, n0, n1), parts)
-        return lease, (Kc[-1].transpose(1, 2).contiguous() if Kc is not None else K0.clone())
+        # a copy: Kc goes back to the pool (``contiguous`` alone returns a view of it when L or C is 1)
+        return lease, (Kc[-1].transpose(1, 2).clone(memory_format=torch.contiguous_format) if Kc is not None
+                       else K0.clone())
 
     @staticmethod
     def _native_backward(ctx, gH, gK):
