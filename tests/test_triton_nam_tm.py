@@ -173,7 +173,8 @@ def test_tape_scan_matches_reference(dtype, with_pr, short_segment):
 @interpreted
 def test_tape_scan_dispatch_and_dtypes():
     """nam_tape_scan runs the Triton kernel on the CUDA path; T < SEGMENT (no saved state but the
-    last) and T = 1; bfloat16 runs in float32 and comes back in bfloat16; shapes are checked."""
+    last) and T = 1; bfloat16 runs in float32 and comes back in bfloat16; no initial state is
+    zeros; shapes are checked."""
     from memnets.ops.gpu import nam_tm
     from memnets.ops.nam_tape import nam_tape_scan
     for T in (5, 1):
@@ -192,6 +193,9 @@ def test_tape_scan_dispatch_and_dtypes():
     o16, S16 = nam_tm.nam_tape_scan_triton(**{n: x.bfloat16() for n, x in inputs.items()})
     assert o16.dtype == S16.dtype == torch.bfloat16
     torch.testing.assert_close(o16.float(), o32, rtol=0.05, atol=0.05)
+    o0, S0 = nam_tm.nam_tape_scan_triton(**dict(inputs, initial_state=None))  # None: zeros
+    o1, S1 = nam_tm.nam_tape_scan_triton(**dict(inputs, initial_state=torch.zeros_like(inputs["initial_state"])))
+    assert torch.equal(o0, o1) and torch.equal(S0, S1)
     bad = dict(inputs, p_w=inputs["p_w"][:, :2])
     with pytest.raises(ValueError, match="p_w"):
         nam_tm.nam_tape_scan_triton(**bad)

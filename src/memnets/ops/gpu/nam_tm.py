@@ -528,12 +528,12 @@ class TapeScan(torch.autograd.Function):
 
 
 def nam_tape_scan_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_w: torch.Tensor,
-                         p_e: torch.Tensor, p_r: Optional[torch.Tensor], initial_state: torch.Tensor):
+                         p_e: torch.Tensor, p_r: Optional[torch.Tensor], initial_state: Optional[torch.Tensor]):
     """:func:`memnets.ops.nam_tape.nam_tape_scan` by the Triton kernel (module docstring).
 
     Args:
         q, k: ``[B, T, H, dk]``; v: ``[B, T, H, dv]``; p_w, p_e: ``[B, T, H]``; p_r: ``[B, T, H]``
-            or ``None`` (= 1); initial_state: ``[B, H, dv, dk]``. One floating dtype and device
+            or ``None`` (= 1); initial_state: ``[B, H, dv, dk]`` (``None``: zeros). One floating dtype and device
             (float16/bfloat16 run in float32).
     Returns:
         ``(outputs [B, T, H, dv], final_state [B, H, dv, dk])`` in the inputs' dtype.
@@ -543,6 +543,8 @@ def nam_tape_scan_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_w:
                          f"{getattr(q, 'shape', q)} and {getattr(v, 'shape', v)}")
     B, T, H, K = q.shape
     V = v.shape[-1]
+    if initial_state is None:
+        initial_state = q.new_zeros(B, H, V, K)
     for name, x, shape in (("k", k, (B, T, H, K)), ("v", v, (B, T, H, V)), ("p_w", p_w, (B, T, H)),
                            ("p_e", p_e, (B, T, H)), ("p_r", p_r, (B, T, H)),
                            ("initial_state", initial_state, (B, H, V, K))):
