@@ -188,3 +188,15 @@ def test_a_killed_unpack_is_cleaned_up_and_a_running_one_is_not(tmp_path):
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def test_download_without_unpack_also_removes_stale_unpack_folders(tmp_path):
+    blob = b"not an archive, never unpacked here"
+    entry = dd.RemoteFile("ds/a.tar.gz", "http://example.invalid/x", hashlib.sha256(blob).hexdigest(), len(blob),
+                          unpack="top")
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds/a.tar.gz").write_bytes(blob)
+    stale = tmp_path / "ds/.top.unpack-x1y2"
+    (stale / "top").mkdir(parents=True)
+    dd.download(["ds"], tmp_path, catalogue={"ds": (entry,)})
+    assert not stale.exists()

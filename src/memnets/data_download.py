@@ -473,6 +473,8 @@ def download(names: Sequence[str] | None, to: str | os.PathLike, *, url_base: st
             out.append(path)
             if do_unpack and entry.unpack:
                 unpack(path, entry.unpack, log=log, max_bytes=entry.unpacked_max)
+            elif entry.unpack:  # the leftovers of a killed unpack go on the next run either way
+                _remove_stale(path.parent, entry.unpack, log)
     return out
 
 
