@@ -474,7 +474,7 @@ def download(names: Sequence[str] | None, to: str | os.PathLike, *, url_base: st
             if do_unpack and entry.unpack:
                 unpack(path, entry.unpack, log=log, max_bytes=entry.unpacked_max)
             elif entry.unpack:  # the leftovers of a killed unpack go on the next run either way
-                _remove_stale(path.parent, entry.unpack, log)
+                _remove_stale(path.parent, entry.unpack, log or (lambda msg: None))
     return out
 
 
