@@ -31,8 +31,10 @@ test-fla: $(STAMP)
 
 # Every Triton kernel of memnets (the recurrent memories' CUDA path) on CPU tensors through
 # Triton's interpreter, against the references in float32 and float64, plus the fla checks above.
+# TRITON_INTERPRET is set for the whole run: triton decorates its own library when it is first
+# imported, so a process runs Triton either interpreted or compiled, never both.
 test-triton: test-fla
-	$(BIN)/python -m pytest -q -m "interpret and not slow" --timeout=1800
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "interpret and not slow" --timeout=1800
 
 # The C kernels (src/memnets/ops/_native) built with AddressSanitizer and UBSan, any finding
 # fatal, through the native tests and their edge cases (large and zero sizes, NaN, the cache):
