@@ -118,13 +118,16 @@ def _fn_inputs(B, T, F, C, n, w, r, seed, dtype=torch.float64):
             rn(B, r, w), rn(4 * C, r * w + C)]
 
 
-def test_triton_dnc_recurrence_matches_the_cpu_recurrence_float64():
+@pytest.mark.parametrize("alloc3d", [True, False])
+def test_triton_dnc_recurrence_matches_the_cpu_recurrence_float64(alloc3d, monkeypatch):
     """The autograd Function against the CPU fused recurrence (same signature), values and
-    gradients, float64."""
-    args = [t.requires_grad_() for t in _fn_inputs(2, 3, 2, 3, N, W, R, seed=5)]
+    gradients, float64; 3 read heads and a controller of 3 (blocks of 4: masked lanes), the
+    allocation's backward as one [N, N, N] product and slot by slot."""
+    monkeypatch.setattr(tl_dnc, "ALLOC3D_MAX", 1 << 20 if alloc3d else 0)
+    args = [t.requires_grad_() for t in _fn_inputs(2, 3, 2, 3, N, W, 3, seed=5)]
     cargs = [a.detach().cpu().requires_grad_() for a in args]
-    got = tl_dnc.DNCRecurrenceTriton.apply((R, W), *args)
-    want = DNCRecurrence.apply((R, W), *cargs)
+    got = tl_dnc.DNCRecurrenceTriton.apply((3, W), *args)
+    want = DNCRecurrence.apply((3, W), *cargs)
     g = torch.Generator().manual_seed(6)
     co = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in want]
     ggot = torch.autograd.grad(sum((a * c.to(a)).sum() for a, c in zip(got, co)), args)

@@ -102,7 +102,10 @@ class DNC(nn.Module):
             :func:`~memnets.ops.dnc.step.dnc_access_fused`) or ``"reference"`` (one
             :mod:`memnets.ops.dnc.equations` call per equation). Both give the same values and
             gradients (tested in float64). ``"fast"``, the old name of ``"fused"``, is
-            accepted with a FutureWarning. ``model.impl`` holds the resolved value.
+            accepted with a FutureWarning. ``model.impl`` holds the resolved value. On the CUDA
+            path (:func:`memnets.ops.gpu.use_triton`) with one controller layer, ``"fused"``'s
+            ``forward`` runs the recurrence as Triton kernels
+            (:class:`memnets.ops.gpu.dnc.DNCRecurrenceTriton`, two launches per time step each way).
 
     ``forward(x [B, T, input_size], state=None, return_aux=False)`` returns
     ``(y [B, T, output_size], state)`` and with ``return_aux`` also a :class:`DNCAux`.

@@ -44,6 +44,7 @@ __all__ = ["DNCRecurrenceTriton", "EPS", "applies", "launches_per_step"]
 EPS = 1e-6  # inside every norm's square root, as memnets.ops.addressing
 MAX_SLOTS = 64  # one program holds the N × N link matrix and [R, N, N] products in registers
 MAX_WORD = 128
+ALLOC3D_MAX = 16  # slot blocks up to this size take the allocation's backward as one [N, N, N] product
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,10 +56,35 @@ def kernels():
     import triton.language as tl
 
     @triton.jit
-    def forward_step(z_ptr, cp_ptr, c_ptr, x_ptr, wxi_ptr, bxi_ptr, xi_ptr,
-                     mp_ptr, m_ptr, up_ptr, u_ptr, lp_ptr, l_ptr, pp_ptr, p_ptr, wrp_ptr, wr_ptr, wwp_ptr, ww_ptr,
-                     C, N, W, R, I, eps,
+    def _times(a, b):
+        return a * b
+
+    # the product reduction's combine function: a global of this module, where both the compiler
+    # and Triton's interpreter look a kernel's names up
+    globals()["_prod_combine"] = _times
+
+    @triton.jit(do_not_specialize=["t"])
+    def forward_step(Z, CB, X, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, t, B, C, N, W, R, I, eps,
                      BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr):
+        # the buffers [T(+1), B, ...] of every step; this step reads index t and writes t + 1
+        t64 = t.to(tl.int64)
+        z_ptr = Z + t64 * B * 4 * C
+        cp_ptr = CB + t64 * B * C
+        c_ptr = cp_ptr + B * C
+        x_ptr = X + (t64 + 1) * B * (R * W + C)
+        xi_ptr = XI + t64 * B * I
+        mp_ptr = MEM + t64 * B * N * W
+        m_ptr = mp_ptr + B * N * W
+        up_ptr = U + t64 * B * N
+        u_ptr = up_ptr + B * N
+        lp_ptr = LNK + t64 * B * N * N
+        l_ptr = lp_ptr + B * N * N
+        pp_ptr = PREC + t64 * B * N
+        p_ptr = pp_ptr + B * N
+        wrp_ptr = WR + t64 * B * R * N
+        wr_ptr = wrp_ptr + B * R * N
+        wwp_ptr = WW + t64 * B * N
+        ww_ptr = wwp_ptr + B * N
         b = tl.program_id(0)
         ic = tl.arange(0, BC)
         mc = ic < C
@@ -143,12 +169,10 @@ def kernels():
             psi = psi * (1.0 - fr * tl.load(wrp_ptr + b * R * N + r * N + inn, mask=mn, other=0.0))
         u = (up + wwp - up * wwp) * psi
         tl.store(u_ptr + b * N + inn, u, mask=mn)
-        # ---- allocation a_j = (1 − u_j) Π_{i before j} u_i
-        P = tl.where(mn, 1.0 + 0.0 * u, 0.0 * u)
-        for i in range(N):
-            ui = tl.sum(tl.where(inn == i, u, 0.0), 0)
-            before = (ui < u) | ((ui == u) & (i < inn))  # slot i precedes slot j (= the lane)
-            P = P * tl.where(before, ui, 1.0)
+        # ---- allocation a_k = (1 − u_k) Π_{i before k} u_i; bf[k, i]: slot i precedes slot k in
+        # the free list (smaller usage, ties in slot order: a stable ascending sort)
+        bf = ((u[None, :] < u[:, None]) | ((u[None, :] == u[:, None]) & (inn[None, :] < inn[:, None]))) & mnn
+        P = tl.reduce(tl.where(bf, u[None, :], 1.0), 1, _prod_combine)
         a = tl.where(mn, (1.0 - u) * P, 0.0)
         # ---- write content weighting on M_{t-1}, write weighting
         nrm_p = 1.0 / tl.sqrt(tl.sum(Mp * Mp, 1) + eps)
@@ -179,15 +203,48 @@ def kernels():
         rd = tl.sum(wr[:, :, None] * M[None, :, :], 1)  # [BR, BW]
         tl.store(xo + ir[:, None] * W + iw[None, :], rd, mask=mrw)
 
-    @triton.jit
-    def backward_step(z_ptr, cp_ptr, c_ptr, wxi_ptr, xi_ptr,
-                      mp_ptr, m_ptr, up_ptr, u_ptr, lp_ptr, l_ptr, pp_ptr, wrp_ptr, wr_ptr, wwp_ptr, ww_ptr,
-                      dhr_ptr, dx_ptr,
-                      gm_ptr, gu_ptr, gl_ptr, gp_ptr, gwr_ptr, gww_ptr, gc_ptr,
-                      gm_out, gu_out, gl_out, gp_out, gwr_out, gww_out, gc_out,
-                      gxi_ptr, dz_ptr,
-                      C, N, W, R, I, eps,
-                      BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr):
+    @triton.jit(do_not_specialize=["t", "s"])
+    def backward_step(Z, CB, wxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, DHR, dx_ptr,
+                      GM, GU, GL, GP, GWR, GWW, GC, GXI, DZ, t, s, B, C, N, W, R, I, eps,
+                      BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr,
+                      ALLOC3D: tl.constexpr):
+        # forward buffers [T(+1), B, ...] (step t: index t and t + 1); the carried gradients
+        # [2, B, ...]: read index s, write 1 − s
+        t64 = t.to(tl.int64)
+        z_ptr = Z + t64 * B * 4 * C
+        cp_ptr = CB + t64 * B * C
+        c_ptr = cp_ptr + B * C
+        xi_ptr = XI + t64 * B * I
+        mp_ptr = MEM + t64 * B * N * W
+        m_ptr = mp_ptr + B * N * W
+        up_ptr = U + t64 * B * N
+        u_ptr = up_ptr + B * N
+        lp_ptr = LNK + t64 * B * N * N
+        l_ptr = lp_ptr + B * N * N
+        pp_ptr = PREC + t64 * B * N
+        wrp_ptr = WR + t64 * B * R * N
+        wr_ptr = wrp_ptr + B * R * N
+        wwp_ptr = WW + t64 * B * N
+        ww_ptr = wwp_ptr + B * N
+        dhr_ptr = DHR + t64 * B * (R * W + C)
+        gxi_ptr = GXI + t64 * B * I
+        dz_ptr = DZ + t64 * B * 4 * C
+        si_ = s * B
+        so_ = (1 - s) * B
+        gm_ptr = GM + si_ * N * W
+        gm_out = GM + so_ * N * W
+        gu_ptr = GU + si_ * N
+        gu_out = GU + so_ * N
+        gl_ptr = GL + si_ * N * N
+        gl_out = GL + so_ * N * N
+        gp_ptr = GP + si_ * N
+        gp_out = GP + so_ * N
+        gwr_ptr = GWR + si_ * R * N
+        gwr_out = GWR + so_ * R * N
+        gww_ptr = GWW + si_ * N
+        gww_out = GWW + so_ * N
+        gc_ptr = GC + si_ * C
+        gc_out = GC + so_ * C
         b = tl.program_id(0)
         ic = tl.arange(0, BC)
         mc = ic < C
@@ -258,10 +315,8 @@ def kernels():
             fr = 1.0 / (1.0 + tl.exp(-tl.load(xb + FREE + r)))
             psi = psi * (1.0 - fr * tl.load(wrp_ptr + b * R * N + r * N + inn, mask=mn, other=0.0))
         ub = up + wwp - up * wwp
-        P = tl.where(mn, 1.0 + 0.0 * u, 0.0 * u)
-        for i in range(N):
-            ui = tl.sum(tl.where(inn == i, u, 0.0), 0)
-            P = P * tl.where((ui < u) | ((ui == u) & (i < inn)), ui, 1.0)
+        bf = ((u[None, :] < u[:, None]) | ((u[None, :] == u[:, None]) & (inn[None, :] < inn[:, None]))) & mnn
+        P = tl.reduce(tl.where(bf, u[None, :], 1.0), 1, _prod_combine)
         a = tl.where(mn, (1.0 - u) * P, 0.0)
         nrm_p = 1.0 / tl.sqrt(tl.sum(Mp * Mp, 1) + eps)
         dw_ = tl.sum(Mp * khw[None, :], 1)  # k̂_w · M_{t-1}[n]
@@ -334,16 +389,17 @@ def kernels():
         gcw = gw * (1.0 - ga) * gww
         # ---- allocation: ∂a_k/∂u_k = −Π_{i before k} u_i; ∂a_k/∂u_j = (1 − u_k) Π_{i before k, i ≠ j} u_i
         gau = (1.0 - u) * gal
-        acc = -P * gal
-        for j in range(N):
-            uj = tl.sum(tl.where(inn == j, u, 0.0), 0)
-            E = tl.where(mn, 1.0 + 0.0 * u, 0.0 * u)
-            for i in range(N):
-                ui = tl.sum(tl.where(inn == i, u, 0.0), 0)
-                E = E * tl.where(((ui < u) | ((ui == u) & (i < inn))) & (i != j), ui, 1.0)
-            jb = (uj < u) | ((uj == u) & (j < inn))  # j precedes the lane k
-            acc += tl.where(inn == j, tl.sum(tl.where(jb & mn, gau * E, 0.0), 0), 0.0)
-        gu += acc
+        gu -= P * gal
+        if ALLOC3D:  # E[j, k] = Π_{i before k, i ≠ j} u_i in one [N, N, N] product
+            ex3 = bf[None, :, :] & (inn[:, None, None] != inn[None, None, :])
+            E3 = tl.reduce(tl.where(ex3, u[None, None, :], 1.0), 2, _prod_combine)
+            bt = ((u[:, None] < u[None, :]) | ((u[:, None] == u[None, :]) & (inn[:, None] < inn[None, :]))) & mnn
+            gu += tl.sum(tl.where(bt, gau[None, :] * E3, 0.0), 1)  # bt[j, k] = bf[k, j]
+        else:  # one slot j at a time
+            for j in range(N):
+                E = tl.reduce(tl.where(bf & (inn[None, :] != j), u[None, :], 1.0), 1, _prod_combine)
+                val = tl.sum(tl.sum(tl.where(bf & (inn[None, :] == j), (gau * E)[:, None], 0.0), 1), 0)
+                gu += tl.where(inn == j, val, 0.0)
         # ---- write content on M_{t-1}
         gsw = cw * (gcw - tl.sum(cw * gcw, 0))
         gswn = gsw * nrm_p
@@ -426,9 +482,14 @@ def _blocks(C: int, N: int, W: int, R: int, I: int) -> dict:
     return dict(BC=BC, BN=_p2(N), BW=_p2(W), BR=_p2(R), BI=max(2, min(_p2(I), max(2, 4096 // BC))))
 
 
-def _warps(BN: int, BW: int, BR: int) -> int:
+def _warps(BN: int, BW: int, BR: int, backward: bool) -> int:
+    """Warps per program, sized to the largest [R, N, max(N, W)] tile so that the step stays in
+    registers (for sm_90: the default DNC, 16 slots of 20, 4 reads, spills nothing at 4 warps
+    forward and 8 backward)."""
     big = BR * BN * max(BN, BW)
-    return 2 if big <= 1024 else 4 if big <= 4096 else 8
+    if big <= 512:
+        return 2 if big <= 128 else 4
+    return 8 if backward or big > 4096 else 4
 
 
 def launches_per_step() -> dict:
@@ -506,12 +567,11 @@ class DNCRecurrenceTriton(torch.autograd.Function):
         GX = torch.addmm(b_x, x.transpose(0, 1).reshape(T * B, F), w_x.t()).view(T, B, 4 * C)
         w0T = w0.t()
         blk = _blocks(C, N, W, R, I)
-        nw = _warps(blk["BN"], blk["BW"], blk["BR"])
+        nw = _warps(blk["BN"], blk["BW"], blk["BR"], False)
         for t in range(T):
             torch.addmm(GX[t], X[t], w0T, out=Z[t])
-            fwd[(B,)](Z[t], CB[t], CB[t + 1], X[t + 1], w_xi, b_xi, XI[t],
-                      MEM[t], MEM[t + 1], U[t], U[t + 1], LNK[t], LNK[t + 1], PREC[t], PREC[t + 1], WR[t], WR[t + 1],
-                      WW[t], WW[t + 1], C, N, W, R, I, EPS, **blk, num_warps=nw)
+            fwd[(B,)](Z, CB, X, w_xi, b_xi, XI, MEM, U, LNK, PREC, WR, WW, t, B, C, N, W, R, I, EPS, **blk,
+                      num_warps=nw)
         ctx.dims = (R, W)
         ctx.save_for_backward(x, w_x, w_xi, w0, X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW)
         return (X[1:].clone(), X[T, :, RW:].unsqueeze(1).clone(), CB[T].unsqueeze(1).clone(), MEM[T].clone(),
@@ -540,16 +600,12 @@ class DNCRecurrenceTriton(torch.autograd.Function):
             DX[:, RW:] = dhT[:, 0]
         DZ, GXI = X.new_empty(T, B, 4 * C), X.new_empty(T, B, I)
         blk = _blocks(C, N, W, R, I)
-        nw = _warps(blk["BN"], blk["BW"], blk["BR"])
+        nw = _warps(blk["BN"], blk["BW"], blk["BR"], True)
         s = 0
         for t in range(T - 1, -1, -1):
             o = 1 - s
-            bwd[(B,)](Z[t], CB[t], CB[t + 1], w_xi, XI[t],
-                      MEM[t], MEM[t + 1], U[t], U[t + 1], LNK[t], LNK[t + 1], PREC[t], WR[t], WR[t + 1], WW[t],
-                      WW[t + 1], dHR[t], DX,
-                      gM[s], gu[s], gL[s], gp[s], gwr[s], gww[s], gc[s],
-                      gM[o], gu[o], gL[o], gp[o], gwr[o], gww[o], gc[o],
-                      GXI[t], DZ[t], C, N, W, R, I, EPS, **blk, num_warps=nw)
+            bwd[(B,)](Z, CB, w_xi, XI, MEM, U, LNK, PREC, WR, WW, dHR, DX, gM, gu, gL, gp, gwr, gww, gc, GXI, DZ,
+                      t, s, B, C, N, W, R, I, EPS, **blk, ALLOC3D=blk["BN"] <= ALLOC3D_MAX, num_warps=nw)
             torch.mm(DZ[t], w0, out=DX)
             s = o
         TB = T * B
