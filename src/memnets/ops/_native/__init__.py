@@ -265,8 +265,8 @@ def parallel(fn: Callable[[int, int, int], None], parts: List[Tuple[int, int]]) 
                 _POOL.shutdown(wait=False)  # its threads end once idle (a forked child has none of them)
             _POOL = ThreadPoolExecutor(max_workers=len(parts) - 1, thread_name_prefix="memnets-native")
             _POOL_PID = os.getpid()
-        pool = _POOL
-    futures = [pool.submit(fn, i, *parts[i]) for i in range(1, len(parts))]
+        # submitted under the lock: a pool replaced by another thread has taken this work already
+        futures = [_POOL.submit(fn, i, *parts[i]) for i in range(1, len(parts))]
     fn(0, *parts[0])
     for f in futures:
         f.result()
