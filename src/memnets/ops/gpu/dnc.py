@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..dnc.layout import interface_layout
 
@@ -544,7 +545,7 @@ class DNCRecurrenceTriton(torch.autograd.Function):
     controller layer: ``apply(dims, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0,
     wr0, ww0, reads0, w0)`` -> ``(HR [T, B, R·W + C], h [B, 1, C], c [B, 1, C], memory, usage,
     link, precedence, read_weights, write_weights)``. Every buffer it writes is its own; the
-    inputs are left unchanged."""
+    inputs are left unchanged. Not twice differentiable."""
 
     @staticmethod
     def forward(ctx, dims, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0,
@@ -578,6 +579,7 @@ class DNCRecurrenceTriton(torch.autograd.Function):
                 U[T].clone(), LNK[T].clone(), PREC[T].clone(), WR[T].clone(), WW[T].clone())
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww):
         x, w_x, w_xi, w0, X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW = ctx.saved_tensors
         _, bwd = kernels()
@@ -592,9 +594,11 @@ class DNCRecurrenceTriton(torch.autograd.Function):
         # carried gradients of the state, two buffers each (read one, write the other)
         gM, gu, gL = X.new_empty(2, B, N, W), X.new_empty(2, B, N), X.new_empty(2, B, N, N)
         gp, gwr, gww, gc = X.new_empty(2, B, N), X.new_empty(2, B, R, N), X.new_empty(2, B, N), X.new_empty(2, B, C)
-        for buf, g, like in ((gM, dM, MEM[T]), (gu, du, U[T]), (gL, dL, LNK[T]), (gp, dp, PREC[T]),
-                             (gwr, dwr, WR[T]), (gww, dww, WW[T]), (gc, dcT, CB[T])):
-            buf[0].copy_(grad(g, like).reshape(buf[0].shape))
+        for buf, g in ((gM, dM), (gu, du), (gL, dL), (gp, dp), (gwr, dwr), (gww, dww), (gc, dcT)):
+            if g is None:
+                buf[0].zero_()
+            else:
+                buf[0].copy_(g.reshape(buf[0].shape))
         DX = X.new_zeros(B, RW + C)  # d [r_t | h_t] through the next step's pre-activation
         if dhT is not None:
             DX[:, RW:] = dhT[:, 0]
@@ -618,6 +622,6 @@ class DNCRecurrenceTriton(torch.autograd.Function):
         dw_xi = gxi.t() @ X[1:, :, RW:].reshape(TB, C) if need[4] else None
         db_xi = gxi.sum(0) if need[5] else None
         dw0 = dz.t() @ X[:T].reshape(TB, RW + C) if need[15] else None
-        return (None, dx, dw_x, db_x, dw_xi, db_xi, DX[:, RW:].unsqueeze(1).clone(), gc[s].unsqueeze(1).clone(),
-                gM[s].clone(), gu[s].clone(), gL[s].clone(), gp[s].clone(), gwr[s].clone(), gww[s].clone(),
-                DX[:, :RW].reshape(B, R, W).clone(), dw0)
+        # (the buffers are this call's own: their views are the gradients)
+        return (None, dx, dw_x, db_x, dw_xi, db_xi, DX[:, RW:].unsqueeze(1), gc[s].unsqueeze(1), gM[s], gu[s], gL[s],
+                gp[s], gwr[s], gww[s], DX[:, :RW].reshape(B, R, W), dw0)
