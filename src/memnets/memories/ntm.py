@@ -238,8 +238,8 @@ class NTM(nn.Module):
         cfg = self.config
         if not return_aux and use_triton(x) and ntm_applies(cfg.memory_slots, cfg.word_size, cfg.controller_size):
             # the CUDA path: two kernel launches per time step (memnets.ops.gpu.ntm)
-            h, reads, state = ntm_scan_triton(self, self.ctrl_x(x), state)
-            return self._readout(h, reads), state
+            h, reads, final = ntm_scan_triton(self, self.ctrl_x(x), state)
+            return self._readout(h, reads), NTMState(*final)
         gx = self.ctrl_x(x).unbind(1)  # T x [B, G]: the input part of every step at once
         hs, rs, trace = [], [], []
         for t in range(T):

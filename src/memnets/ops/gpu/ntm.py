@@ -431,12 +431,11 @@ class NTMScanTriton(torch.autograd.Function):
 
 def ntm_scan_triton(ntm, gx: torch.Tensor, state):
     """Run ``ntm`` (:class:`memnets.memories.ntm.NTM`) over the controller input pre-activations
-    ``gx [B, T, G]`` from ``state`` on the kernels: ``(h [B, T, C], reads [B, T, R, W], state)``."""
-    from ...memories.ntm import NTMState
-
+    ``gx [B, T, G]`` from ``state`` (an ``NTMState``) on the kernels: ``(h [B, T, C],
+    reads [B, T, R, W], (memory, read_weights, write_weights, reads, h, c))`` at the end."""
     cfg = ntm.config
     B, T = gx.shape[:2]
-    R, Hw, W, C = cfg.read_heads, cfg.write_heads, cfg.word_size, cfg.controller_size
+    R, W, C = cfg.read_heads, cfg.word_size, cfg.controller_size
     lstm = cfg.controller == "lstm"
     c0 = state.c if lstm else gx.new_zeros(B, C)
     rh, M, wr, ww, c = NTMScanTriton.apply(
@@ -445,4 +444,4 @@ def ntm_scan_triton(ntm, gx: torch.Tensor, state):
         state.h.contiguous(), c0.contiguous(), 2 * cfg.shift_range + 1, lstm)
     rh = rh.transpose(0, 1)  # [B, T, R W + C]
     reads, h = rh[..., : R * W].unflatten(-1, (R, W)), rh[..., R * W:]
-    return h, reads, NTMState(M, wr, ww, reads[:, -1], h[:, -1], c if lstm else state.c)
+    return h, reads, (M, wr, ww, reads[:, -1], h[:, -1], c if lstm else state.c)
