@@ -34,7 +34,8 @@ def test_counter_counts_kernels_not_views():
 def test_bench_launches_cli_counts_and_scaling(tmp_path, monkeypatch, capsys):
     """Every memory issues launches; the launches a further time step adds do not depend on T
     (T=8 against T=16), and the step's total grows with T. The PyTorch CUDA path
-    (MEMNETS_TRITON=0): the Triton kernels through the interpreter are the slow test below."""
+    (MEMNETS_TRITON=0): the Triton kernels through the interpreter are the `interpret` test below
+    (make test-triton)."""
     monkeypatch.setenv("MEMNETS_TRITON", "0")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # what the command would set; restored afterwards
     res = {}
@@ -67,7 +68,7 @@ def test_bench_launches_rejects_odd_length_and_unknown_models():
         main(["bench", "launches", "--length", "5"])
 
 
-@pytest.mark.slow
+@pytest.mark.interpret
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("triton", "numpy")),
                     reason="triton (and numpy, for its interpreter) not installed")
 def test_bench_launches_runs_triton_kernels_through_the_interpreter(tmp_path):
