@@ -355,3 +355,15 @@ def test_suite_default_results_folder_and_bad_sweep(tmp_path, capsys):
         bad.write_text('presets = ["cpu/fib-nam_tm"]\n' + text)
         with pytest.raises(ConfigError, match=msg):
             load_suite(str(bad))
+
+
+def test_suite_only_runs_the_matching_runs(tmp_path, capsys):
+    suite = _suite(tmp_path, ["cpu/reduce-transformer", "cpu/palindrome-transformer"], [0], ["epochs=1", *TINY])
+    argv = ["suite", "run", str(suite), "--runs-dir", str(tmp_path / "runs")]
+    assert main([*argv, "--only", "*-reduce-*"]) == 0
+    assert (tmp_path / "runs" / "cpu-reduce-transformer-s0" / "results.json").is_file()
+    assert not (tmp_path / "runs" / "cpu-palindrome-transformer-s0").exists()
+    out = capsys.readouterr().out
+    assert "| cpu-palindrome-transformer-s0 | new |" in out  # the table still lists every run
+    assert main([*argv, "--only", "nothing-*"]) == 2
+    assert "matches no run" in capsys.readouterr().err

@@ -283,6 +283,9 @@ def add_parser(sub) -> None:
                    help="folder that keeps each finished run's results, config and metrics (no checkpoints), "
                         "e.g. under version control; a run found there is done (default results/<suite name>; "
                         "'' for none)")
+    r.add_argument("--only", action="append", default=None, metavar="GLOB",
+                   help="run only the runs whose name matches this shell pattern (repeatable), e.g. "
+                        "'*-nam_tm-*'; the tables still show every run of the suite")
     r.add_argument("--dry-run", action="store_true", help="print each run's status and command; train nothing")
     r.add_argument("--metric", default=None, choices=("seq_acc", "tok_acc", "ans_acc"),
                    help="algorithmic tasks: the accuracy shown (default: sequence accuracy, the paper's); "
@@ -448,6 +451,14 @@ def _run(args) -> int:
             if r.results_dir is not None and not (r.results_dir / "results.json").is_file():
                 archive_run(r)
     todo = [r for r in runs if run_status(r) != "done"]
+    if args.only:
+        import fnmatch
+
+        unmatched = [g for g in args.only if not any(fnmatch.fnmatch(r.name, g) for r in runs)]
+        if unmatched:
+            raise UsageError(f"--only {unmatched[0]!r} matches no run of suite {suite.name} "
+                             f"(names like {runs[0].name}; see --dry-run)")
+        todo = [r for r in todo if any(fnmatch.fnmatch(r.name, g) for g in args.only)]
     kept = f", results kept in {results_dir}" if results_dir is not None else ""
     print(f"suite {suite.name}: {len(runs)} runs in {runs_dir}{kept} ({len(runs) - len(todo)} done, "
           f"{sum(run_status(r) == 'resume' for r in todo)} to resume, "
