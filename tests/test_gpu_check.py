@@ -50,5 +50,8 @@ def test_gpu_check_dry_run_writes_every_row(tmp_path, monkeypatch, capsys):
             counts[r["name"]] = counts.get(r["name"], 0) + 1
         assert counts["nam_scan auto (p_e=p_w)"] == 3 and counts["nam_attention"] == 2
         assert {r["name"] for r in res["rows"] if r.get("baseline")} >= {"LSAM", "LSAM bi", "NAM-TM", "DNC", "NTM"}
+        lc = res["launches"]
+        assert [r["model"] for r in lc["rows"]] == ["LSAM", "LSAM bi", "NAM-TM", "DNC", "NTM"]
+        assert all(r["launches_step"] > 0 for r in lc["rows"]) and "Kernel launches" in md
     assert (tmp_path / "OUT" / "gpu-check-tests.log").is_file()
     assert "[gpu-check] written:" in capsys.readouterr().out

@@ -26,6 +26,9 @@ install needed):
    and, with the warm-up calls, kept out of the bench budget (``--bench-seconds``, which counts
    the timed repeats only); ``--total-seconds`` stops everything still left (marked skipped).
 
+4. Counts the kernel launches of one training step of each recurrent memory on the GPU
+   (``memnets bench launches --device cuda``, B=4, T=16).
+
 Writes ``gpu-check.json`` and ``gpu-check.md`` (a table naming the GPU) into ``--out`` (default
 ``out/gpu-check``) and, when the environment variable ``OUT`` is set, into that folder too; both
 are rewritten after every row, so a run cut short leaves what it measured. ``--cpu`` runs the
@@ -389,6 +392,20 @@ def format_markdown(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         out.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
     out.append("")
+    lc = result.get("launches")
+    if lc:
+        out += ["## Kernel launches of one training step (`memnets bench launches`)", ""]
+        if lc.get("note"):
+            out.append(lc["note"])
+        if lc.get("rows"):
+            lcols = ["model", "config", "aten_step", "triton_step", "launches_step", "per_t", "marginal_per_t"]
+            out.append("| " + " | ".join(lcols) + " |")
+            out.append("|" + "|".join("---" for _ in lcols) + "|")
+            for r in lc["rows"]:
+                out.append("| " + " | ".join(_fmt(r.get(c)) for c in lcols) + " |")
+            out.append("")
+            out += [f"- {n}" for n in lc.get("notes", [])]
+        out.append("")
     out += [f"- {n}" for n in result.get("notes", [])]
     return "\n".join(out) + "\n"
 
@@ -425,12 +442,14 @@ def _env(device: torch.device) -> dict[str, Any]:
 def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = True, tests_timeout: float = 180.0,
         tests_k: str | None = None, with_compile: bool = False, bench_seconds: float = 150.0,
         total_seconds: float = 400.0, sections: tuple[str, ...] = tuple(SECTIONS), wheels: str | Path | None = None,
-        verbose: bool = True) -> dict[str, Any]:
+        launch_counts: bool = True, verbose: bool = True) -> dict[str, Any]:
     """The GPU check (see the module's doc); returns the result written to ``out``/gpu-check.json.
 
     ``cpu``: tiny sizes on the CPU, the driver's dry run (also chosen when CUDA is missing).
     ``tests_timeout``: the CUDA tests' wall-time limit; ``bench_seconds``: the bench's budget of
     timed repeats (first calls and warm-ups are free); ``total_seconds``: after it no row starts.
+    ``launch_counts``: last, ``memnets bench launches`` on the device (B=4, T=16; on the CPU
+    the CUDA code path at tiny sizes), as ``result["launches"]``.
     """
     from .gpu import _Bench
 
@@ -449,7 +468,7 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
         "started": started, "mode": "CUDA" if cuda else "CPU dry run at tiny sizes (not a measurement)",
         "env": {}, "wheels": [], "tests": None, "columns": ROW_COLUMNS, "rows": [],
         "budget": {"tests_timeout_s": tests_timeout, "bench_seconds": bench_seconds, "total_seconds": total_seconds},
-        "notes": []}
+        "launches": None, "notes": []}
     if wheels is not None:
         result["wheels"] = install_wheels(wheels)
         for w in result["wheels"]:
@@ -478,6 +497,19 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
         SECTIONS[name](bench, not cuda)
         if verbose:
             print(f"[gpu-check] {name}: {time.perf_counter() - s0:.1f} s", flush=True)
+    if launch_counts:
+        if time.perf_counter() > t0 + total_seconds:
+            result["launches"] = {"note": "skipped: total time limit reached", "rows": []}
+        else:
+            from . import launches
+            s0 = time.perf_counter()
+            try:
+                lc = launches.run(batch=4 if cuda else 2, length=16 if cuda else 4, device=device, tiny=not cuda)
+                result["launches"] = {k: lc[k] for k in ("rows", "notes", "batch", "length", "device")}
+            except Exception as e:  # noqa: BLE001 - the timings above stand
+                result["launches"] = {"note": f"error: {type(e).__name__}: {str(e)[:200]}", "rows": []}
+            if verbose:
+                print(f"[gpu-check] launches: {time.perf_counter() - s0:.1f} s", flush=True)
     if not cuda:  # a dry run measures nothing: no target is met or missed
         for r in result["rows"]:
             r["meets"] = None
@@ -515,12 +547,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="budget of the bench's timed repeats (first calls and warm-ups not counted)")
     p.add_argument("--total-seconds", type=float, default=400.0, help="no bench row starts after this")
     p.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
+    p.add_argument("--no-launches", action="store_true", help="skip the launch counts (memnets bench launches)")
     p.add_argument("--wheels", default="wheels", help="install the *.whl of this folder first, without network "
                    "(default wheels/; none there is fine; '' to skip)")
     a = p.parse_args(argv)
     res = run(a.out, cpu=a.cpu, tests=not a.no_tests, tests_timeout=a.tests_timeout, tests_k=a.tests_k,
               with_compile=a.with_compile, bench_seconds=a.bench_seconds, total_seconds=a.total_seconds,
-              sections=tuple(a.sections), wheels=a.wheels or None)
+              sections=tuple(a.sections), wheels=a.wheels or None, launch_counts=not a.no_launches)
     t = res.get("tests") or {}
     return 1 if t.get("failed") or t.get("errors") else 0
 
