@@ -451,6 +451,7 @@ def _run(args) -> int:
             if r.results_dir is not None and not (r.results_dir / "results.json").is_file():
                 archive_run(r)
     todo = [r for r in runs if run_status(r) != "done"]
+    n_done = len(runs) - len(todo)
     if args.only:
         import fnmatch
 
@@ -460,7 +461,8 @@ def _run(args) -> int:
                              f"(names like {runs[0].name}; see --dry-run)")
         todo = [r for r in todo if any(fnmatch.fnmatch(r.name, g) for g in args.only)]
     kept = f", results kept in {results_dir}" if results_dir is not None else ""
-    print(f"suite {suite.name}: {len(runs)} runs in {runs_dir}{kept} ({len(runs) - len(todo)} done, "
+    only = f", {len(todo)} not done selected by --only" if args.only else ""
+    print(f"suite {suite.name}: {len(runs)} runs in {runs_dir}{kept}{only} ({n_done} done, "
           f"{sum(run_status(r) == 'resume' for r in todo)} to resume, "
           f"{sum(run_status(r) == 'new' for r in todo)} to start)", flush=True)
     if args.dry_run:
