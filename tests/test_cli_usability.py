@@ -257,3 +257,13 @@ def test_time_limit_help_says_it_stops_inside_an_epoch(tmp_path, capsys):
     assert main(["train", "cpu/reduce-lstm", *SMALL, "time_limit_min=1e-9", "--run-dir", str(run), "--quiet"]) == 0
     res = json.loads((run / "results.json").read_text())
     assert res["steps"] == 1 and res["stopped_by_time_limit"] and res["best_epoch"] < 1
+
+
+def test_a_run_stopped_inside_an_epoch_logs_its_steps_and_has_a_learning_curve(tmp_path, capsys):
+    from memnets.viz.curves import read_metrics, train_curve
+
+    run = tmp_path / "run"
+    assert main(["train", "cpu/reduce-lstm", *SMALL, "max_steps=1", "log_every=20", "--run-dir", str(run),
+                 "--quiet"]) == 0
+    curve = train_curve(read_metrics(run))
+    assert curve is not None and curve[1] == [1.0]  # the one step, logged although log_every is 20

@@ -152,7 +152,8 @@ class RunConfig:
     eval_every: int = _field(1, help="evaluate every that many epochs (and after the last one)")
     checkpoint_every: int = _field(0, help="also checkpoint every that many optimiser steps (0: at epoch "
                                    "ends only)")
-    log_every: int = _field(20, help="optimiser steps between training records in metrics.jsonl")
+    log_every: int = _field(20, help="optimiser steps between training records in metrics.jsonl (also one at "
+                            "each epoch end and where max_steps or the time limit stops a run)")
     device: str = _field("auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:N or mps")
     amp: str = _field("auto", help="mixed precision: auto (bf16 autocast on CUDA only), bf16 (bf16 autocast "
                       "on CUDA and on the CPU) or none")

@@ -477,17 +477,17 @@ class Trainer:
                 self.skipped += 1
                 self._say(f"step {self.step + 1}: non-finite loss or gradient, update skipped")
             self.step += 1
-            if self.step % cfg.log_every == 0 or b == nb - 1:
+            # a limit inside the epoch (max_steps, then the time limit) stops after this step
+            stop = b < nb - 1 and bool((cfg.max_steps and self.step >= cfg.max_steps)
+                                       or (cfg.time_limit_min and self.time_up()))
+            if self.step % cfg.log_every == 0 or b == nb - 1 or stop:  # a stopped run logs its last steps
                 self.log_train(epoch, lr, acc_loss, acc_stats, acc_n, t_log, bar)
                 acc_loss, acc_stats, acc_n = 0.0, {}, 0
                 t_log = time.perf_counter()
             bar.update(1)
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and b < nb - 1:
                 self.save(epoch, b + 1)
-            if cfg.max_steps and b < nb - 1 and self.step >= cfg.max_steps:
-                stopped_at = b
-                break
-            if cfg.time_limit_min and b < nb - 1 and self.time_up():
+            if stop:
                 stopped_at = b
                 break
         bar.close()
