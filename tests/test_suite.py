@@ -337,6 +337,9 @@ def test_suite_sweep_keeps_results_and_rebuilds_the_table_from_them_alone(tmp_pa
         row = next(x for x in first.splitlines() if x.startswith(f"| {r.name} |"))
         assert row in out
     assert main(["table", *map(str, (tmp_path / "kept").iterdir())]) == 0  # `memnets table` reads them
+    sweep = out.split("## Sweep", 1)[1]
+    row = next(x for x in sweep.splitlines() if x.startswith("| cpu/reduce-transformer | 0 |"))
+    assert row.count("(od_easy)") == 2 and row.split("|")[-2].strip() in ("lr0.001", "lr0.003")
     # a run finished in its run folder but missing from the results folder is copied there
     shutil.rmtree(runs[0].results_dir)
     assert main([*argv, "--dry-run"]) == 0 and "1 to start" in capsys.readouterr().out

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["add_parser", "Suite", "SuiteRun", "load_suite", "list_suites", "suite_runs", "run_status", "run_name",
-           "runs_table", "family_tables"]
+           "runs_table", "family_tables", "sweep_table", "archive_run", "finished_dir"]
 
 SUITE_KEYS = ("description", "presets", "seeds", "overrides", "seeds_for", "overrides_for", "sweep")
 ARCHIVED = ("results.json", "config.json", "env.json", "metrics.jsonl", "suite.log")
@@ -415,6 +415,43 @@ def runs_table(runs: list[SuiteRun], metric: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def sweep_table(suite: Suite, runs: list[SuiteRun], metric: str | None = None) -> str:
+    """Markdown: for each preset and seed of a suite with a ``sweep``, each point's figure on the
+    run's selection split (its ``select_split``, at the reported evaluation) and the point
+    chosen: the highest on the selection split, ties broken by ID, then by the lower selection
+    loss. The other splits (OD-hard) take no part. Empty for a suite without a sweep."""
+    if not suite.sweep:
+        return ""
+    points = _sweep_points(suite.sweep)
+    groups: dict[tuple[str, int], list[tuple[str, dict | None]]] = {}
+    for r in runs:
+        suffix = next(sfx for sfx, _ in points if r.name == run_name(r.preset, r.seed, sfx))
+        d = finished_dir(r)
+        res = json.loads((d / "results.json").read_text()) if d is not None else None
+        groups.setdefault((r.preset, r.seed), []).append((suffix.lstrip("-"), res))
+    labels = [sfx.lstrip("-") for sfx, _ in points]
+    lines = ["| preset | seed | " + " | ".join(labels) + " | chosen |", "|---|---|" + "---|" * (len(labels) + 1)]
+    for (preset, seed), cells in groups.items():
+        best, best_key, figs = None, None, []
+        for label, res in cells:
+            if res is None:
+                figs.append("–")
+                continue
+            sel = res.get("select_split") or "od_easy"
+            sp = res.get("splits") or {}
+            m = _metric_of(res, metric)
+            v = (sp.get(sel) or {}).get(m)
+            figs.append(f"{_value(m, v)} ({sel})")
+            key = (v if isinstance(v, (int, float)) else -1.0, (sp.get("id") or {}).get(m) or 0.0,
+                   -((sp.get(sel) or {}).get("loss") or 0.0))
+            if best_key is None or key > best_key:
+                best, best_key = label, key
+        done = all(res is not None for _, res in cells)
+        chosen = best if done else (f"({best} so far)" if best else "–")
+        lines.append(f"| {preset} | {seed} | " + " | ".join(figs) + f" | {chosen} |")
+    return "\n".join(lines)
+
+
 def family_tables(results: list[dict], metric: str | None = None) -> str:
     """The tables of ``results`` (``results.json`` dicts), one per task family in order of first
     appearance, each under a heading: Table 1 of ``metric`` beside the paper's for the
@@ -521,8 +558,10 @@ def _run(args) -> int:
         return 130
 
     text = "## Runs\n\n" + runs_table(runs, args.metric)
+    if suite.sweep:
+        text += "\n\n## Sweep: the point chosen by each run's selection split\n\n" + sweep_table(suite, runs, args.metric)
     results = load_results([d for r in runs if (d := finished_dir(r)) is not None], warn=False)
-    if results:
+    if results and not suite.sweep:
         text += "\n\n" + family_tables(results, args.metric)
     print()
     print(text)
