@@ -20,10 +20,11 @@ import contextlib
 import functools
 import importlib.util
 import os
+import sys
 
 import torch
 
-__all__ = ["triton_ok", "interpreting", "use_triton", "on_cuda_path", "cuda_path"]
+__all__ = ["triton_ok", "interpreting", "decorating", "lazy_kernels", "use_triton", "on_cuda_path", "cuda_path"]
 
 _FORCED = [0]
 
@@ -38,9 +39,41 @@ def triton_ok() -> bool:
     return os.environ.get("MEMNETS_TRITON", "1") != "0" and _importable()
 
 
-def interpreting() -> bool:
-    """Triton's interpreter is on (``TRITON_INTERPRET=1``): kernels run on CPU tensors."""
+def _env_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def interpreting() -> bool:
+    """Triton runs interpreted in this process: kernels run on CPU tensors.
+
+    Triton decorates its own library (``tl.sum`` …) when it is first imported, interpreted or
+    compiled as ``TRITON_INTERPRET`` says then, and a kernel of the other mode cannot call it.
+    So this is the mode triton was imported in, whatever ``TRITON_INTERPRET`` says now; before
+    triton is imported, ``TRITON_INTERPRET`` (which importing it now would follow)."""
+    if "triton" not in sys.modules:
+        return _env_interpret() and _importable()
+    try:
+        import triton.language.standard as standard
+        from triton.runtime.interpreter import InterpretedFunction
+    except Exception:  # noqa: BLE001 - a triton without these: not interpreted
+        return False
+    return isinstance(standard.sum, InterpretedFunction)
+
+
+@contextlib.contextmanager
+def decorating():
+    """Define kernels inside this context: ``TRITON_INTERPRET`` is set to the mode triton was
+    imported in (:func:`interpreting`) while they are decorated, and restored after."""
+    mode = interpreting()
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if mode else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
 
 
 def on_cuda_path(x: torch.Tensor) -> bool:
@@ -56,6 +89,23 @@ def use_triton(x: torch.Tensor) -> bool:
     if not on_cuda_path(x) or not triton_ok() or torch.compiler.is_compiling():
         return False
     return x.is_cuda or interpreting()
+
+
+def lazy_kernels(define):
+    """Decorator for a module's ``kernels()`` function that defines its Triton kernels: they are
+    defined on first use, inside :func:`decorating`, once per Triton mode (so a process that
+    chooses the interpreter before its first kernel gets interpreted kernels)."""
+    cache: dict = {}
+
+    @functools.wraps(define)
+    def kernels():
+        mode = interpreting()
+        if mode not in cache:
+            with decorating():
+                cache[mode] = define()
+        return cache[mode]
+
+    return kernels
 
 
 @contextlib.contextmanager

@@ -33,12 +33,12 @@ float64.
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from ..dnc.layout import interface_layout
+from . import lazy_kernels
 
 __all__ = ["DNCRecurrenceTriton", "EPS", "applies", "launches_per_step"]
 
@@ -48,7 +48,7 @@ MAX_WORD = 128
 ALLOC3D_MAX = 16  # slot blocks up to this size take the allocation's backward as one [N, N, N] product
 
 
-@functools.lru_cache(maxsize=None)
+@lazy_kernels
 def kernels():
     """``(forward_step, backward_step)``, compiled on first use (Triton reads
     ``TRITON_INTERPRET`` when a kernel is defined, so defining them lazily lets a process

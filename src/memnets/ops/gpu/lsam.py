@@ -21,9 +21,10 @@ through Triton's interpreter against the reference, float32 and float64.
 """
 from __future__ import annotations
 
-import functools
 
 import torch
+
+from . import lazy_kernels
 
 __all__ = ["LSAMRecurrenceTriton", "SEGMENT", "EPS", "MAX_HEAD_DIM", "applies"]
 
@@ -31,7 +32,7 @@ SEGMENT = 32  # steps between exact memory copies kept for the backward
 EPS = 1e-6  # μ's eps, as memnets.ops.unit
 
 
-@functools.lru_cache(maxsize=None)
+@lazy_kernels
 def kernels():
     """``(forward_step, backward_step)``, compiled on first use (Triton reads
     ``TRITON_INTERPRET`` when a kernel is defined, so defining them lazily lets a process

@@ -48,7 +48,7 @@ from typing import List, Optional
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import interpreting
+from . import decorating, interpreting
 
 __all__ = ["nam_tape_scan_triton", "nam_tm_heads_triton", "kernels", "SEGMENT"]
 
@@ -463,7 +463,9 @@ def kernels(interpret: bool):
 
 
 def _kernels():
-    return kernels(interpreting())
+    mode = interpreting()
+    with decorating():
+        return kernels(mode)
 
 
 def _device(x: torch.Tensor):

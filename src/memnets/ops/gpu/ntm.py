@@ -24,9 +24,10 @@ interpreter against the NTM's step-by-step PyTorch path, float32 and float64.
 """
 from __future__ import annotations
 
-import functools
 
 import torch
+
+from . import lazy_kernels
 
 __all__ = ["NTMScanTriton", "ntm_scan_triton", "applies", "MAX_SLOTS"]
 
@@ -40,7 +41,7 @@ def _p2(n: int) -> int:
     return max(16, 1 << (max(n, 1) - 1).bit_length())
 
 
-@functools.lru_cache(maxsize=None)
+@lazy_kernels
 def kernels():
     """``(forward_step, backward_step)``, defined on first use (Triton reads
     ``TRITON_INTERPRET`` when a kernel is defined)."""
