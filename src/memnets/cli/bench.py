@@ -30,8 +30,8 @@ def add_parser(sub) -> None:
         "kernel (views, metadata ops and allocations not counted) and Triton launches, per step and per time "
         "step. Sets TRITON_INTERPRET=1 (unless set) before triton is imported, so Triton kernels run through "
         "the interpreter; --device cuda counts the real CUDA path instead")
-    lg.add_argument("--batch", type=int, default=4, help="launches suite: batch size B (default 4)")
-    lg.add_argument("--length", type=int, default=16,
+    lg.add_argument("--batch", type=int, default=None, help="launches suite: batch size B (default 4)")
+    lg.add_argument("--length", type=int, default=None,
                     help="launches suite: sequence length T, even (default 16; T/2 is also run for the "
                          "marginal count per time step)")
     lg.add_argument("--models", nargs="+", default=None, choices=["LSAM", "LSAM bi", "NAM-TM", "DNC", "NTM"],
@@ -70,12 +70,15 @@ def _run(args) -> int:
         if args.sections or args.compile:
             raise SystemExit("--sections and --compile belong to the gpu suite")
         try:
-            result = launches.run(quick=args.quick, batch=args.batch, length=args.length,
+            result = launches.run(quick=args.quick, batch=4 if args.batch is None else args.batch,
+                                  length=16 if args.length is None else args.length,
                                   models=tuple(args.models) if args.models else None,
                                   device=args.device or "cpu", tiny=args.tiny, verbose=args.json != "-")
         except ValueError as e:
             raise SystemExit(f"memnets bench launches: {e}")
         result["env"] = bench_env()
+    elif args.batch is not None or args.length is not None or args.models:
+        raise SystemExit("--batch, --length and --models belong to the launches suite")
     elif args.suite == "gpu":
         from ..bench import gpu
         from ..bench.registry import bench_env
