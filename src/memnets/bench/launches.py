@@ -122,6 +122,23 @@ class LaunchCounter:
             return
         self.aten[self.phase][name] += 1
 
+    # ---- cuDNN's RNNs
+    def _patch_rnns(self) -> None:
+        """On CPU tensors ``nn.GRU`` / ``nn.LSTM`` decompose into a few ops per time step; on
+        CUDA each is one cuDNN call forward (``_cudnn_rnn``) and one backward. While counting CPU
+        tensors, each call runs as one counted op each way (its inner ops not counted)."""
+        counter = self
+        for cls in (torch.nn.GRU, torch.nn.LSTM):
+            real = cls.forward
+
+            def forward(mod, input, hx=None, _real=real):
+                if input.is_cuda:
+                    return _real(mod, input, hx)
+                return _as_one_kernel(counter, mod, _real, input, hx)
+
+            cls.forward = forward
+            self._stack.callback(setattr, cls, "forward", real)
+
     def __enter__(self) -> "LaunchCounter":
         from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -129,10 +146,13 @@ class LaunchCounter:
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                counter._record(func)
+                if not counter._quiet:
+                    counter._record(func)
                 return func(*args, **(kwargs or {}))
 
+        self._quiet = 0
         self._patch_triton()
+        self._patch_rnns()
         self._stack.enter_context(_Mode())
         return self
 
@@ -143,6 +163,46 @@ class LaunchCounter:
         """``(aten ops, triton launches)`` in ``phase`` (all phases for ``None``)."""
         phases = [phase] if phase is not None else set(self.aten) | set(self.triton)
         return (sum(sum(self.aten[p].values()) for p in phases), sum(sum(self.triton[p].values()) for p in phases))
+
+
+class _OneKernel(torch.autograd.Function):
+    """Runs an RNN module's forward with the counter quiet and counts it as one op; its backward
+    likewise (the inner graph differentiated with the counter quiet)."""
+
+    @staticmethod
+    def forward(ctx, counter, mod, real, hx, input, *params):
+        names = [n for n, _ in mod.named_parameters()]
+        leaves = [t.detach().requires_grad_(t.requires_grad) for t in (input, *params)]
+        counter._quiet += 1
+        try:
+            from torch.nn.utils.stateless import _reparametrize_module
+
+            with torch.enable_grad(), _reparametrize_module(mod, dict(zip(names, leaves[1:]))):
+                out, h = real(mod, leaves[0], hx)  # the module's own forward, not the patched one
+        finally:
+            counter._quiet -= 1
+        counter.aten[counter.phase]["_cudnn_rnn (stand-in)"] += 1
+        ctx.counter, ctx.leaves, ctx.outs = counter, leaves, (out, *(h if isinstance(h, tuple) else (h,)))
+        ctx.lstm = isinstance(h, tuple)
+        return (out.detach(), *(t.detach() for t in ctx.outs[1:]))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        need = [t for t in ctx.leaves if t.requires_grad]
+        pairs = [(o, g) for o, g in zip(ctx.outs, grads) if g is not None and o.requires_grad]
+        ctx.counter._quiet += 1
+        try:
+            got = iter(torch.autograd.grad([o for o, _ in pairs], need, [g for _, g in pairs], allow_unused=True)
+                       if pairs else [None] * len(need))
+        finally:
+            ctx.counter._quiet -= 1
+        ctx.counter.aten[ctx.counter.phase]["_cudnn_rnn_backward (stand-in)"] += 1
+        return (None, None, None, None, *[next(got) if t.requires_grad else None for t in ctx.leaves])
+
+
+def _as_one_kernel(counter: "LaunchCounter", mod, real, input, hx):
+    outs = _OneKernel.apply(counter, mod, real, hx, input, *mod.parameters())
+    return outs[0], (tuple(outs[1:]) if len(outs) == 3 else outs[1])
 
 
 @contextlib.contextmanager
@@ -278,7 +338,9 @@ def run(quick: bool = False, *, batch: int = 4, length: int = 16, models: tuple[
         + ("CPU tensors down the CUDA code path (cuda_path, MEMNETS_NATIVE=0)" if device.type == "cpu"
            else f"on {device}"),
         "aten_*: ATen ops that launch a kernel (views, metadata ops and allocations excluded); "
-        "triton_step: Triton kernel launches; launches_step = aten_step + triton_step",
+        "triton_step: Triton kernel launches; launches_step = aten_step + triton_step"
+        + ("; nn.GRU / nn.LSTM (the NAM-TM's controller) count one op each way, as cuDNN's call on CUDA"
+           if device.type == "cpu" else ""),
         f"per_t = launches_step / T; marginal_per_t = (launches at T - launches at T/2) / (T/2)",
         "Triton kernels: " + ("run (through the interpreter)" if tri and device.type == "cpu" else
                               "run" if tri else "not run (triton missing, MEMNETS_TRITON=0 or TRITON_INTERPRET unset)"),
