@@ -158,10 +158,10 @@ def test_table1_cpu_suite_covers_the_papers_seven_columns(capsys):
         cells.add((TASK_LABEL[cfg.task.name], _label({"backbone": cfg.model.backbone})))
     assert cells == {(t, c) for t in ("Palin", "Fib", "Reduce") for c in MODEL_ORDER[:7]}
     runs = suite_runs(s, "runs/x")
-    assert len(runs) == 42 and runs[0].name == "cpu-palindrome-transformer-s1"
+    assert len(runs) == 48 and runs[0].name == "cpu-palindrome-transformer-s1"
     assert runs[1].overrides[:2] == ["threads=1", "seed=2"]
     assert main(["suite", "ls"]) == 0
-    assert re.search(r"^table1-cpu +42 runs", capsys.readouterr().out, re.M)
+    assert re.search(r"^table1-cpu +48 runs", capsys.readouterr().out, re.M)
 
 
 def test_suite_options_and_bad_input(tmp_path, capsys):
@@ -216,6 +216,9 @@ def test_table1_suites_train_every_model_of_a_task_alike():
         budget.setdefault(cfg.task.name, set()).add((cfg.epochs, cfg.batch_size, cfg.task.train_size))
     assert budget == {"palindrome": {(40, 64, 6400)}, "reduce": {(40, 64, 6400)}, "fib": {(150, 64, 6400)}}
     assert sweep.seeds == [0] and 0 not in table.seeds and len(sweep.sweep["optim.lr"]) >= 3
+    chose_fib = {0, 1}  # the seeds that chose the Fib NAM-TM preset (docs/fib.md section 5)
+    for p in ("cpu/fib-nam_tm", "cpu/fib-nam_tm_nojmp"):
+        assert len(table.seeds_for[p]) >= 5 and not chose_fib & set(table.seeds_for[p])
     assert sorted(sweep.presets) == sorted(p for p in table.presets if "nam_tm" not in p)
     runs = suite_runs(sweep, "r")
     assert len(runs) == 45 and runs[0].name == "cpu-palindrome-transformer-lr0.0003-s0"
