@@ -62,20 +62,10 @@ class CudaSide:
     @contextlib.contextmanager
     def path(self):
         """The code path of this side: plain CUDA, or ``cuda_path()`` with ``MEMNETS_NATIVE=0``."""
-        if self.is_cuda:
+        from memnets.ops.gpu import cuda_code_path
+
+        with cuda_code_path("cuda" if self.is_cuda else "cpu"):
             yield
-            return
-        from memnets.ops.gpu import cuda_path
-        old = os.environ.get("MEMNETS_NATIVE")
-        os.environ["MEMNETS_NATIVE"] = "0"
-        try:
-            with cuda_path():
-                yield
-        finally:
-            if old is None:
-                os.environ.pop("MEMNETS_NATIVE", None)
-            else:
-                os.environ["MEMNETS_NATIVE"] = old
 
 
 @pytest.fixture(params=[pytest.param("cpu", id="cuda_path-cpu"),
@@ -84,3 +74,18 @@ class CudaSide:
 def cuda_side(request) -> CudaSide:
     """Each GPU test twice: on CUDA where there is one, and always on the CPU down the CUDA path."""
     return CudaSide(request.param)
+
+
+@pytest.fixture(scope="module")
+def triton_interpreter():
+    """Without a GPU, Triton kernels run through Triton's interpreter: ``TRITON_INTERPRET=1``
+    for the tests of the module that asks for it (not at import, so collecting that file changes
+    nothing for the rest of a session). Triton follows it only if triton is first imported
+    after this; ``make test-triton`` sets it for the whole run."""
+    if torch.cuda.is_available():
+        yield
+        return
+    from memnets.ops.gpu import env_var
+
+    with env_var("TRITON_INTERPRET", "1"):
+        yield

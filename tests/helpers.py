@@ -47,3 +47,12 @@ def tiny_backbone_model(backbone: str) -> torch.nn.Module:
     torch.manual_seed(0)
     kw = dict(SIZES["tiny"][backbone])
     return SequenceTaskModel(backbone, vocab_size=16, d_model=kw.pop("d_model"), **kw)
+
+
+def triton_missing() -> list[str]:
+    """What the Triton kernel tests need and is not installed: triton, and numpy for the
+    interpreter where there is no GPU."""
+    import importlib.util
+
+    need = ("triton",) + (() if torch.cuda.is_available() else ("numpy",))
+    return [m for m in need if importlib.util.find_spec(m) is None]

@@ -1,37 +1,19 @@
 """LSAM's Triton kernels (memnets.ops.gpu.lsam) against the reference recurrence, values and
 every gradient, float32 and float64: on a GPU when there is one, else on CPU tensors through
-Triton's interpreter (``TRITON_INTERPRET=1``, set here before the kernels are first defined).
+Triton's interpreter (``TRITON_INTERPRET=1``, the ``triton_interpreter`` fixture of conftest.py).
 Skipped, with the reason, only where triton or numpy is not installed
 (``pip install 'memnets[gpu]' numpy``)."""
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
+from helpers import triton_missing
 
 CUDA = torch.cuda.is_available()
-MISSING = [m for m in ("triton",) + (() if CUDA else ("numpy",)) if importlib.util.find_spec(m) is None]
-pytestmark = [pytest.mark.interpret, pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} "
-                                                        "(pip install 'memnets[gpu]' numpy)")]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter():
-    """Without a GPU, the kernels run through Triton's interpreter: switched on for this
-    module's tests only (not at import, so that collecting this file changes nothing for the
-    rest of a session); the kernels are defined on first use, after this."""
-    if CUDA:
-        yield
-        return
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    yield
-    if old is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = old
+MISSING = triton_missing()
+pytestmark = [pytest.mark.interpret, pytest.mark.usefixtures("triton_interpreter"),
+              pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} "
+                                 "(pip install 'memnets[gpu]' numpy)")]
 
 from memnets.memories.lsam import LSAM  # noqa: E402
 from memnets.ops import gpu  # noqa: E402

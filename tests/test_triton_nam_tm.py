@@ -42,7 +42,7 @@ from memnets.memories import nam_tm as nam_tm_module  # noqa: E402
 from memnets.memories.nam_tm import NAMTMState, NAMTuringMachine  # noqa: E402
 from memnets.ops import unit  # noqa: E402
 from memnets.ops.delta.reference import nam_scan_reference  # noqa: E402
-from memnets.ops.gpu import cuda_path, interpreting, use_triton  # noqa: E402
+from memnets.ops.gpu import cuda_path, use_triton  # noqa: E402
 
 LEFT, NOOP, RIGHT, JUMP = 0, 1, 2, 3
 TOL = {torch.float64: dict(rtol=1e-9, atol=1e-11), torch.float32: dict(rtol=2e-4, atol=2e-5)}

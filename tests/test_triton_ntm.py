@@ -1,40 +1,24 @@
 """The NTM's Triton kernels (memnets.ops.gpu.ntm) against its step-by-step PyTorch path, values
 and every gradient, float64 and float32: on a GPU when there is one, else on CPU tensors through
-Triton's interpreter (``TRITON_INTERPRET=1``, switched on for this module's tests). Skipped,
+Triton's interpreter (``TRITON_INTERPRET=1``, the ``triton_interpreter`` fixture of conftest.py). Skipped,
 with the reason, only where triton or numpy is not installed (``pip install 'memnets[gpu]' numpy``)."""
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
+from helpers import triton_missing
 
 CUDA = torch.cuda.is_available()
-MISSING = [m for m in ("triton",) + (() if CUDA else ("numpy",)) if importlib.util.find_spec(m) is None]
-pytestmark = [pytest.mark.interpret, pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} "
-                                                        "(pip install 'memnets[gpu]' numpy)")]
+MISSING = triton_missing()
+pytestmark = [pytest.mark.interpret, pytest.mark.usefixtures("triton_interpreter"),
+              pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} "
+                                 "(pip install 'memnets[gpu]' numpy)")]
 
 from memnets.memories.ntm import NTM  # noqa: E402
 from memnets.ops import gpu  # noqa: E402
 from memnets.ops.gpu import ntm as tl_ntm  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter():
-    """Without a GPU the kernels run through Triton's interpreter, for this module's tests only."""
-    if CUDA:
-        yield
-        return
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    yield
-    if old is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = old
 
 
 def _run(m, x, state, cuda_path):

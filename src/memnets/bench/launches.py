@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["run", "count_step", "LaunchCounter", "MODELS", "COLUMNS", "NON_KERNEL_OPS"]
+__all__ = ["run", "count_step", "LaunchCounter", "COLUMNS", "NON_KERNEL_OPS"]
 
 COLUMNS = ["model", "config", "aten_fwd", "aten_bwd", "aten_opt", "aten_step", "triton_step", "launches_step",
            "per_t", "marginal_per_t"]
@@ -205,24 +205,11 @@ def _as_one_kernel(counter: "LaunchCounter", mod, real, input, hx):
     return outs[0], (tuple(outs[1:]) if len(outs) == 3 else outs[1])
 
 
-@contextlib.contextmanager
 def _cuda_code_path(device: torch.device):
     """CPU tensors down the CUDA path: ``cuda_path()`` with the C kernels off; nothing on CUDA."""
-    if device.type == "cuda":
-        yield
-        return
-    from ..ops.gpu import cuda_path
+    from ..ops.gpu import cuda_code_path
 
-    old = os.environ.get("MEMNETS_NATIVE")
-    os.environ["MEMNETS_NATIVE"] = "0"
-    try:
-        with cuda_path():
-            yield
-    finally:
-        if old is None:
-            os.environ.pop("MEMNETS_NATIVE", None)
-        else:
-            os.environ["MEMNETS_NATIVE"] = old
+    return cuda_code_path(device)
 
 
 def count_step(model: torch.nn.Module, x: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor],
@@ -341,7 +328,7 @@ def run(quick: bool = False, *, batch: int = 4, length: int = 16, models: tuple[
         "triton_step: Triton kernel launches; launches_step = aten_step + triton_step"
         + ("; nn.GRU / nn.LSTM (the NAM-TM's controller) count one op each way, as cuDNN's call on CUDA"
            if device.type == "cpu" else ""),
-        f"per_t = launches_step / T; marginal_per_t = (launches at T - launches at T/2) / (T/2)",
+        "per_t = launches_step / T; marginal_per_t = (launches at T - launches at T/2) / (T/2)",
         "Triton kernels: " + ("run (through the interpreter)" if tri and device.type == "cpu" else
                               "run" if tri else "not run (triton missing, MEMNETS_TRITON=0 or TRITON_INTERPRET unset)"),
     ]

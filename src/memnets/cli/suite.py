@@ -553,8 +553,8 @@ def _run(args) -> int:
                 proc.kill()
                 proc.wait()
             log.close()
-        print(f"memnets suite: interrupted; run the same command again to continue "
-              f"(finished runs are skipped, started ones resume)", file=sys.stderr, flush=True)
+        print("memnets suite: interrupted; run the same command again to continue "
+              "(finished runs are skipped, started ones resume)", file=sys.stderr, flush=True)
         return 130
 
     text = "## Runs\n\n" + runs_table(runs, args.metric)

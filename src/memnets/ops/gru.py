@@ -24,8 +24,6 @@ runs ``gradcheck``. Not twice differentiable.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn as nn
 from torch.autograd.function import once_differentiable

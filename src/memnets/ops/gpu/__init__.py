@@ -24,7 +24,8 @@ import sys
 
 import torch
 
-__all__ = ["triton_ok", "interpreting", "decorating", "lazy_kernels", "use_triton", "on_cuda_path", "cuda_path"]
+__all__ = ["triton_ok", "interpreting", "decorating", "lazy_kernels", "use_triton", "on_cuda_path", "cuda_path",
+           "cuda_code_path", "env_var"]
 
 _FORCED = [0]
 
@@ -61,19 +62,27 @@ def interpreting() -> bool:
 
 
 @contextlib.contextmanager
-def decorating():
-    """Define kernels inside this context: ``TRITON_INTERPRET`` is set to the mode triton was
-    imported in (:func:`interpreting`) while they are decorated, and restored after."""
-    mode = interpreting()
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if mode else "0"
+def env_var(name: str, value: str | None):
+    """Set the environment variable ``name`` to ``value`` (None: unset it) for the context's
+    duration, and restore what it was after."""
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["TRITON_INTERPRET"] = old
+            os.environ[name] = old
+
+
+def decorating():
+    """Define kernels inside this context: ``TRITON_INTERPRET`` is set to the mode triton was
+    imported in (:func:`interpreting`) while they are decorated, and restored after."""
+    return env_var("TRITON_INTERPRET", "1" if interpreting() else "0")
 
 
 def on_cuda_path(x: torch.Tensor) -> bool:
@@ -106,6 +115,17 @@ def lazy_kernels(define):
         return cache[mode]
 
     return kernels
+
+
+@contextlib.contextmanager
+def cuda_code_path(device: torch.device | str = "cpu"):
+    """CPU tensors down the CUDA code path as a test or a count wants it: :func:`cuda_path` with
+    the C kernels off (``MEMNETS_NATIVE=0``); nothing changes for a CUDA device."""
+    if torch.device(device).type == "cuda":
+        yield
+        return
+    with env_var("MEMNETS_NATIVE", "0"), cuda_path():
+        yield
 
 
 @contextlib.contextmanager

@@ -403,7 +403,7 @@ class NTMScanTriton(torch.autograd.Function):
         meta, K = ctx.meta, ctx.K
         T, B, G = Z.shape
         N, W = Ms.shape[2:]
-        R, Hw, C = Wr.shape[2], Ww.shape[2], Cs.shape[2]
+        R, C = Wr.shape[2], Cs.shape[2]
         Pt = w_h.shape[0]
 
         def grad(g, like):
