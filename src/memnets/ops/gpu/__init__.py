@@ -28,6 +28,7 @@ __all__ = ["triton_ok", "interpreting", "decorating", "lazy_kernels", "use_trito
            "cuda_code_path", "env_var"]
 
 _FORCED = [0]
+_COMPILE_ONLY = [0]  # inside compile_check.compile_only: launches compile for a GPU instead of running
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,7 +98,7 @@ def use_triton(x: torch.Tensor) -> bool:
     reference path, :func:`memnets.ops._impl.runs_fused`)."""
     if not on_cuda_path(x) or not triton_ok() or torch.compiler.is_compiling():
         return False
-    return x.is_cuda or interpreting()
+    return x.is_cuda or interpreting() or _COMPILE_ONLY[0] > 0
 
 
 def lazy_kernels(define):

@@ -328,8 +328,9 @@ def kernels():
             tl.store(dz_ptr + b * C + ci, dh * (1.0 - h * h), mask=cm)
 
     # the kernels call these helpers by name: Triton (compiler and interpreter alike) looks a
-    # called function up in the kernel's module globals
-    globals().update(_sig=_sig, _tanh=_tanh, _softplus=_softplus, _softplus_grad=_softplus_grad, _rows=_rows,
+    # called function up in the kernel's module globals, and the compiler resolves the helpers'
+    # ``tl.constexpr`` annotations (strings here: ``from __future__ import annotations``) there too
+    globals().update(triton=triton, tl=tl, _sig=_sig, _tanh=_tanh, _softplus=_softplus, _softplus_grad=_softplus_grad, _rows=_rows,
                      _row=_row, _params=_params, _shift_matrix=_shift_matrix, _address=_address,
                      _address_bwd=_address_bwd, _controller=_controller, _store_params=_store_params,
                      _dh_params=_dh_params)
