@@ -6,8 +6,10 @@ install needed):
 
 1. Optionally installs the wheels found in a folder (``--wheels``, default ``wheels/``; e.g. the
    fla-core wheel) with ``pip install --no-index --no-deps``; none there is fine.
-2. Runs ``tests/test_cuda.py`` and ``tests/test_cuda_nam_tm.py`` on CUDA (the CPU stand-ins of
-   those tests are CI's; the ``compile`` tests only with ``--with-compile``), under a time limit.
+2. Runs the Triton kernels' tests (``tests/test_triton_*.py``: each kernel against its reference,
+   and replayed from CUDA graphs), then ``tests/test_cuda.py`` and ``tests/test_cuda_nam_tm.py``
+   on CUDA (the CPU stand-ins of those tests are CI's; the ``compile`` tests only with
+   ``--with-compile``), under a time limit.
 3. Times the bench rows, each against its baseline:
 
    - ``models``: one training step (forward, backward, Adam), float32, B=32, against cuDNN
@@ -54,7 +56,8 @@ import torch
 __all__ = ["run", "main", "format_markdown", "ROW_COLUMNS"]
 
 REPO = Path(__file__).resolve().parents[3]
-TEST_FILES = ("tests/test_cuda.py", "tests/test_cuda_nam_tm.py")
+TEST_FILES = ("tests/test_triton_graphs.py", "tests/test_triton_lsam.py", "tests/test_triton_dnc.py",
+              "tests/test_triton_ntm.py", "tests/test_triton_nam_tm.py", "tests/test_cuda.py", "tests/test_cuda_nam_tm.py")
 ROW_COLUMNS = ["section", "name", "config", "dtype", "first_ms", "ms", "baseline", "ratio", "target", "meets",
                "note"]
 

@@ -33,12 +33,14 @@ float64.
 """
 from __future__ import annotations
 
+import functools
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from ..dnc.layout import interface_layout
 from . import lazy_kernels
+from .graphs import graphed
 
 __all__ = ["DNCRecurrenceTriton", "EPS", "applies", "launches_per_step"]
 
@@ -540,6 +542,60 @@ def _check(dims, tensors, upper) -> None:
         raise ValueError("DNC recurrence: every tensor must be on one device")
 
 
+def _forward_loop(x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0, *, R, W):
+    """The forward time loop on its arguments alone (what :func:`graphed` captures): the
+    per-step buffers ``(X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW)``, all of its own."""
+    fwd, _ = kernels()
+    x, w_x, b_x, w_xi, b_xi, w0 = (t.contiguous() for t in (x, w_x, b_x, w_xi, b_xi, w0))
+    B, T, F = x.shape
+    C, N, I, RW = w_x.shape[0] // 4, mem0.shape[1], w_xi.shape[0], R * W
+    new = x.new_empty
+    X, CB, Z, XI = new(T + 1, B, RW + C), new(T + 1, B, C), new(T, B, 4 * C), new(T, B, I)
+    MEM, U, LNK = new(T + 1, B, N, W), new(T + 1, B, N), new(T + 1, B, N, N)
+    PREC, WR, WW = new(T + 1, B, N), new(T + 1, B, R, N), new(T + 1, B, N)
+    X[0, :, :RW] = reads0.reshape(B, RW)
+    X[0, :, RW:] = h0[:, 0]
+    CB[0] = c0[:, 0]
+    MEM[0], U[0], LNK[0], PREC[0], WR[0], WW[0] = mem0, usage0, link0, prec0, wr0, ww0
+    GX = torch.addmm(b_x, x.transpose(0, 1).reshape(T * B, F), w_x.t()).view(T, B, 4 * C)
+    w0T = w0.t()
+    blk = _blocks(C, N, W, R, I)
+    nw = _warps(blk["BN"], blk["BW"], blk["BR"], False)
+    for t in range(T):
+        torch.addmm(GX[t], X[t], w0T, out=Z[t])
+        fwd[(B,)](Z, CB, X, w_xi, b_xi, XI, MEM, U, LNK, PREC, WR, WW, t, B, C, N, W, R, I, EPS, **blk,
+                  num_warps=nw)
+    return X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW
+
+
+def _backward_loop(Z, CB, w_xi, XI, MEM, U, LNK, PREC, WR, WW, dHR, w0, dhT, dM, du, dL, dp, dwr, dww, dcT, *,
+                   R, W):
+    """The backward time loop on its arguments alone: ``(DX, DZ, GXI, gM, gu, gL, gp, gwr, gww,
+    gc)``, the carried gradients in two buffers each, ``[T % 2]`` the one the last step wrote."""
+    _, bwd = kernels()
+    T, B, C4 = Z.shape
+    C, N, I, RW = C4 // 4, MEM.shape[2], w_xi.shape[0], R * W
+    w0 = w0.contiguous()
+    # carried gradients of the state, two buffers each (read one, write the other)
+    gM, gu, gL = Z.new_empty(2, B, N, W), Z.new_empty(2, B, N), Z.new_empty(2, B, N, N)
+    gp, gwr, gww, gc = Z.new_empty(2, B, N), Z.new_empty(2, B, R, N), Z.new_empty(2, B, N), Z.new_empty(2, B, C)
+    for buf, g in ((gM, dM), (gu, du), (gL, dL), (gp, dp), (gwr, dwr), (gww, dww), (gc, dcT)):
+        buf[0].copy_(g.reshape(buf[0].shape))
+    DX = Z.new_zeros(B, RW + C)  # d [r_t | h_t] through the next step's pre-activation
+    DX[:, RW:] = dhT
+    DZ, GXI = Z.new_empty(T, B, 4 * C), Z.new_empty(T, B, I)
+    blk = _blocks(C, N, W, R, I)
+    nw = _warps(blk["BN"], blk["BW"], blk["BR"], True)
+    s = 0
+    for t in range(T - 1, -1, -1):
+        o = 1 - s
+        bwd[(B,)](Z, CB, w_xi, XI, MEM, U, LNK, PREC, WR, WW, dHR, DX, gM, gu, gL, gp, gwr, gww, gc, GXI, DZ,
+                  t, s, B, C, N, W, R, I, EPS, **blk, ALLOC3D=blk["BN"] <= ALLOC3D_MAX, num_warps=nw)
+        torch.mm(DZ[t], w0, out=DX)
+        s = o
+    return DX, DZ, GXI, gM, gu, gL, gp, gwr, gww, gc
+
+
 class DNCRecurrenceTriton(torch.autograd.Function):
     """:class:`memnets.ops.dnc.DNCRecurrence` on Triton kernels (module docstring), one
     controller layer: ``apply(dims, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0,
@@ -552,27 +608,10 @@ class DNCRecurrenceTriton(torch.autograd.Function):
                 *upper):
         tensors = (x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0)
         _check(dims, tensors, upper)
-        fwd, _ = kernels()
         R, W = (int(d) for d in dims)
-        x, w_x, b_x, w_xi, b_xi, w0 = (t.contiguous() for t in (x, w_x, b_x, w_xi, b_xi, w0))
-        B, T, F = x.shape
-        C, N, I, RW = w_x.shape[0] // 4, mem0.shape[1], w_xi.shape[0], R * W
-        new = x.new_empty
-        X, CB, Z, XI = new(T + 1, B, RW + C), new(T + 1, B, C), new(T, B, 4 * C), new(T, B, I)
-        MEM, U, LNK = new(T + 1, B, N, W), new(T + 1, B, N), new(T + 1, B, N, N)
-        PREC, WR, WW = new(T + 1, B, N), new(T + 1, B, R, N), new(T + 1, B, N)
-        X[0, :, :RW] = reads0.reshape(B, RW)
-        X[0, :, RW:] = h0[:, 0]
-        CB[0] = c0[:, 0]
-        MEM[0], U[0], LNK[0], PREC[0], WR[0], WW[0] = mem0, usage0, link0, prec0, wr0, ww0
-        GX = torch.addmm(b_x, x.transpose(0, 1).reshape(T * B, F), w_x.t()).view(T, B, 4 * C)
-        w0T = w0.t()
-        blk = _blocks(C, N, W, R, I)
-        nw = _warps(blk["BN"], blk["BW"], blk["BR"], False)
-        for t in range(T):
-            torch.addmm(GX[t], X[t], w0T, out=Z[t])
-            fwd[(B,)](Z, CB, X, w_xi, b_xi, XI, MEM, U, LNK, PREC, WR, WW, t, B, C, N, W, R, I, EPS, **blk,
-                      num_warps=nw)
+        X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW = graphed(("dnc.forward", R, W), functools.partial(
+            _forward_loop, R=R, W=W), *tensors)
+        T, RW = x.shape[1], R * W
         ctx.dims = (R, W)
         ctx.save_for_backward(x, w_x, w_xi, w0, X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW)
         return (X[1:].clone(), X[T, :, RW:].unsqueeze(1).clone(), CB[T].unsqueeze(1).clone(), MEM[T].clone(),
@@ -582,36 +621,21 @@ class DNCRecurrenceTriton(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww):
         x, w_x, w_xi, w0, X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW = ctx.saved_tensors
-        _, bwd = kernels()
         R, W = ctx.dims
         B, T, F = x.shape
-        C, N, I, RW = w_x.shape[0] // 4, MEM.shape[2], w_xi.shape[0], R * W
+        C, I, RW = w_x.shape[0] // 4, w_xi.shape[0], R * W
 
         def grad(g, like):
             return torch.zeros_like(like) if g is None else g.contiguous()
 
         dHR = grad(dHR, X[1:])
-        # carried gradients of the state, two buffers each (read one, write the other)
-        gM, gu, gL = X.new_empty(2, B, N, W), X.new_empty(2, B, N), X.new_empty(2, B, N, N)
-        gp, gwr, gww, gc = X.new_empty(2, B, N), X.new_empty(2, B, R, N), X.new_empty(2, B, N), X.new_empty(2, B, C)
-        for buf, g in ((gM, dM), (gu, du), (gL, dL), (gp, dp), (gwr, dwr), (gww, dww), (gc, dcT)):
-            if g is None:
-                buf[0].zero_()
-            else:
-                buf[0].copy_(g.reshape(buf[0].shape))
-        DX = X.new_zeros(B, RW + C)  # d [r_t | h_t] through the next step's pre-activation
-        if dhT is not None:
-            DX[:, RW:] = dhT[:, 0]
-        DZ, GXI = X.new_empty(T, B, 4 * C), X.new_empty(T, B, I)
-        blk = _blocks(C, N, W, R, I)
-        nw = _warps(blk["BN"], blk["BW"], blk["BR"], True)
-        s = 0
-        for t in range(T - 1, -1, -1):
-            o = 1 - s
-            bwd[(B,)](Z, CB, w_xi, XI, MEM, U, LNK, PREC, WR, WW, dHR, DX, gM, gu, gL, gp, gwr, gww, gc, GXI, DZ,
-                      t, s, B, C, N, W, R, I, EPS, **blk, ALLOC3D=blk["BN"] <= ALLOC3D_MAX, num_warps=nw)
-            torch.mm(DZ[t], w0, out=DX)
-            s = o
+        carried = [grad(g, like) for g, like in ((dM, MEM[T]), (du, U[T]), (dL, LNK[T]), (dp, PREC[T]),
+                                                 (dwr, WR[T]), (dww, WW[T]), (dcT, CB[T]))]
+        dhT = X.new_zeros(B, C) if dhT is None else dhT[:, 0]
+        DX, DZ, GXI, gM, gu, gL, gp, gwr, gww, gc = graphed(
+            ("dnc.backward", R, W), functools.partial(_backward_loop, R=R, W=W), Z, CB, w_xi, XI, MEM, U, LNK,
+            PREC, WR, WW, dHR, w0, dhT, *carried)
+        s = T % 2  # the buffer the last step wrote
         TB = T * B
         dz = DZ.view(TB, 4 * C)
         gxi = GXI.view(TB, I)

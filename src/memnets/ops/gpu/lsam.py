@@ -21,10 +21,12 @@ through Triton's interpreter against the reference, float32 and float64.
 """
 from __future__ import annotations
 
+import functools
 
 import torch
 
 from . import lazy_kernels
+from .graphs import graphed
 
 __all__ = ["LSAMRecurrenceTriton", "SEGMENT", "EPS", "MAX_HEAD_DIM", "applies"]
 
@@ -179,6 +181,46 @@ def _hmm(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor, add: torch.Tensor 
         torch.bmm(h, w, out=out)
 
 
+def _forward_loop(gx, w_hh, M0, h0, *, seg):
+    """The forward time loop on its arguments alone (what :func:`graphed` captures):
+    ``(out, M_T, U, ckpts, blk)``, all buffers of its own."""
+    fwd, _ = kernels()
+    gx, w_hh, h0 = gx.contiguous(), w_hh.contiguous(), h0.contiguous()
+    T, dirs, B, G = gx.shape
+    N, d = M0.shape[0], M0.shape[-1]
+    M = M0.clone(memory_format=torch.contiguous_format)  # updated in place
+    blk, out, U = gx.new_empty(T, dirs, B, G), gx.new_empty(T, dirs, B, w_hh.shape[2]), gx.new_empty(T, N, d)
+    ckpts = gx.new_empty(max((T - 1) // seg, 1), N, d, d)
+    BLOCK, h = _block(d), h0
+    for t in range(T):
+        _hmm(h, w_hh, blk[t], gx[t])
+        save = (t + 1) % seg == 0 and t < T - 1
+        fwd[(N,)](blk[t], M, out[t], U[t], ckpts[(t + 1) // seg - 1] if save else M, d, EPS,
+                  SAVE=save, BLOCK=BLOCK, num_warps=_warps(BLOCK))
+        h = out[t]
+    return out, M, U, ckpts, blk
+
+
+def _backward_loop(w_hh, out, M_T, ckpts, blk, U, dout, dM, *, seg):
+    """The backward time loop on its arguments alone: ``(dgx, dh_0, dM_0)``."""
+    _, bwd = kernels()
+    T, dirs, B, Dp = out.shape
+    N, d = M_T.shape[0], M_T.shape[-1]
+    G = w_hh.shape[1]
+    w_hh, dout = w_hh.contiguous(), dout.contiguous()
+    work = M_T.clone()  # walked back to M_0
+    dM = dM.contiguous().clone()
+    dgx = out.new_empty(T, dirs, B, G)
+    dh = out.new_zeros(dirs, B, Dp)  # d h_t through the next step's g (none after the last)
+    BLOCK = _block(d)
+    for t in range(T - 1, -1, -1):
+        load = (t + 1) % seg == 0 and t < T - 1
+        bwd[(N,)](blk[t], work, dM, U[t], dout[t], dh, dgx[t], ckpts[(t + 1) // seg - 1] if load else work,
+                  d, EPS, LOAD=load, BLOCK=BLOCK, num_warps=_warps(BLOCK))
+        _hmm(dgx[t], w_hh, dh, None)
+    return dgx, dh, dM
+
+
 class LSAMRecurrenceTriton(torch.autograd.Function):
     """:class:`memnets.ops.lsam.recurrence.LSAMRecurrence` on Triton kernels (module docstring):
     ``(gx [T, dirs, B, G], w_hh [dirs, G, D'], M0 [N, d, d], h0 [dirs, B, D'])`` ->
@@ -187,21 +229,10 @@ class LSAMRecurrenceTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gx, w_hh, M0, h0, compiled=True):
         _check(gx, w_hh, M0, h0)
-        fwd, _ = kernels()
-        gx, w_hh, h0 = gx.contiguous(), w_hh.contiguous(), h0.contiguous()
-        T, dirs, B, G = gx.shape
-        N, d = M0.shape[0], M0.shape[-1]
-        M = M0.detach().clone(memory_format=torch.contiguous_format)  # updated in place
-        blk, out, U = gx.new_empty(T, dirs, B, G), gx.new_empty(T, dirs, B, w_hh.shape[2]), gx.new_empty(T, N, d)
-        ckpts = gx.new_empty(max((T - 1) // SEGMENT, 1), N, d, d)
-        ctx.segment = SEGMENT
-        BLOCK, h, seg = _block(d), h0, SEGMENT
-        for t in range(T):
-            _hmm(h, w_hh, blk[t], gx[t])
-            save = (t + 1) % seg == 0 and t < T - 1
-            fwd[(N,)](blk[t], M, out[t], U[t], ckpts[(t + 1) // seg - 1] if save else M, d, EPS,
-                      SAVE=save, BLOCK=BLOCK, num_warps=_warps(BLOCK))
-            h = out[t]
+        seg = SEGMENT
+        out, M, U, ckpts, blk = graphed(("lsam.forward", seg), functools.partial(_forward_loop, seg=seg), gx, w_hh,
+                                        M0.detach(), h0)
+        ctx.segment = seg
         ctx.save_for_backward(w_hh, h0, out, M, ckpts, blk, U)
         ctx.mark_non_differentiable()
         return out, M.clone()
@@ -209,21 +240,12 @@ class LSAMRecurrenceTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dM):
         w_hh, h0, out, M_T, ckpts, blk, U = ctx.saved_tensors
-        _, bwd = kernels()
         T, dirs, B, Dp = out.shape
-        N, d = M_T.shape[0], M_T.shape[-1]
         G = w_hh.shape[1]
-        work = M_T.clone()  # walked back to M_0
-        dM = torch.zeros_like(M_T) if dM is None else dM.contiguous().clone()
-        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
-        dgx = out.new_empty(T, dirs, B, G)
-        dh = out.new_zeros(dirs, B, Dp)  # d h_t through the next step's g (none after the last)
-        BLOCK, seg = _block(d), ctx.segment
-        for t in range(T - 1, -1, -1):
-            load = (t + 1) % seg == 0 and t < T - 1
-            bwd[(N,)](blk[t], work, dM, U[t], dout[t], dh, dgx[t], ckpts[(t + 1) // seg - 1] if load else work,
-                      d, EPS, LOAD=load, BLOCK=BLOCK, num_warps=_warps(BLOCK))
-            _hmm(dgx[t], w_hh, dh, None)
+        dM = torch.zeros_like(M_T) if dM is None else dM
+        dout = torch.zeros_like(out) if dout is None else dout
+        dgx, dh, dM = graphed(("lsam.backward", ctx.segment), functools.partial(_backward_loop, seg=ctx.segment),
+                              w_hh, out, M_T, ckpts, blk, U, dout, dM)
         dw = None
         if ctx.needs_input_grad[1]:
             hprev = torch.cat([h0.unsqueeze(0), out[:-1]], 0)  # [T, dirs, B, D']

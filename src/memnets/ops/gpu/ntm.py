@@ -24,10 +24,12 @@ interpreter against the NTM's step-by-step PyTorch path, float32 and float64.
 """
 from __future__ import annotations
 
+import functools
 
 import torch
 
 from . import lazy_kernels
+from .graphs import graphed
 
 __all__ = ["NTMScanTriton", "ntm_scan_triton", "applies", "MAX_SLOTS"]
 
@@ -347,6 +349,51 @@ def _warps(BN: int, BW: int) -> int:
     return 2 if n <= 512 else 4 if n <= 4096 else 8 if n <= 16384 else 16
 
 
+def _forward_loop(gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0, *, meta):
+    """The forward time loop on its arguments alone (what :func:`graphed` captures):
+    ``(Ms, Wr, Ww, Cs, RH, Z)``, every step's state, all buffers of its own."""
+    fwd, _ = kernels()
+    T, B, G = gx.shape
+    N, W = M0.shape[1:]
+    R, Hw, C = wr0.shape[1], ww0.shape[1], h0.shape[1]
+    lstm = meta["LSTM"]
+    K = R * W + (C if lstm else 0)
+    gx, w_rh, w_h, b_h = (t.contiguous() for t in (gx, w_rh, w_h, b_h))
+    new = gx.new_empty
+    Ms, Wr, Ww, Cs = new(T + 1, B, N, W), new(T + 1, B, R, N), new(T + 1, B, Hw, N), new(T + 1, B, C)
+    RH, Z = new(T + 1, B, R * W + C), new(T, B, G)
+    Ms[0], Wr[0], Ww[0], Cs[0] = M0, wr0, ww0, c0
+    RH[0, :, : R * W], RH[0, :, R * W:] = r0.reshape(B, R * W), h0
+    for t in range(T):
+        torch.addmm(gx[t], RH[t, :, :K], w_rh.t(), out=Z[t])
+        fwd[(B,)](Z[t], Cs[t], Cs[t + 1], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], RH[t + 1],
+                  w_h, b_h, N, W, C, R * W + C, **meta)
+    if not lstm:
+        Cs[1:] = c0
+    return Ms, Wr, Ww, Cs, RH, Z
+
+
+def _backward_loop(Z, Cs, Ms, Wr, Ww, RH, w_rh, w_h, b_h, d_rh, dM, dwr, dww, dc, *, meta, K):
+    """The backward time loop on its arguments alone: ``(dZ, DP, drhc, dM_0, dwr_0, dww_0,
+    dc_0)``, all buffers of its own."""
+    _, bwd = kernels()
+    T, B, G = Z.shape
+    N, W = Ms.shape[2:]
+    R, C = Wr.shape[2], Cs.shape[2]
+    Pt = w_h.shape[0]
+    w_rh, w_h, b_h = w_rh.contiguous(), w_h.contiguous(), b_h.contiguous()
+    dMs, dWr, dWw, dCs = (torch.zeros_like(x) for x in (Ms, Wr, Ww, Cs))
+    dMs[T], dWr[T], dWw[T], dCs[T] = dM, dwr, dww, dc
+    dZ, DP = torch.empty_like(Z), Z.new_zeros(T, B, Pt)
+    drhc = Z.new_zeros(B, K)  # d[r ; h]_t through the next step's z
+    for t in range(T - 1, -1, -1):
+        bwd[(B,)](Z[t], Cs[t], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], RH[t + 1], w_h, b_h,
+                  d_rh[t], drhc, dMs[t + 1], dMs[t], dWr[t + 1], dWr[t], dWw[t + 1], dWw[t], dCs[t + 1], dCs[t],
+                  dZ[t], DP[t], N, W, C, R * W + C, K, Pt, **meta)
+        torch.mm(dZ[t], w_rh, out=drhc)
+    return dZ, DP, drhc, dMs[0], dWr[0], dWw[0], dCs[0]
+
+
 class NTMScanTriton(torch.autograd.Function):
     """The NTM's recurrence on Triton kernels (module docstring).
 
@@ -378,21 +425,11 @@ class NTMScanTriton(torch.autograd.Function):
         if T < 1 or S < 1 or S % 2 == 0 or S > N or not applies(N, W, C):
             raise ValueError(f"NTM recurrence: T={T} >= 1, an odd shift count <= N={N} (got {S}), "
                              f"N <= {MAX_SLOTS}, W and C <= {MAX_WIDTH} expected")
-        fwd, _ = kernels()
-        gx, w_rh, w_h, b_h = (t.contiguous() for t in (gx, w_rh, w_h, b_h))
-        new = gx.new_empty
-        Ms, Wr, Ww, Cs = new(T + 1, B, N, W), new(T + 1, B, R, N), new(T + 1, B, Hw, N), new(T + 1, B, C)
-        RH, Z = new(T + 1, B, R * W + C), new(T, B, G)
-        Ms[0], Wr[0], Ww[0], Cs[0] = M0, wr0, ww0, c0
-        RH[0, :, : R * W], RH[0, :, R * W:] = r0.reshape(B, R * W), h0
         BN, BW, BC, BS = _p2(N), _p2(W), _p2(C), _p2(S)
         meta = dict(R=R, HW=Hw, S=S, LSTM=bool(lstm), BN=BN, BW=BW, BC=BC, BS=BS, num_warps=_warps(BN, BW))
-        for t in range(T):
-            torch.addmm(gx[t], RH[t, :, :K], w_rh.t(), out=Z[t])
-            fwd[(B,)](Z[t], Cs[t], Cs[t + 1], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], RH[t + 1],
-                      w_h, b_h, N, W, C, R * W + C, **meta)
-        if not lstm:
-            Cs[1:] = c0
+        Ms, Wr, Ww, Cs, RH, Z = graphed(("ntm.forward", tuple(sorted(meta.items()))),
+                                        functools.partial(_forward_loop, meta=meta),
+                                        gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0)
         ctx.save_for_backward(w_rh, w_h, b_h, Ms, Wr, Ww, Cs, RH, Z)
         ctx.meta, ctx.K = meta, K
         return RH[1:].clone(), Ms[T].clone(), Wr[T].clone(), Ww[T].clone(), Cs[T].clone()
@@ -400,10 +437,9 @@ class NTMScanTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_rh, dM, dwr, dww, dc):
         w_rh, w_h, b_h, Ms, Wr, Ww, Cs, RH, Z = ctx.saved_tensors
-        _, bwd = kernels()
         meta, K = ctx.meta, ctx.K
         T, B, G = Z.shape
-        N, W = Ms.shape[2:]
+        W = Ms.shape[3]
         R, C = Wr.shape[2], Cs.shape[2]
         Pt = w_h.shape[0]
 
@@ -411,15 +447,10 @@ class NTMScanTriton(torch.autograd.Function):
             return torch.zeros_like(like) if g is None else g.contiguous()
 
         d_rh = grad(d_rh, RH[1:])
-        dMs, dWr, dWw, dCs = (torch.zeros_like(x) for x in (Ms, Wr, Ww, Cs))
-        dMs[T], dWr[T], dWw[T], dCs[T] = grad(dM, Ms[T]), grad(dwr, Wr[T]), grad(dww, Ww[T]), grad(dc, Cs[T])
-        dZ, DP = torch.empty_like(Z), Z.new_zeros(T, B, Pt)
-        drhc = Z.new_zeros(B, K)  # d[r ; h]_t through the next step's z
-        for t in range(T - 1, -1, -1):
-            bwd[(B,)](Z[t], Cs[t], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], RH[t + 1], w_h, b_h,
-                      d_rh[t], drhc, dMs[t + 1], dMs[t], dWr[t + 1], dWr[t], dWw[t + 1], dWw[t], dCs[t + 1], dCs[t],
-                      dZ[t], DP[t], N, W, C, R * W + C, K, Pt, **meta)
-            torch.mm(dZ[t], w_rh, out=drhc)
+        dZ, DP, drhc, dMs0, dWr0, dWw0, dCs0 = graphed(
+            ("ntm.backward", tuple(sorted(meta.items())), K), functools.partial(_backward_loop, meta=meta, K=K),
+            Z, Cs, Ms, Wr, Ww, RH, w_rh, w_h, b_h, d_rh, grad(dM, Ms[T]), grad(dwr, Wr[T]), grad(dww, Ww[T]),
+            grad(dc, Cs[T]))
         lstm = meta["LSTM"]
         rh_in = RH[:T, :, :K].reshape(T * B, K)
         d_wrh = torch.mm(dZ.reshape(T * B, G).t(), rh_in) if ctx.needs_input_grad[1] else None
@@ -428,7 +459,7 @@ class NTMScanTriton(torch.autograd.Function):
         d_bh = DP.sum((0, 1)) if ctx.needs_input_grad[3] else None
         dr0 = drhc[:, : R * W].reshape(B, R, W)
         dh0 = drhc[:, R * W:] if lstm else torch.zeros_like(Cs[0])
-        return dZ, d_wrh, d_wh, d_bh, dMs[0], dWr[0], dWw[0], dr0, dh0, dCs[0], None, None
+        return dZ, d_wrh, d_wh, d_bh, dMs0, dWr0, dWw0, dr0, dh0, dCs0, None, None
 
 
 def ntm_scan_triton(ntm, gx: torch.Tensor, state):

@@ -1,0 +1,105 @@
+"""CUDA-graph replay of the recurrent loops (memnets.ops.gpu.graphs): the buffer handling, on
+the CPU through the eager stand-in, which keeps a CUDA graph's contract (static inputs, outputs
+rewritten in place on every replay). The capture itself runs on a GPU
+(tests/test_triton_graphs.py on CUDA, ``make gpu-check``)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memnets.ops.gpu import graphs
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    graphs.clear()
+    yield
+    graphs.clear()
+
+
+def _loop(a, b):
+    """A loop on its arguments alone: out-of-place results and one buffer updated in place."""
+    acc = torch.zeros_like(a)
+    for _ in range(3):
+        acc.add_(a * b)
+    return acc, a @ b.t()
+
+
+def _call(a, b, key="k"):
+    return graphs.graphed(key, _loop, a, b)
+
+
+def test_replay_matches_eager_and_outputs_stay_the_callers():
+    xs = [(torch.randn(4, 5), torch.randn(4, 5)) for _ in range(4)]
+    want = [_loop(a, b) for a, b in xs]
+    before = graphs.stats()
+    with graphs.stand_in():
+        got = [_call(a, b) for a, b in xs]
+    after = graphs.stats()
+    # once eager, captured the second time, replayed from then on
+    assert after.get("eager", 0) - before.get("eager", 0) == 1
+    assert after.get("captures", 0) - before.get("captures", 0) == 1
+    assert after.get("replays", 0) - before.get("replays", 0) == 3
+    for g, w in zip(got, want):  # each call's results are still its own after later replays
+        for a, b in zip(g, w):
+            torch.testing.assert_close(a, b)
+    assert got[1][0].data_ptr() != got[2][0].data_ptr()
+
+
+def test_inputs_are_copied_not_aliased():
+    a, b = torch.randn(3, 2), torch.randn(3, 2)
+    with graphs.stand_in():
+        _call(a, b)
+        _call(a, b)
+        a2 = a.clone()
+        first = _call(a, b)[0].clone()
+        a.mul_(2)  # the caller changes its tensor: the next call sees it
+        second = _call(a, b)[0]
+    torch.testing.assert_close(first, _loop(a2, b)[0])
+    torch.testing.assert_close(second, _loop(a, b)[0])
+
+
+def test_shapes_and_keys_get_their_own_graphs_and_old_ones_are_evicted(monkeypatch):
+    monkeypatch.setattr(graphs, "MAX_GRAPHS", 2)
+    with graphs.stand_in():
+        for n in (2, 3, 4):
+            for _ in range(2):
+                a = torch.randn(n, 5)
+                torch.testing.assert_close(_call(a, a)[1], a @ a.t())
+        assert len(graphs._CACHE) == 2
+        a = torch.randn(3, 5)
+        torch.testing.assert_close(_call(a, a, key="other")[1], a @ a.t())  # another key: eager first
+    assert graphs.stats().get("evictions", 0) >= 1
+
+
+def test_switched_off_and_on_the_cpu_without_the_stand_in(monkeypatch):
+    a = torch.randn(2, 2)
+    for _ in range(3):
+        _call(a, a)  # CPU tensors, no stand-in: never a graph
+    assert not graphs._CACHE
+    monkeypatch.setenv("MEMNETS_CUDA_GRAPHS", "0")
+    with graphs.stand_in():
+        assert not graphs.enabled(a)
+        for _ in range(3):
+            _call(a, a)
+    assert not graphs._CACHE
+
+
+def test_a_failed_capture_warns_once_and_runs_eagerly():
+    calls = []
+
+    def flaky(a):
+        calls.append(1)
+        if len(calls) == 2:  # the capture's run
+            raise RuntimeError("no capture here")
+        return (a + 1,)
+
+    a = torch.randn(3)
+    before = graphs.stats().get("failures", 0)
+    with graphs.stand_in():
+        graphs.graphed("flaky", flaky, a)
+        with pytest.warns(RuntimeWarning, match="capture of 'flaky' failed"):
+            out = graphs.graphed("flaky", flaky, a)
+        torch.testing.assert_close(out[0], a + 1)
+        torch.testing.assert_close(graphs.graphed("flaky", flaky, a)[0], a + 1)  # eager now, no warning
+    assert graphs.stats().get("failures", 0) - before == 1

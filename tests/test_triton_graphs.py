@@ -1,0 +1,66 @@
+"""The recurrent memories' Triton loops replayed from CUDA graphs (memnets.ops.gpu.graphs) give
+what the same loops give launched one by one: outputs and every gradient, over several calls
+with new inputs (the first call runs eagerly, the second captures, the rest replay). On a GPU
+the real capture; elsewhere Triton's interpreter with the graphs' eager stand-in."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from helpers import triton_missing
+
+CUDA = torch.cuda.is_available()
+MISSING = triton_missing()
+pytestmark = [pytest.mark.interpret, pytest.mark.usefixtures("triton_interpreter"),
+              pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} "
+                                 "(pip install 'memnets[gpu]' numpy)")]
+
+from memnets.memories.dnc import DNC  # noqa: E402
+from memnets.memories.lsam import LSAM  # noqa: E402
+from memnets.memories.ntm import NTM  # noqa: E402
+from memnets.ops.gpu import cuda_code_path, env_var, graphs, use_triton  # noqa: E402
+
+DEV = torch.device("cuda" if CUDA else "cpu")
+BUILD = {
+    "lsam": (lambda: LSAM(8, 8, 2), 8),
+    "lsam-bi": (lambda: LSAM(8, 8, 2, bidirectional=True), 8),
+    "dnc": (lambda: DNC(5, 4, memory_slots=6, word_size=4, read_heads=2, controller_size=8), 5),
+    "ntm": (lambda: NTM(5, 4, memory_slots=6, word_size=4, read_heads=1, write_heads=1, controller_size=8), 5),
+}
+
+
+def _runs(model, xs, graphs_on: bool):
+    """Forward and backward of ``model`` on each input: outputs and every gradient."""
+    results = []
+    stand_in = graphs.stand_in() if not CUDA else contextlib.nullcontext()
+    with cuda_code_path(DEV), stand_in, env_var("MEMNETS_CUDA_GRAPHS", "1" if graphs_on else "0"):
+        for x in xs:
+            assert use_triton(x)
+            x = x.clone().requires_grad_()
+            model.zero_grad(set_to_none=True)
+            y = model(x)[0]
+            (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype, device=y.device).view_as(y)).sum().backward()
+            results.append([y.detach().clone(), x.grad.clone()]
+                           + [p.grad.clone() for p in model.parameters() if p.grad is not None])
+    return results
+
+
+@pytest.mark.parametrize("name", list(BUILD))
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_graph_replay_matches_launch_by_launch(name, dtype, tol):
+    build, fi = BUILD[name]
+    torch.manual_seed(0)
+    model = build().to(DEV, dtype)
+    xs = [torch.randn(2, 5, fi, device=DEV, dtype=dtype) for _ in range(4)]
+    graphs.clear()
+    eager = _runs(model, xs, graphs_on=False)
+    before = graphs.stats().get("replays", 0)
+    replayed = _runs(model, xs, graphs_on=True)
+    # forward and backward: each captured on its second call and replayed on the third and fourth
+    assert graphs.stats().get("replays", 0) - before >= 2 * 3
+    for i, (a, b) in enumerate(zip(replayed, eager)):
+        assert len(a) == len(b)
+        for u, v in zip(a, b):
+            torch.testing.assert_close(u, v, atol=tol, rtol=tol, msg=lambda m: f"call {i}: {m}")
+    graphs.clear()
