@@ -28,7 +28,9 @@ install needed):
    and, with the warm-up calls, kept out of the bench budget (``--bench-seconds``, which counts
    the timed repeats only); ``--total-seconds`` stops everything still left (marked skipped).
 
-4. Counts the kernel launches of one training step of each recurrent memory on the GPU
+4. On CUDA, profiles one training step of each memory: wall time against the device time of
+   its kernels (:mod:`memnets.bench.gpu_profile`; ``--no-profile`` leaves it out).
+5. Counts the kernel launches of one training step of each recurrent memory on the GPU
    (``memnets bench launches --device cuda``, B=4, T=16).
 
 Writes ``gpu-check.json`` and ``gpu-check.md`` (a table naming the GPU) into ``--out`` (default
@@ -394,6 +396,19 @@ def format_markdown(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         out.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
     out.append("")
+    pr = result.get("profile")
+    if pr:
+        out += ["## Wall time against kernel time, one training step (`python -m memnets.bench.gpu_profile`)", ""]
+        if pr.get("note"):
+            out.append(pr["note"])
+        rows = pr.get("rows") or {}
+        if rows:
+            out += ["| model | wall_ms | kernel_ms | kernels | top kernel |", "|---|---|---|---|---|"]
+            for name, r in rows.items():
+                top = r["top"][0] if r.get("top") else {}
+                out.append(f"| {name} | {_fmt(r['wall_ms'])} | {_fmt(r['kernel_ms'])} | {r.get('launches', '')} | "
+                           f"{_fmt(top.get('kernel', ''))} ({top.get('count', '')}×, {_fmt(top.get('ms'))} ms) |")
+            out.append("")
     lc = result.get("launches")
     if lc:
         out += ["## Kernel launches of one training step (`memnets bench launches`)", ""]
@@ -444,12 +459,14 @@ def _env(device: torch.device) -> dict[str, Any]:
 def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = True, tests_timeout: float = 180.0,
         tests_k: str | None = None, with_compile: bool = False, bench_seconds: float = 150.0,
         total_seconds: float = 400.0, sections: tuple[str, ...] = tuple(SECTIONS), wheels: str | Path | None = None,
-        launch_counts: bool = True, verbose: bool = True) -> dict[str, Any]:
+        launch_counts: bool = True, profile: bool = True, verbose: bool = True) -> dict[str, Any]:
     """The GPU check (see the module's doc); returns the result written to ``out``/gpu-check.json.
 
     ``cpu``: tiny sizes on the CPU, the driver's dry run (also chosen when CUDA is missing).
     ``tests_timeout``: the CUDA tests' wall-time limit; ``bench_seconds``: the bench's budget of
     timed repeats (first calls and warm-ups are free); ``total_seconds``: after it no row starts.
+    ``profile``: on CUDA, after the bench, wall time against kernel time of one training step
+    of each memory (:mod:`memnets.bench.gpu_profile`), as ``result["profile"]``.
     ``launch_counts``: last, ``memnets bench launches`` on the device (B=4, T=16; on the CPU
     the CUDA code path at tiny sizes), as ``result["launches"]``.
     """
@@ -499,6 +516,16 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
         SECTIONS[name](bench, not cuda)
         if verbose:
             print(f"[gpu-check] {name}: {time.perf_counter() - s0:.1f} s", flush=True)
+    if profile and cuda:
+        from . import gpu_profile
+        s0 = time.perf_counter()
+        try:
+            result["profile"] = gpu_profile.run()
+        except Exception as e:  # noqa: BLE001 - the timings above stand
+            result["profile"] = {"note": f"error: {type(e).__name__}: {str(e)[:200]}", "rows": {}}
+        _write(result, folders)
+        if verbose:
+            print(f"[gpu-check] profile: {time.perf_counter() - s0:.1f} s", flush=True)
     if launch_counts:
         if time.perf_counter() > t0 + total_seconds:
             result["launches"] = {"note": "skipped: total time limit reached", "rows": []}
@@ -550,12 +577,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--total-seconds", type=float, default=400.0, help="no bench row starts after this")
     p.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
     p.add_argument("--no-launches", action="store_true", help="skip the launch counts (memnets bench launches)")
+    p.add_argument("--no-profile", action="store_true", help="skip the wall-vs-kernel-time profile of each memory")
     p.add_argument("--wheels", default="wheels", help="install the *.whl of this folder first, without network "
                    "(default wheels/; none there is fine; '' to skip)")
     a = p.parse_args(argv)
     res = run(a.out, cpu=a.cpu, tests=not a.no_tests, tests_timeout=a.tests_timeout, tests_k=a.tests_k,
               with_compile=a.with_compile, bench_seconds=a.bench_seconds, total_seconds=a.total_seconds,
-              sections=tuple(a.sections), wheels=a.wheels or None, launch_counts=not a.no_launches)
+              sections=tuple(a.sections), wheels=a.wheels or None, launch_counts=not a.no_launches,
+              profile=not a.no_profile)
     t = res.get("tests") or {}
     return 1 if t.get("failed") or t.get("errors") else 0
 

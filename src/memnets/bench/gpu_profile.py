@@ -1,0 +1,90 @@
+"""Where a recurrent memory's training step spends its time on a GPU: wall time against the
+time the GPU's kernels take (``torch.profiler``), with the kernels that take most.
+
+``python -m memnets.bench.gpu_profile [--json PATH]`` (CUDA only): one training step (forward,
+backward, Adam), float32, B=32, of LSAM (hidden 256, 8 heads, T=100, uni- and bidirectional),
+the NAM-TM (bench width, T=50), the DNC (LSTM 64, memory 16x20, 4 reads, T=41) and the NTM
+(LSTM 100, memory 128x20, T=41), the sizes of ``make gpu-check``. ``wall_ms`` is the mean of ten
+steps after three warm-ups; ``kernel_ms`` the sum of the device time of every kernel of one
+profiled step. A wall time far above the kernel time means the step waits on the CPU's launches
+(what CUDA-graph replay removes); close to it, on the kernels themselves.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+__all__ = ["profile_step", "run", "main"]
+
+
+def profile_step(step, repeat: int = 10) -> dict:
+    """Wall time of ``step()`` and the device time of its kernels (one profiled call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        step()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / repeat * 1e3
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in kernels) / 1e3
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:6]
+    return {"wall_ms": round(wall, 3), "kernel_ms": round(total, 3), "launches": sum(e.count for e in kernels),
+            "top": [{"kernel": e.key[:80], "count": e.count, "ms": round(e.self_device_time_total / 1e3, 3)}
+                    for e in top]}
+
+
+def run() -> dict:
+    from ..memories.dnc import DNC
+    from ..memories.lsam import LSAM
+    from ..memories.nam_tm import NAMTuringMachine
+    from ..memories.ntm import NTM
+    from .gpu import _train_step
+
+    dev = torch.device("cuda")
+    cases = [
+        ("LSAM hidden 256", lambda: LSAM(256, 256, 8), 100, 256),
+        ("LSAM bi hidden 256", lambda: LSAM(256, 256, 8, bidirectional=True), 100, 256),
+        ("NAM-TM bench width", lambda: NAMTuringMachine(64, 128, num_tapes=4, tape_length=32), 50, 64),
+        ("DNC LSTM 64, 16x20", lambda: DNC(9, 8, memory_slots=16, word_size=20, read_heads=4, controller_size=64),
+         41, 9),
+        ("NTM LSTM 100, 128x20", lambda: NTM(9, 8, memory_slots=128, word_size=20, read_heads=1, write_heads=1,
+                                             controller_size=100), 41, 9),
+        ("nn.LSTM hidden 256", lambda: torch.nn.LSTM(256, 256, batch_first=True), 100, 256),
+    ]
+    out = {"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__, "rows": {}}
+    for name, build, T, fi in cases:
+        torch.manual_seed(0)
+        model = build().to(dev)
+        x = torch.randn(32, T, fi, device=dev)
+        out["rows"][name] = profile_step(_train_step(model, x, lambda x, m=model: m(x)[0]))
+        print(name, json.dumps(out["rows"][name]), flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m memnets.bench.gpu_profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", default=None, help="write the result here")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("CUDA is not available: nothing to profile", file=sys.stderr)
+        return 2
+    res = run()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
