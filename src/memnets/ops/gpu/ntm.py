@@ -91,19 +91,32 @@ def kernels():
         return kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws
 
     @triton.jit
-    def _shift_matrix(s, N, ni, nm, S: tl.constexpr, BS: tl.constexpr):
-        """``A[i, m] = s_j`` where ``i − m ≡ j − n (mod N)``: ``w̃ = A w`` is the circular shift."""
-        js = tl.arange(0, BS)
-        dif = (ni[:, None] - ni[None, :] + N) % N
-        valid = nm[:, None] & nm[None, :]
-        A = tl.zeros_like(dif.to(s.dtype))
-        for j in tl.static_range(S):
-            sj = tl.sum(tl.where(js == j, s, 0.0), 0)
-            A += tl.where(valid & (dif == (j - S // 2 + N) % N), sj, 0.0)
-        return A
+    def _rolled(scr_ptr, x, ni, nm, N, delta):
+        """``x[(i − delta) mod N]`` for every i: ``x`` goes through the program's scratch row
+        (``scr_ptr``, ``N`` cells; a barrier before the store, so earlier reads are done, and
+        after it, so every thread sees it)."""
+        tl.debug_barrier()
+        tl.store(scr_ptr + ni, x, mask=nm)
+        tl.debug_barrier()
+        return tl.load(scr_ptr + (ni - delta + N) % N, mask=nm, other=0.0)
 
     @triton.jit
-    def _address(M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, S: tl.constexpr, BS: tl.constexpr):
+    def _shift(scr_ptr, x, s, ni, nm, js, N, S: tl.constexpr, sign: tl.constexpr):
+        """The circular shift by the distribution ``s`` over ``−S//2 … S//2``:
+        ``sign = 1``: ``y[i] = Σ_j s_j x[(i − j + S//2) mod N]`` (``w̃ = A w``);
+        ``sign = −1``: ``y[m] = Σ_j s_j x[(m + j − S//2) mod N]`` (``Aᵀ x``). One scratch store
+        and S loads, no N × N matrix."""
+        tl.debug_barrier()
+        tl.store(scr_ptr + ni, x, mask=nm)
+        tl.debug_barrier()
+        y = tl.zeros_like(x)
+        for j in tl.static_range(S):
+            sj = tl.sum(tl.where(js == j, s, 0.0), 0)
+            y += sj * tl.load(scr_ptr + (ni - sign * (j - S // 2) + N) % N, mask=nm, other=0.0)
+        return y
+
+    @triton.jit
+    def _address(M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr_ptr, S: tl.constexpr, BS: tl.constexpr):
         """The weighting of one head on memory ``M [BN, BW]`` and the intermediates."""
         key = _tanh(kr)
         key = tl.where(wm, key, 0.0)
@@ -122,30 +135,27 @@ def kernels():
         ae = tl.where(nm, tl.exp(a - tl.max(a, 0)), 0.0)
         wc = ae / tl.sum(ae, 0)
         wg = g * wc + (1.0 - g) * wprev
-        A = _shift_matrix(s, N, ni, nm, S, BS)
-        wt = tl.sum(A * wg[None, :], 1)
+        wt = _shift(scr_ptr, wg, s, ni, nm, js, N, S, 1)
         lw = tl.log(tl.maximum(wt, 0.0) + 1e-12)
         b = tl.where(nm, gamma * lw, float("-inf"))
         be = tl.where(nm, tl.exp(b - tl.max(b, 0)), 0.0)
         w = be / tl.sum(be, 0)
-        return w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, A, wt, lw
+        return w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, wt, lw
 
     @triton.jit
-    def _address_bwd(dw, M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, S: tl.constexpr, BS: tl.constexpr):
+    def _address_bwd(dw, M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr_ptr, S: tl.constexpr,
+                     BS: tl.constexpr):
         """Gradients of one head's weighting: ``(dM, d key_raw, dβ_raw, dg_raw, dγ_raw, ds_raw, dw_prev)``."""
-        w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, A, wt, lw = _address(
-            M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, S, BS)
+        w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, wt, lw = _address(
+            M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr_ptr, S, BS)
         dw = tl.where(nm, dw, 0.0)
         db = w * (dw - tl.sum(w * dw, 0))  # sharpening's softmax
         dgamma = tl.sum(tl.where(nm, db * lw, 0.0), 0)
         dwt = tl.where(nm & (wt >= 0.0), db * gamma / (tl.maximum(wt, 0.0) + 1e-12), 0.0)
-        dwg = tl.sum(A * dwt[:, None], 0)  # Aᵀ dw̃
-        dif = (ni[:, None] - ni[None, :] + N) % N
-        valid = nm[:, None] & nm[None, :]
-        outer = dwt[:, None] * wg[None, :]
-        ds = tl.zeros_like(s)
+        dwg = _shift(scr_ptr, dwt, s, ni, nm, js, N, S, -1)  # Aᵀ dw̃
+        ds = tl.zeros_like(s)  # ds_j = Σ_i dw̃_i wg[(i − j + S//2) mod N]
         for j in tl.static_range(S):
-            dsj = tl.sum(tl.sum(tl.where(valid & (dif == (j - S // 2 + N) % N), outer, 0.0), 1), 0)
+            dsj = tl.sum(dwt * _rolled(scr_ptr, wg, ni, nm, N, j - S // 2), 0)
             ds += tl.where(js == j, dsj, 0.0)
         dg = tl.sum(dwg * (wc - wprev), 0)
         dwc = g * dwg
@@ -186,7 +196,7 @@ def kernels():
 
     @triton.jit
     def forward_step(z_ptr, cprev_ptr, c_ptr, mprev_ptr, m_ptr, wrprev_ptr, wr_ptr, wwprev_ptr, ww_ptr, rh_ptr,
-                     wh_ptr, bh_ptr, N, W, C, RHW,
+                     wh_ptr, bh_ptr, scr_ptr, N, W, C, RHW,
                      R: tl.constexpr, HW: tl.constexpr, S: tl.constexpr, LSTM: tl.constexpr,
                      BN: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr):
         b = tl.program_id(0)
@@ -210,8 +220,8 @@ def kernels():
         for hw in tl.static_range(HW):
             kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws = _params(wh_ptr, bh_ptr, (R + hw) * P, W, C, h, ci, cm, S, BW, BS)
             wprev = tl.load(wwprev_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
-            w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, A, wt, lw = _address(
-                M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, S, BS)
+            w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, wt, lw = _address(
+                M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr_ptr + b * BN, S, BS)
             tl.store(ww_ptr + (b * HW + hw) * N + ni, w, mask=nm)
             eo = (R + HW) * P + hw * 2 * W
             er, We = _rows(wh_ptr, bh_ptr, eo, W, C, h, ci, cm, BW)
@@ -223,8 +233,8 @@ def kernels():
         for rr in tl.static_range(R):
             kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws = _params(wh_ptr, bh_ptr, rr * P, W, C, h, ci, cm, S, BW, BS)
             wprev = tl.load(wrprev_ptr + (b * R + rr) * N + ni, mask=nm, other=0.0)
-            w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, A, wt, lw = _address(
-                Mn, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, S, BS)
+            w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, wt, lw = _address(
+                Mn, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr_ptr + b * BN, S, BS)
             tl.store(wr_ptr + (b * R + rr) * N + ni, w, mask=nm)
             tl.store(rh_ptr + b * RHW + rr * W + wi, tl.sum(Mn * w[:, None], 0), mask=wm)
 
@@ -243,7 +253,7 @@ def kernels():
     @triton.jit
     def backward_step(z_ptr, cprev_ptr, mprev_ptr, m_ptr, wrprev_ptr, wr_ptr, wwprev_ptr, ww_ptr, rh_ptr,
                       wh_ptr, bh_ptr, drh_ptr, drhc_ptr, dm_ptr, dmprev_ptr, dwr_ptr, dwrprev_ptr, dww_ptr,
-                      dwwprev_ptr, dc_ptr, dcprev_ptr, dz_ptr, dp_ptr, N, W, C, RHW, KIN, PT,
+                      dwwprev_ptr, dc_ptr, dcprev_ptr, dz_ptr, dp_ptr, scr_ptr, N, W, C, RHW, KIN, PT,
                       R: tl.constexpr, HW: tl.constexpr, S: tl.constexpr, LSTM: tl.constexpr,
                       BN: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr):
         b = tl.program_id(0)
@@ -272,7 +282,7 @@ def kernels():
             kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws = _params(wh_ptr, bh_ptr, rr * P, W, C, h, ci, cm, S, BW, BS)
             wprev = tl.load(wrprev_ptr + (b * R + rr) * N + ni, mask=nm, other=0.0)
             dMa, dkr, dbr, dgr, dyr, dsr, dwprev = _address_bwd(dw, Mn, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js,
-                                                                S, BS)
+                                                                scr_ptr + b * BN, S, BS)
             dMn += tl.where(mmask, dMa, 0.0)
             tl.store(dwrprev_ptr + (b * R + rr) * N + ni, dwprev, mask=nm)
             _store_params(dp_ptr + b * PT, rr * P, W, dkr, dbr, dgr, dyr, dsr, wi, wm, js, S)
@@ -309,7 +319,7 @@ def kernels():
             kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws = _params(wh_ptr, bh_ptr, (R + hw) * P, W, C, h, ci, cm, S, BW, BS)
             wprev = tl.load(wwprev_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
             dMa, dkr, dbr, dgr, dyr, dsr, dwprev = _address_bwd(dw, M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js,
-                                                                S, BS)
+                                                                scr_ptr + b * BN, S, BS)
             dM += tl.where(mmask, dMa, 0.0)
             tl.store(dwwprev_ptr + (b * HW + hw) * N + ni, dwprev, mask=nm)
             _store_params(dp_ptr + b * PT, (R + hw) * P, W, dkr, dbr, dgr, dyr, dsr, wi, wm, js, S)
@@ -333,7 +343,7 @@ def kernels():
     # called function up in the kernel's module globals, and the compiler resolves the helpers'
     # ``tl.constexpr`` annotations (strings here: ``from __future__ import annotations``) there too
     globals().update(triton=triton, tl=tl, _sig=_sig, _tanh=_tanh, _softplus=_softplus, _softplus_grad=_softplus_grad, _rows=_rows,
-                     _row=_row, _params=_params, _shift_matrix=_shift_matrix, _address=_address,
+                     _row=_row, _params=_params, _rolled=_rolled, _shift=_shift, _address=_address,
                      _address_bwd=_address_bwd, _controller=_controller, _store_params=_store_params,
                      _dh_params=_dh_params)
     return forward_step, backward_step
@@ -364,10 +374,11 @@ def _forward_loop(gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0, *, meta):
     RH, Z = new(T + 1, B, R * W + C), new(T, B, G)
     Ms[0], Wr[0], Ww[0], Cs[0] = M0, wr0, ww0, c0
     RH[0, :, : R * W], RH[0, :, R * W:] = r0.reshape(B, R * W), h0
+    scratch = new(B, meta["BN"])  # each program's row for the circular shift
     for t in range(T):
         torch.addmm(gx[t], RH[t, :, :K], w_rh.t(), out=Z[t])
         fwd[(B,)](Z[t], Cs[t], Cs[t + 1], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], RH[t + 1],
-                  w_h, b_h, N, W, C, R * W + C, **meta)
+                  w_h, b_h, scratch, N, W, C, R * W + C, **meta)
     if not lstm:
         Cs[1:] = c0
     return Ms, Wr, Ww, Cs, RH, Z
@@ -386,10 +397,11 @@ def _backward_loop(Z, Cs, Ms, Wr, Ww, RH, w_rh, w_h, b_h, d_rh, dM, dwr, dww, dc
     dMs[T], dWr[T], dWw[T], dCs[T] = dM, dwr, dww, dc
     dZ, DP = torch.empty_like(Z), Z.new_zeros(T, B, Pt)
     drhc = Z.new_zeros(B, K)  # d[r ; h]_t through the next step's z
+    scratch = Z.new_empty(B, meta["BN"])  # each program's row for the circular shift
     for t in range(T - 1, -1, -1):
         bwd[(B,)](Z[t], Cs[t], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], RH[t + 1], w_h, b_h,
                   d_rh[t], drhc, dMs[t + 1], dMs[t], dWr[t + 1], dWr[t], dWw[t + 1], dWw[t], dCs[t + 1], dCs[t],
-                  dZ[t], DP[t], N, W, C, R * W + C, K, Pt, **meta)
+                  dZ[t], DP[t], scratch, N, W, C, R * W + C, K, Pt, **meta)
         torch.mm(dZ[t], w_rh, out=drhc)
     return dZ, DP, drhc, dMs[0], dWr[0], dWw[0], dCs[0]
 
