@@ -75,6 +75,16 @@ def test_train_eval_table(tmp_path, capsys):
     assert sorted(rows) == ["od_hard/6", "od_hard/7"]  # the TINY split od_hard = [6, 7]
     assert sum(evd[k]["n"] for k in rows) == 16
     assert sum(evd[k]["seq_acc"] * evd[k]["n"] for k in rows) == pytest.approx(16 * ev["od_hard"]["seq_acc"])
+    # --by-slot: one accuracy per answer slot; weighted by their counts they give ans_acc
+    assert main(["eval", str(run), "--json", "--by-slot"]) == 0
+    evs = json.loads(capsys.readouterr().out)
+    sl = evs["od_hard/slots"]
+    assert len(sl["slot_acc"]) == len(sl["slot_n"]) >= 6 and sl["slot_n"][0] == 16
+    assert sum(sl["slot_n"][k] >= sl["slot_n"][k + 1] for k in range(len(sl["slot_n"]) - 1)) == len(sl["slot_n"]) - 1
+    assert sum(a * n for a, n in zip(sl["slot_acc"], sl["slot_n"])) / sum(sl["slot_n"]) == \
+        pytest.approx(ev["od_hard"]["ans_acc"])
+    assert main(["eval", str(run), "--by-slot"]) == 0
+    assert "Answer-slot accuracy" in capsys.readouterr().out
 
     out_md = tmp_path / "t.md"
     assert main(["table", str(run), str(tmp_path / "missing"), "--out", str(out_md)]) == 0

@@ -16,15 +16,20 @@ def add_parser(sub) -> None:
     p.add_argument("--eval-size", type=int, default=None, help="samples per split (default: the run's)")
     p.add_argument("--by-digits", action="store_true",
                    help="also score each digit count of every split (rows 'split/n')")
+    p.add_argument("--by-slot", action="store_true",
+                   help="also the accuracy of each answer slot k (the k-th MASK; for Fib the k-th least "
+                        "significant digit of the sum) per split, as 'split/slots'")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_run)
 
 
 def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int | None = None,
-                 by_digits: bool = False) -> dict:
+                 by_digits: bool = False, by_slot: bool = False) -> dict:
     """``{split: metrics}`` for the run's saved weights (the metrics of its task: for the
     algorithmic tasks ``{"seq_acc", "tok_acc", "ans_acc", "loss", "n"}``); with ``by_digits``
-    (algorithmic tasks only) also ``"split/n"`` for the samples of each digit count ``n``."""
+    (algorithmic tasks only) also ``"split/n"`` for the samples of each digit count ``n``; with
+    ``by_slot`` (algorithmic tasks only) ``"split/slots"``: ``{"slot_acc": [...], "slot_n": [...]}``
+    (:func:`memnets.train.families.nsp.slot_accuracy`)."""
     import dataclasses
 
     from ..train.runs import RunError, load_run
@@ -36,10 +41,11 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int |
     except RunError as e:
         raise UsageError(str(e)) from e
     if run.family != "nsp":
-        if by_digits:
-            raise UsageError(f"--by-digits needs an algorithmic-task run; {run_dir} is a {run.task.name!r} run")
+        if by_digits or by_slot:
+            flag = "--by-digits" if by_digits else "--by-slot"
+            raise UsageError(f"{flag} needs an algorithmic-task run; {run_dir} is a {run.task.name!r} run")
         return run.evaluate(eval_size)
-    from ..train.families.nsp import eval_splits, evaluate
+    from ..train.families.nsp import eval_splits, evaluate, slot_accuracy
 
     cfg = run.config
     if eval_size:
@@ -52,19 +58,30 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int |
             for n in s.digits.unique().tolist():
                 m = s.digits == n
                 out[f"{name}/{n}"] = evaluate(model, type(s)(*(t[m] for t in s)), batch_size=256)
+        if by_slot:
+            acc = slot_accuracy(model, s)
+            out[f"{name}/slots"] = {"slot_acc": [a for a, _ in acc], "slot_n": [n for _, n in acc]}
     return out
 
 
 def _run(args) -> int:
-    res = evaluate_run(args.run_dir, args.checkpoint, args.eval_size, args.by_digits)
+    res = evaluate_run(args.run_dir, args.checkpoint, args.eval_size, args.by_digits, args.by_slot)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
+    slots = {k[:-len("/slots")]: res.pop(k) for k in list(res) if k.endswith("/slots")}
     first = next(iter(res.values()), {})
     if {"seq_acc", "tok_acc", "ans_acc"} <= set(first):  # the algorithmic tasks
         print("| split | seq_acc | tok_acc | ans_acc | n |\n|---|---|---|---|---|")
         for name, m in res.items():
             print(f"| {name} | {m['seq_acc']:.2%} | {m['tok_acc']:.2%} | {m['ans_acc']:.2%} | {m['n']} |")
+        if slots:
+            width = max(len(v["slot_acc"]) for v in slots.values())
+            print("\nAnswer-slot accuracy (slot k: the k-th MASK; for Fib the k-th least significant digit)\n")
+            print("| split | " + " | ".join(str(k) for k in range(width)) + " |\n|---|" + "---|" * width)
+            for name, v in slots.items():
+                cells = [f"{a:.0%}" for a in v["slot_acc"]] + [""] * (width - len(v["slot_acc"]))
+                print(f"| {name} | " + " | ".join(cells) + " |")
         return 0
     keys = [k for k, v in first.items() if k != "n" and isinstance(v, (int, float))] + (["n"] if "n" in first else [])
     print("| split | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys))

@@ -29,7 +29,7 @@ from ..env import DistInfo
 from ..task import RunSummary, Task
 from ._common import all_reduce_sum, decided_by_part
 
-__all__ = ["NSPTask", "evaluate", "selection_key", "selection_rule", "train_epoch_data", "eval_splits"]
+__all__ = ["NSPTask", "evaluate", "slot_accuracy", "selection_key", "selection_rule", "train_epoch_data", "eval_splits"]
 
 
 def train_epoch_data(cfg, epoch: int) -> NSPBatch:
@@ -103,6 +103,36 @@ def evaluate(model: torch.nn.Module, batch, *, batch_size: int = 256, device: to
     return {"seq_acc": c["seq_correct"] / max(c["n"], 1), "tok_acc": c["tok_correct"] / max(c["tok_total"], 1),
             "ans_acc": c["ans_correct"] / max(c["ans_total"], 1), "loss": c["loss_sum"] / max(c["tok_total"], 1),
             "n": int(c["n"])}
+
+
+@torch.no_grad()
+def slot_accuracy(model: torch.nn.Module, batch, *, batch_size: int = 256) -> list[tuple[float, int]]:
+    """Accuracy of each answer slot of ``batch`` (an ``NSPBatch``): entry ``k`` is
+    ``(accuracy, count)`` over the samples' ``k``-th ``MASK`` position (for Fib the k-th least
+    significant digit of the sum; slot k exists in samples with more than k answer slots).
+    Which slots a model gets wrong tells a model that cannot find an operand (its first
+    slots wrong) from one that drifts over long answers (its middle slots): docs/fib.md."""
+    from ...tasks.nsp import MASK
+
+    was = model.training
+    model.eval()
+    correct: list[int] = []
+    count: list[int] = []
+    for i in range(0, batch.inputs.shape[0], batch_size):
+        x, y = batch.inputs[i:i + batch_size], batch.targets[i:i + batch_size]
+        pred = model(x).argmax(-1)
+        mask = x == MASK
+        slot = mask.long().cumsum(1) - 1  # k at the k-th MASK of each row
+        hit = (pred == y) & mask
+        for k in range(int(mask.sum(1).max()) if mask.any() else 0):
+            at = mask & (slot == k)
+            if len(correct) <= k:
+                correct.append(0)
+                count.append(0)
+            correct[k] += int((hit & at).sum())
+            count[k] += int(at.sum())
+    model.train(was)
+    return [(c / n if n else float("nan"), n) for c, n in zip(correct, count)]
 
 
 class NSPTask(Task):
