@@ -1,5 +1,5 @@
 """Every Triton kernel of the recurrent memories compiles for a real GPU (sm_90: H100/H200),
-on any machine: ``python -m memnets.ops.gpu.compile_check`` runs each memory's forward and
+on any machine: ``python -m memnets.bench.compile_check`` runs each memory's forward and
 backward down the CUDA code path with Triton in compiled mode and compiles each launch ahead of
 time (Triton IR → LLVM → PTX → ptxas) instead of running it. The interpreter tests check the
 kernels' arithmetic; this checks what only the compiler rejects, and that no kernel needs more
@@ -27,7 +27,7 @@ def test_every_triton_kernel_compiles_for_sm90(tmp_path):
     out = tmp_path / "compile.json"
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
                PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "memnets.ops.gpu.compile_check", "--arch", "90", "--json", str(out)],
+    p = subprocess.run([sys.executable, "-m", "memnets.bench.compile_check", "--arch", "90", "--json", str(out)],
                        capture_output=True, text=True, env=env, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
     res = json.loads(out.read_text())

@@ -10,7 +10,7 @@ launched: the kernels' outputs are left unwritten, so the values computed around
 meaningless, and only the compilations are reported (per kernel: the types it was compiled
 for, its warps, its shared memory, and, from ``ptxas -v``, its registers and spills).
 
-``python -m memnets.ops.gpu.compile_check [--arch 90 80] [--json PATH]``; exit status 1 when a
+``python -m memnets.bench.compile_check [--arch 90 80] [--json PATH]``; exit status 1 when a
 kernel fails to compile or needs more shared memory than the target has. ``make test`` runs it
 (``tests/test_triton_compile.py``) in a child process, since a process imports Triton in one
 mode only (:func:`memnets.ops.gpu.interpreting`).
@@ -94,11 +94,11 @@ def compile_only(arch: int = 90, records: list | None = None, usage: bool = True
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
-    from . import _COMPILE_ONLY, interpreting
+    from ..ops.gpu import _COMPILE_ONLY, interpreting
 
     if interpreting():
         raise RuntimeError("compile_only needs Triton in compiled mode; this process imported it with "
-                           "TRITON_INTERPRET=1 (run `python -m memnets.ops.gpu.compile_check` in a fresh process)")
+                           "TRITON_INTERPRET=1 (run `python -m memnets.bench.compile_check` in a fresh process)")
     records = [] if records is None else records
     seen: set = set()
     real_run = JITFunction.run
@@ -150,10 +150,10 @@ def compile_only(arch: int = 90, records: list | None = None, usage: bool = True
 def _cases() -> list[tuple[str, Callable[[], torch.nn.Module], int, int, tuple]]:
     """``(name, build, input size, T, dtypes)``: small sizes in float32 and float64, and the
     widths ``make gpu-check`` times (float32), whose registers matter."""
-    from ...memories.dnc import DNC
-    from ...memories.lsam import LSAM
-    from ...memories.nam_tm import NAMTuringMachine
-    from ...memories.ntm import NTM
+    from ..memories.dnc import DNC
+    from ..memories.lsam import LSAM
+    from ..memories.nam_tm import NAMTuringMachine
+    from ..memories.ntm import NTM
 
     both, f32 = (torch.float32, torch.float64), (torch.float32,)
     return [
@@ -185,7 +185,7 @@ def run(arches: tuple[int, ...] = (90,), *, only: str | None = None, usage: bool
     contains it. Returns ``{"records": [...], "cases": [...], "failed": n, "triton": version}``."""
     import triton
 
-    from . import cuda_code_path
+    from ..ops.gpu import cuda_code_path
 
     records: list[dict] = []
     cases = []
@@ -229,7 +229,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m memnets.ops.gpu.compile_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m memnets.bench.compile_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", type=int, nargs="+", default=[90], help="compute capabilities, e.g. 90 (H100/H200) 80 (A100)")
     p.add_argument("--only", default=None, help="only the cases whose name contains this")
     p.add_argument("--no-usage", action="store_true", help="skip ptxas -v (registers, spills)")
