@@ -103,3 +103,17 @@ def test_a_failed_capture_warns_once_and_runs_eagerly():
         torch.testing.assert_close(out[0], a + 1)
         torch.testing.assert_close(graphs.graphed("flaky", flaky, a)[0], a + 1)  # eager now, no warning
     assert graphs.stats().get("failures", 0) - before == 1
+
+
+def test_autocast_state_is_part_of_the_key():
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    with graphs.stand_in():
+        _call(a, b)
+        _call(a, b)  # captured without autocast
+        before = dict(graphs.stats())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = _call(a, b)  # another state: seen once, so eager, not the graph of the other
+        after = graphs.stats()
+    assert after.get("eager", 0) - before.get("eager", 0) == 1
+    assert after.get("replays", 0) == before.get("replays", 0)
+    torch.testing.assert_close(out[1].float(), (a @ b.t()), atol=0.1, rtol=0.05)

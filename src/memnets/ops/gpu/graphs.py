@@ -10,7 +10,8 @@ copies of the graph's outputs (so nothing a caller holds is overwritten by the n
 The loop is a function of its tensor arguments only (``fn(*inputs) -> tuple of tensors``): it
 allocates its outputs, launches kernels and never reads a value back to the CPU. Its Python
 constants (sizes, block shapes) are part of the cache key the caller passes. A graph replays on
-the current stream. At most :data:`MAX_GRAPHS` graphs are kept (least recently used first out);
+the current stream, on the inputs' device; the key also holds the autocast state. At most
+:data:`MAX_GRAPHS` graphs are kept (least recently used first out);
 ``MEMNETS_CUDA_GRAPHS=0`` turns replay off. A capture that fails warns once and leaves that key
 eager.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import threading
 import warnings
 from typing import Callable, Hashable, Sequence
 
@@ -36,6 +38,7 @@ _SEEN: "collections.Counter[Hashable]" = collections.Counter()
 _FAILED: set = set()
 _STAND_IN = [0]
 _STATS = collections.Counter()
+_LOCK = threading.Lock()  # the cache's bookkeeping (replicas of nn.DataParallel call from threads)
 
 
 def enabled(x: torch.Tensor) -> bool:
@@ -83,6 +86,11 @@ class _EagerGraph:
 
 class _CudaGraph:
     def __init__(self, fn, static_in):
+        self.device = static_in[0].device
+        with torch.cuda.device(self.device):
+            self._capture(fn, static_in)
+
+    def _capture(self, fn, static_in):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: Triton's JIT and module loads, cuBLAS's workspace
@@ -93,7 +101,8 @@ class _CudaGraph:
             self.static_out = tuple(fn(*static_in))
 
     def replay(self) -> None:
-        self.graph.replay()
+        with torch.cuda.device(self.device):
+            self.graph.replay()
 
 
 class _Entry:
@@ -102,8 +111,20 @@ class _Entry:
         self.graph = (_CudaGraph if cuda else _EagerGraph)(fn, self.static_in)
 
 
+def _autocast_state(device: torch.device) -> tuple:
+    """Autocast on or off, and its dtype, for ``device``'s type: a loop captured under one
+    autocast state must not replay under another."""
+    kind = device.type
+    try:
+        on = torch.is_autocast_enabled(kind)
+        return (on, torch.get_autocast_dtype(kind) if on else None)
+    except (TypeError, AttributeError, RuntimeError):  # an older torch: the CUDA switch only
+        return (torch.is_autocast_enabled(),)
+
+
 def _signature(inputs: Sequence[torch.Tensor]) -> tuple:
-    return tuple((tuple(t.shape), t.dtype, t.device, t.is_contiguous()) for t in inputs)
+    return (tuple((tuple(t.shape), t.dtype, t.device, t.is_contiguous()) for t in inputs)
+            + _autocast_state(inputs[0].device))
 
 
 def graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], *inputs: torch.Tensor
@@ -115,30 +136,34 @@ def graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], *inputs: t
     if not inputs or not enabled(inputs[0]):
         return tuple(fn(*inputs))
     full = (key, _signature(inputs))
-    if full in _FAILED:
+    with _LOCK:
+        failed = full in _FAILED
+        entry = None if failed else _CACHE.get(full)
+        if entry is None and not failed:
+            _SEEN[full] += 1
+            first = _SEEN[full] < 2
+        if entry is not None:
+            _CACHE.move_to_end(full)
+    if failed or (entry is None and first):  # a shape met once is not worth a capture
         _STATS["eager"] += 1
         return tuple(fn(*inputs))
-    entry = _CACHE.get(full)
     if entry is None:
-        _SEEN[full] += 1
-        if _SEEN[full] < 2:  # once: eager (a shape met only once is not worth a capture)
-            _STATS["eager"] += 1
-            return tuple(fn(*inputs))
         try:
             entry = _Entry(fn, inputs, inputs[0].is_cuda)
         except Exception as e:  # noqa: BLE001 - the loop still runs, without a graph
-            _FAILED.add(full)
+            with _LOCK:
+                _FAILED.add(full)
             _STATS["failures"] += 1
             warnings.warn(f"memnets: CUDA-graph capture of {key!r} failed ({type(e).__name__}: {e}); "
                           "running it without a graph", RuntimeWarning, stacklevel=2)
             return tuple(fn(*inputs))
         _STATS["captures"] += 1
-        _CACHE[full] = entry
-        while len(_CACHE) > MAX_GRAPHS:
-            _CACHE.popitem(last=False)
-            _STATS["evictions"] += 1
+        with _LOCK:
+            _CACHE[full] = entry
+            while len(_CACHE) > MAX_GRAPHS:
+                _CACHE.popitem(last=False)
+                _STATS["evictions"] += 1
     else:
-        _CACHE.move_to_end(full)
         for buf, t in zip(entry.static_in, inputs):
             buf.copy_(t)
     entry.graph.replay()
