@@ -16,7 +16,9 @@ install needed):
      ``nn.LSTM`` of the same width: LSAM hidden 256 and 1024, uni- and bidirectional, T=100;
      the NAM-TM at the bench's width (hidden 128, 4 tapes of 32) and the paper's (hidden 1024,
      8 tapes), T=50; the DNC (LSTM 64, memory 16x20, 4 reads; LSTM 256, memory 32x64), T=41;
-     the NTM (LSTM 100, memory 128x20), T=41. Target: at most 2.0x the LSTM's time.
+     the NTM (LSTM 100, memory 128x20), T=41. Target: at most 2.0x the LSTM's time. LSAM, the
+     DNC and the NTM also once more with ``MEMNETS_CUDA_GRAPHS=0`` ("no graph replay"), the
+     loops launched one by one.
    - ``attention``: ``nam_attention`` forward+backward, bf16, B=1 H=8 d=64, S=32K, non-causal
      and causal, beside flash SDPA and fla's ``chunk_linear_attn`` on the same normalised
      inputs. Target: at most 0.6 ms non-causal, 0.9 ms causal, or within 1.2x of fla's.
@@ -179,6 +181,16 @@ def _models_rows(bench, tiny: bool) -> None:
         return bench.measure("models", name, cfg, torch.float32, make, warmup, repeat,
                              extra={"B": B, "T": T, "needs_cuda": False, **(extra or {})})
 
+    def eager(name, cfg, build, B, T, Fi, base):
+        """The same row with the loops launched one by one (``MEMNETS_CUDA_GRAPHS=0``): its
+        ratio is shown, but it is a comparison, not a target."""
+        from ..ops.gpu import env_var
+        with env_var("MEMNETS_CUDA_GRAPHS", "0"):
+            row = case(name + " (no graph replay)", cfg, build, B, T, Fi)
+        _pair(row, base, 2.0, "LSTM")
+        row["meets"], row["target"] = None, "comparison (MEMNETS_CUDA_GRAPHS=0)"
+        return row
+
     def lstm(cfg, Fi, D, B, T, bi=False):
         name = ("nn.LSTM (cuDNN)" if cuda else "nn.LSTM (CPU)") + (" bi" if bi else "")
         return case(name, cfg, lambda: torch.nn.LSTM(Fi, D // 2 if bi else D, batch_first=True, bidirectional=bi),
@@ -190,9 +202,10 @@ def _models_rows(bench, tiny: bool) -> None:
         for bi in (False, True):
             cfg = f"B={B} T={T_lsam} hidden={D} heads={H}" + (" bi" if bi else "")
             base = lstm(cfg, D, D, B, T_lsam, bi)
-            ours = case("LSAM" + (" bi" if bi else ""), cfg, lambda D=D, H=H, bi=bi: LSAM(D, D, H, bidirectional=bi),
-                        B, T_lsam, D)
+            build = lambda D=D, H=H, bi=bi: LSAM(D, D, H, bidirectional=bi)  # noqa: E731
+            ours = case("LSAM" + (" bi" if bi else ""), cfg, build, B, T_lsam, D)
             _pair(ours, base, 2.0, "LSTM")
+            eager("LSAM" + (" bi" if bi else ""), cfg, build, B, T_lsam, D, base)
     tm = [("bench", 8, 16, 2, 8)] if tiny else [("bench", 64, 128, 4, 32), ("paper", 256, 1024, 8, 32)]
     for label, Fi, D, Tn, L in tm:
         cfg = f"B={B} T={T_tm} in={Fi} hidden={D} tapes={Tn}x{L} ({label} width)"
@@ -203,15 +216,17 @@ def _models_rows(bench, tiny: bool) -> None:
     for Hc, N, W, R in ([(16, 8, 8, 2)] if tiny else [(64, 16, 20, 4), (256, 32, 64, 4)]):
         cfg = f"B={B} T={T_dnc} LSTM {Hc}, memory {N}x{W}, {R} reads"
         base = lstm(cfg, 9, Hc, B, T_dnc)
-        ours = case("DNC", cfg, lambda Hc=Hc, N=N, W=W, R=R: DNC(9, 8, memory_slots=N, word_size=W, read_heads=R,
-                                                               controller_size=Hc), B, T_dnc, 9)
-        _pair(ours, base, 2.0, "LSTM")
+        build = lambda Hc=Hc, N=N, W=W, R=R: DNC(9, 8, memory_slots=N, word_size=W, read_heads=R,  # noqa: E731
+                                                 controller_size=Hc)
+        _pair(case("DNC", cfg, build, B, T_dnc, 9), base, 2.0, "LSTM")
+        eager("DNC", cfg, build, B, T_dnc, 9, base)
     for Hc, N, W in ([(16, 8, 8)] if tiny else [(100, 128, 20)]):
         cfg = f"B={B} T={T_dnc} LSTM {Hc}, memory {N}x{W}, 1 read 1 write"
         base = lstm(cfg, 9, Hc, B, T_dnc)
-        ours = case("NTM", cfg, lambda Hc=Hc, N=N, W=W: NTM(9, 8, memory_slots=N, word_size=W, read_heads=1,
-                                                           write_heads=1, controller_size=Hc), B, T_dnc, 9)
-        _pair(ours, base, 2.0, "LSTM")
+        build = lambda Hc=Hc, N=N, W=W: NTM(9, 8, memory_slots=N, word_size=W, read_heads=1,  # noqa: E731
+                                            write_heads=1, controller_size=Hc)
+        _pair(case("NTM", cfg, build, B, T_dnc, 9), base, 2.0, "LSTM")
+        eager("NTM", cfg, build, B, T_dnc, 9, base)
 
 
 def _attention_rows(bench, tiny: bool) -> None:
