@@ -55,3 +55,19 @@ def test_gpu_check_dry_run_writes_every_row(tmp_path, monkeypatch, capsys):
         assert all(r["launches_step"] > 0 for r in lc["rows"]) and "Kernel launches" in md
     assert (tmp_path / "OUT" / "gpu-check-tests.log").is_file()
     assert "[gpu-check] written:" in capsys.readouterr().out
+
+
+def test_gpu_profile_step_on_the_cpu():
+    """memnets.bench.gpu_profile's measurement, run on the CPU (its rows need CUDA)."""
+    import torch
+
+    from memnets.bench.gpu import _train_step
+    from memnets.bench.gpu_profile import main, profile_step
+
+    model = torch.nn.LSTM(4, 8, batch_first=True)
+    x = torch.randn(2, 5, 4)
+    r = profile_step(_train_step(model, x, lambda x: model(x)[0]), repeat=2, device="cpu")
+    assert r["wall_ms"] > 0 and r["launches"] > 0 and r["top"]
+    assert all(t["kernel"].startswith("aten::") for t in r["top"])
+    if not torch.cuda.is_available():
+        assert main([]) == 2  # nothing to profile without CUDA, said so

@@ -4,7 +4,8 @@ time the GPU's kernels take (``torch.profiler``), with the kernels that take mos
 ``python -m memnets.bench.gpu_profile [--json PATH]`` (CUDA only): one training step (forward,
 backward, Adam), float32, B=32, of LSAM (hidden 256, 8 heads, T=100, uni- and bidirectional),
 the NAM-TM (bench width, T=50), the DNC (LSTM 64, memory 16x20, 4 reads, T=41) and the NTM
-(LSTM 100, memory 128x20, T=41), the sizes of ``make gpu-check``. ``wall_ms`` is the mean of ten
+(LSTM 100, memory 128x20, T=41), the sizes of ``make gpu-check``; and ``nam_attention``
+(bf16, B=1 H=8 d=64, S=32K, causal and not) forward and backward. ``wall_ms`` is the mean of ten
 steps after three warm-ups; ``kernel_ms`` the sum of the device time of every kernel of one
 profiled step. A wall time far above the kernel time means the step waits on the CPU's launches
 (what CUDA-graph replay removes); close to it, on the kernels themselves.
@@ -21,27 +22,35 @@ import torch
 __all__ = ["profile_step", "run", "main"]
 
 
-def profile_step(step, repeat: int = 10) -> dict:
-    """Wall time of ``step()`` and the device time of its kernels (one profiled call)."""
+def profile_step(step, repeat: int = 10, device: str | torch.device = "cuda") -> dict:
+    """Wall time of ``step()`` and the device time of its kernels (one profiled call). On a
+    CPU ``device`` (a check of this code) the "kernels" are the CPU's ATen ops, by self time."""
     from torch.profiler import ProfilerActivity, profile
 
+    cuda = torch.device(device).type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     for _ in range(3):
         step()
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(repeat):
         step()
-    torch.cuda.synchronize()
+    sync()
     wall = (time.perf_counter() - t0) / repeat * 1e3
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
         step()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    total = sum(e.self_device_time_total for e in kernels) / 1e3
-    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:6]
+        sync()
+    if cuda:
+        kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        time_of = lambda e: e.self_device_time_total  # noqa: E731
+    else:
+        kernels = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+        time_of = lambda e: e.self_cpu_time_total  # noqa: E731
+    total = sum(time_of(e) for e in kernels) / 1e3
+    top = sorted(kernels, key=lambda e: -time_of(e))[:10]
     return {"wall_ms": round(wall, 3), "kernel_ms": round(total, 3), "launches": sum(e.count for e in kernels),
-            "top": [{"kernel": e.key[:80], "count": e.count, "ms": round(e.self_device_time_total / 1e3, 3)}
-                    for e in top]}
+            "top": [{"kernel": e.key[:80], "count": e.count, "ms": round(time_of(e) / 1e3, 3)} for e in top]}
 
 
 def run() -> dict:
@@ -68,6 +77,16 @@ def run() -> dict:
         model = build().to(dev)
         x = torch.randn(32, T, fi, device=dev)
         out["rows"][name] = profile_step(_train_step(model, x, lambda x, m=model: m(x)[0]))
+        print(name, json.dumps(out["rows"][name]), flush=True)
+    # causal nam_attention, bf16, S=32K, forward + backward: what runs around fla's kernel
+    from ..ops import nam_attention
+    from .gpu import _fwd_bwd
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 32768, 64, device=dev, generator=g).to(torch.bfloat16).requires_grad_()
+               for _ in range(3))
+    for causal in (True, False):
+        name = f"nam_attention bf16 S=32K {'causal' if causal else 'non-causal'}"
+        out["rows"][name] = profile_step(_fwd_bwd(lambda c=causal: nam_attention(q, k, v, is_causal=c), [q, k, v]))
         print(name, json.dumps(out["rows"][name]), flush=True)
     return out
 
