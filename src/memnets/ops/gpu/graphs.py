@@ -97,7 +97,8 @@ class _CudaGraph:
             fn(*static_in)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # thread_local: CUDA calls of other threads (nn.DataParallel's replicas) do not break it
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.static_out = tuple(fn(*static_in))
 
     def replay(self) -> None:
