@@ -64,3 +64,23 @@ def test_graph_replay_matches_launch_by_launch(name, dtype, tol):
         for u, v in zip(a, b):
             torch.testing.assert_close(u, v, atol=tol, rtol=tol, msg=lambda m: f"call {i}: {m}")
     graphs.clear()
+
+
+@pytest.mark.parametrize("name", list(BUILD))
+def test_triton_loops_under_bf16_autocast(name):
+    """Under bf16 autocast the loops run (in float32 inside) and replay as they launch: finite
+    gradients, and the replayed calls equal the launched ones."""
+    build, fi = BUILD[name]
+    torch.manual_seed(0)
+    model = build().to(DEV)
+    xs = [torch.randn(2, 5, fi, device=DEV) for _ in range(3)]
+    kind = "cuda" if CUDA else "cpu"
+    with torch.autocast(kind, dtype=torch.bfloat16):
+        graphs.clear()
+        eager = _runs(model, xs, graphs_on=False)
+        replayed = _runs(model, xs, graphs_on=True)
+    graphs.clear()
+    for a, b in zip(replayed, eager):
+        for u, v in zip(a, b):
+            assert torch.isfinite(u).all()
+            torch.testing.assert_close(u, v)

@@ -482,11 +482,13 @@ def ntm_scan_triton(ntm, gx: torch.Tensor, state):
     B, T = gx.shape[:2]
     R, W, C = cfg.read_heads, cfg.word_size, cfg.controller_size
     lstm = cfg.controller == "lstm"
+    dt = ntm.ctrl_rh.weight.dtype  # under autocast the loop runs in the weights' dtype, autocast off
     c0 = state.c if lstm else gx.new_zeros(B, C)
-    rh, M, wr, ww, c = NTMScanTriton.apply(
-        gx.transpose(0, 1), ntm.ctrl_rh.weight, ntm.heads.weight, ntm.heads.bias, state.memory.contiguous(),
-        state.read_weights.contiguous(), state.write_weights.contiguous(), state.reads.contiguous(),
-        state.h.contiguous(), c0.contiguous(), 2 * cfg.shift_range + 1, lstm)
+    with torch.autocast(gx.device.type, enabled=False):
+        rh, M, wr, ww, c = NTMScanTriton.apply(
+            gx.transpose(0, 1).to(dt), ntm.ctrl_rh.weight, ntm.heads.weight, ntm.heads.bias,
+            *(t.contiguous().to(dt) for t in (state.memory, state.read_weights, state.write_weights, state.reads,
+                                               state.h, c0)), 2 * cfg.shift_range + 1, lstm)
     rh = rh.transpose(0, 1)  # [B, T, R W + C]
     reads, h = rh[..., : R * W].unflatten(-1, (R, W)), rh[..., R * W:]
     return h, reads, (M, wr, ww, reads[:, -1], h[:, -1], c if lstm else state.c)
