@@ -44,7 +44,7 @@ def test_fla_mapping_computes_causal_nam_attention(monkeypatch, scale):
 
     monkeypatch.setattr(gpu_attention, "use_fla_attention", lambda *a: True)
     monkeypatch.setattr(gpu_attention, "fla_linear_attention", lambda: kernel)
-    got = _grads(lambda a, b, c: nam_attention(a, b, c, is_causal=True, scale=scale), q, k, v)
+    got = _grads(lambda a, b, c: nam_attention(a, b, c, is_causal=True, scale=scale, impl="fla"), q, k, v)
     assert calls and calls[0]["normalize"] is False and calls[0]["scale"] == 1.0
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
@@ -66,11 +66,11 @@ def test_fla_attention_is_used_only_where_it_computes_the_same():
 def test_fla_chunked_kernel_on_cuda_matches_the_pytorch_path_and_keeps_nan_local():
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 300, 64, device="cuda") for _ in range(3))
-    ref = _grads(lambda a, b, c: nam_attention(a, b, c, is_causal=True), q, k, v)  # float32: PyTorch path
-    got = _grads(lambda a, b, c: nam_attention(a, b, c, is_causal=True), *(t.bfloat16() for t in (q, k, v)))
+    ref = _grads(lambda a, b, c: nam_attention(a, b, c, is_causal=True, impl="torch"), q, k, v)
+    got = _grads(lambda a, b, c: nam_attention(a, b, c, is_causal=True, impl="fla"), *(t.bfloat16() for t in (q, k, v)))
     for a, b in zip(got, ref):
         torch.testing.assert_close(a.float(), b, atol=0.1, rtol=0.05)
     k2 = k.bfloat16().clone()
     k2[:, :, 200] = float("nan")
-    o = nam_attention(q.bfloat16(), k2, v.bfloat16(), is_causal=True)
+    o = nam_attention(q.bfloat16(), k2, v.bfloat16(), is_causal=True, impl="fla")
     assert torch.isfinite(o[:, :, :200]).all() and not torch.isfinite(o[:, :, 200:]).all()

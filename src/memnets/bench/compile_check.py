@@ -147,6 +147,21 @@ def compile_only(arch: int = 90, records: list | None = None, usage: bool = True
         driver._active = old_driver
 
 
+class _Attention(torch.nn.Module):
+    """``nam_attention`` on the Triton kernels as a case: ``x [B, T, 3·H·d]`` split into q, k, v."""
+
+    def __init__(self, heads: int, dim: int, causal: bool) -> None:
+        super().__init__()
+        self.heads, self.dim, self.causal = heads, dim, causal
+
+    def forward(self, x: torch.Tensor):
+        from ..ops import nam_attention
+
+        B, T, _ = x.shape
+        q, k, v = x.view(B, T, 3, self.heads, self.dim).permute(2, 0, 3, 1, 4)
+        return (nam_attention(q, k, v, is_causal=self.causal, impl="triton"),)
+
+
 def _cases() -> list[tuple[str, Callable[[], torch.nn.Module], int, int, tuple]]:
     """``(name, build, input size, T, dtypes)``: small sizes in float32 and float64, and the
     widths ``make gpu-check`` times (float32), whose registers matter."""
@@ -156,7 +171,12 @@ def _cases() -> list[tuple[str, Callable[[], torch.nn.Module], int, int, tuple]]
     from ..memories.ntm import NTM
 
     both, f32 = (torch.float32, torch.float64), (torch.float32,)
+    att = (torch.bfloat16, torch.float16)
     return [
+        ("nam_attention causal, d=64", lambda: _Attention(8, 64, True), 3 * 8 * 64, 256, att),
+        ("nam_attention, d=64", lambda: _Attention(8, 64, False), 3 * 8 * 64, 256, att),
+        ("nam_attention causal, d=128", lambda: _Attention(4, 128, True), 3 * 4 * 128, 256, (torch.bfloat16,)),
+        ("nam_attention causal small", lambda: _Attention(2, 8, True), 3 * 2 * 8, 5, (torch.float64,)),
         ("LSAM small", lambda: LSAM(16, 16, 2), 16, 5, both),
         ("LSAM bi small", lambda: LSAM(16, 16, 2, bidirectional=True), 16, 5, both),
         ("NAM-TM small", lambda: NAMTuringMachine(8, 16, num_tapes=2, tape_length=8), 8, 5, both),

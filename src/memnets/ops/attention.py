@@ -13,11 +13,66 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_positive_int, check_tensor
+from . import gpu as _gpu
 from .gpu import attention as _gpu_attention
+from .gpu import causal_attention as _gpu_kernels
 from .nam import unit
 from .varlen import attention_varlen, check_cu_seqlens, same_sequence_mask
 
-__all__ = ["nam_attention", "nam_attention_quadratic", "linear_attention", "elu_feature_map"]
+__all__ = ["nam_attention", "nam_attention_quadratic", "linear_attention", "elu_feature_map", "ATTENTION_IMPLS",
+           "resolve_attention_impl"]
+
+ATTENTION_IMPLS = ("torch", "triton", "fla")
+
+
+def _attention_reasons(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                       packed: bool) -> list[str]:
+    """Why ``impl`` cannot run ``nam_attention`` on these inputs (empty: it can)."""
+    if impl == "torch":
+        return []
+    why = []
+    if packed:
+        why.append("cu_seqlens (packed sequences) run on the PyTorch path only")
+    if impl == "triton":
+        if not _gpu.use_triton(q):
+            why.append("the Triton kernels run on CUDA tensors (CPU tensors only inside "
+                       "memnets.ops.gpu.cuda_path with TRITON_INTERPRET=1) with triton installed")
+        if not _gpu_kernels.applies(q, k, v):
+            why.append(f"the Triton kernels take non-empty float inputs of one dtype with head dims up to "
+                       f"{_gpu_kernels.MAX_HEAD_DIM}")
+    elif impl == "fla":
+        if not causal:
+            why.append("fla's chunk_linear_attn is causal only")
+        if not _gpu_attention.use_fla_attention(q, k, v):
+            why.append("fla's kernel takes [B, H, S, D] bfloat16/float16 CUDA tensors, head dims up to 256, "
+                       "with fla installed")
+    else:
+        why.append(f"unknown impl {impl!r}; expected one of {('auto',) + ATTENTION_IMPLS}")
+    return why
+
+
+def resolve_attention_impl(impl: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                           causal: bool, packed: bool = False) -> str:
+    """The implementation :func:`nam_attention` runs for ``impl`` on these inputs.
+
+    ``"auto"``: on CUDA, the Triton kernels (:mod:`memnets.ops.gpu.causal_attention`) for
+    bfloat16/float16 inputs with head dims up to 64 (:func:`~memnets.ops.gpu.causal_attention.fast_on_cuda`);
+    else, causal, fla's chunked kernel where it applies; else the PyTorch path (float32 and
+    float64 on CUDA too: the kernels' exact float32 products spill registers). On CPU tensors
+    inside :func:`memnets.ops.gpu.cuda_path` (the interpreter), the Triton kernels. ``"triton"``,
+    ``"fla"`` and ``"torch"`` are taken as asked, or raise ValueError with the reasons they
+    cannot run."""
+    if impl == "auto":
+        if not packed and _gpu.use_triton(query) and _gpu_kernels.applies(query, key, value) \
+                and (not query.is_cuda or _gpu_kernels.fast_on_cuda(query, value)):
+            return "triton"
+        if causal and not packed and _gpu_attention.use_fla_attention(query, key, value):
+            return "fla"
+        return "torch"
+    why = _attention_reasons(impl, query, key, value, causal, packed)
+    if why:
+        raise ValueError(f"nam_attention: impl={impl!r} cannot run: " + "; ".join(why))
+    return impl
 
 
 def _check_qkv(q, k, v, fn: str) -> None:
@@ -161,6 +216,7 @@ def nam_attention(
     chunk_size: int = 64,
     eps: float = 1e-6,
     cu_seqlens: torch.Tensor | None = None,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Normalized outer-product attention ``scale · μ(Q) (μ(K)ᵀ V)`` (docs/maths.md §5).
 
@@ -186,9 +242,13 @@ def nam_attention(
       itself, causal or not: the output equals running each sequence alone (the bidirectional
       form uses each sequence's own summary ``μ(K)ᵀV``). Bad offsets raise ValueError.
 
-    On CUDA, causal attention on ``[B, H, S, D]`` bfloat16/float16 inputs (head dims up to 256)
-    runs flash-linear-attention's chunked kernel where it is installed
-    (:mod:`memnets.ops.gpu.attention`); elsewhere the chunked PyTorch form.
+    - ``impl``: ``"auto"`` (default), ``"triton"``, ``"fla"`` or ``"torch"``
+      (:func:`resolve_attention_impl`). On CUDA, ``"auto"`` runs memnets' Triton kernels
+      (:mod:`memnets.ops.gpu.causal_attention`: chunk-parallel, μ fused in) on bfloat16/float16
+      inputs with head dims up to 64, causal or not; flash-linear-attention's ``chunk_linear_attn``
+      on μ(q), μ(k) for causal half-precision inputs with larger heads (``"fla"``, where fla is
+      installed; :mod:`memnets.ops.gpu.attention`); elsewhere, and for packed sequences, the
+      PyTorch form (chunked prefix states when causal).
     """
     fn = "nam_attention"
     causal = _sdpa_keywords(fn, attn_mask, dropout_p, is_causal, causal)
@@ -196,20 +256,23 @@ def nam_attention(
     _check_qkv(query, key, value, fn)
     check_positive_int("chunk_size", chunk_size)
     offsets = _packed_offsets(fn, query, key, cu_seqlens)
-    qn, kn = unit(query, eps=eps), unit(key, eps=eps)
-    if s is not None:
-        qn = qn * s
-    if offsets is not None:
-        return attention_varlen(qn, kn, value, offsets, causal=causal, chunk_size=chunk_size)
-    if not causal:
-        return qn @ (kn.transpose(-1, -2) @ value)  # [..., L, dk] @ [..., dk, dv]
-    if query.shape[-2] != key.shape[-2]:
+    if causal and query.shape[-2] != key.shape[-2]:
         raise ValueError(
             f"nam_attention: causal=True expects query and key of the same length, "
             f"got L={query.shape[-2]} and S={key.shape[-2]}"
         )
-    if _gpu_attention.use_fla_attention(qn, kn, value):  # CUDA, half precision: fla's chunked kernel
+    which = resolve_attention_impl(impl, query, key, value, causal=causal, packed=offsets is not None)
+    if which == "triton":
+        return _gpu_kernels.nam_attention_triton(query, key, value, causal=causal, scale=s, eps=eps)
+    qn, kn = unit(query, eps=eps), unit(key, eps=eps)
+    if s is not None:
+        qn = qn * s
+    if which == "fla":
         return _gpu_attention.nam_attention_fla(qn, kn, value)
+    if offsets is not None:
+        return attention_varlen(qn, kn, value, offsets, causal=causal, chunk_size=chunk_size)
+    if not causal:
+        return qn @ (kn.transpose(-1, -2) @ value)  # [..., L, dk] @ [..., dk, dv]
     return _causal_chunked(qn, kn, value, chunk_size)
 
 
