@@ -61,8 +61,10 @@ clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
 
 # On a fresh GPU machine holding torch and triton (no network): the CUDA tests, then the GPU bench
-# rows that the speed targets name, in at most 8 minutes; wheels/*.whl (e.g. fla-core) installed
-# first when present. Writes out/gpu-check/gpu-check.{json,md} (and to $OUT when set); docs/bench.md.
+# rows that the speed targets name, in at most 8 minutes; wheels/*.whl installed first when present
+# (`pip download --no-deps fla-core==0.6.0 pytest-xdist execnet -d wheels` prepares them: fla's rows,
+# its warm-up beside the tests, the tests on xdist workers). Writes out/gpu-check/gpu-check.{json,md}
+# (and to $OUT when set); docs/bench.md.
 .PHONY: gpu-check
 gpu-check:
 	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m memnets.bench.gpu_check --out out/gpu-check

@@ -1,20 +1,27 @@
 """`make gpu-check`'s driver (memnets.bench.gpu_check) in its CPU dry run at tiny sizes: the JSON
 and the markdown table are written (also to $OUT), with every bench row present, the rows whose
-kernels need CUDA marked so, the CUDA tests' counts, and a wheel that does not install reported
-without stopping the run."""
+kernels need CUDA marked so, the CUDA tests' counts, the time plan and the phases' seconds, and a
+wheel that does not install reported without stopping the run. Also: the pytest output parser
+(one process and pytest-xdist), the warm-up's calls on stand-ins for fla's kernels, and its child
+processes on the CPU."""
 from __future__ import annotations
 
 import json
+import time
+
+import pytest
+import torch
 
 from memnets.bench import gpu_check
 
 ROWS = {
     "models": ["nn.LSTM (CPU)", "LSAM", "nn.LSTM (CPU) bi", "LSAM bi", "NAM-TM", "DNC", "NTM"],
-    "attention": ["sdpa (flash)", "fla chunk_linear_attn", "nam_attention"],
+    "attention": ["sdpa (flash)", "fla chunk_linear_attn", "nam_attention", "nam_attention impl=torch",
+                  "nam_attention impl=fla"],
     "scan": ["fla chunk_delta_rule (p_e=p_w)", "nam_scan auto (p_e=p_w)",
              "fla chunk_dplr_delta_rule gk=0 (p_e!=p_w)", "nam_scan auto (p_e!=p_w)"],
 }
-NEEDS_CUDA = {"sdpa (flash)", "fla chunk_linear_attn", "fla chunk_delta_rule (p_e=p_w)",
+NEEDS_CUDA = {"sdpa (flash)", "fla chunk_linear_attn", "nam_attention impl=fla", "fla chunk_delta_rule (p_e=p_w)",
               "fla chunk_dplr_delta_rule gk=0 (p_e!=p_w)"}
 
 
@@ -53,8 +60,138 @@ def test_gpu_check_dry_run_writes_every_row(tmp_path, monkeypatch, capsys):
         lc = res["launches"]
         assert [r["model"] for r in lc["rows"]] == ["LSAM", "LSAM bi", "NAM-TM", "DNC", "NTM"]
         assert all(r["launches_step"] > 0 for r in lc["rows"]) and "Kernel launches" in md
+        # the warm-up runs on CUDA only; the time plan and each phase's seconds are kept
+        assert res["warmup"] == {"status": "not run: warm-up: CUDA only"}
+        assert "warm-up: not run: warm-up: CUDA only" in res["notes"]
+        assert not any(r.get("during_warmup") for r in res["rows"])
+        plan = res["plan"]
+        assert plan["limit_s"] == 480 and plan["tests_timeout_s"] == 300 and plan["warmup"] is None
+        assert set(res["phases"]) >= {"wheels", "tests", "models", "attention", "scan", "launches", "total"}
+        assert all(v >= 0 for v in res["phases"].values())
+        assert "## Time" in md and "time plan: everything within 480 s" in md and "phases (s): " in md
     assert (tmp_path / "OUT" / "gpu-check-tests.log").is_file()
-    assert "[gpu-check] written:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "[gpu-check] written:" in out
+    assert "[gpu-check] time plan: everything within 480 s" in out and "[gpu-check] phases (s): " in out
+    assert out.index("[gpu-check] time plan") < out.index("[gpu-check] CUDA tests")
+
+
+def test_parse_test_results_one_process_and_xdist():
+    one = """tests/test_cuda.py::test_ntm_matches_cpu[cuda] PASSED                    [ 10%]
+tests/test_cuda.py::test_dnc_matches_cpu[cuda-fused] FAILED               [ 20%]
+tests/test_cuda.py::test_memn2n_matches_cpu[cuda] SKIPPED (no GPU)        [ 30%]
+tests/test_cuda.py::test_lsam_layer_matches_cpu[cuda] PASSED              [ 40%]
+tests/test_cuda.py::test_lsam_layer_matches_cpu[cuda] ERROR               [ 40%]
+FAILED tests/test_cuda.py::test_dnc_matches_cpu[cuda-fused] - AssertionError: x
+"""
+    xdist = """[gw0] linux -- Python 3.11.9 /usr/bin/python
+[gw1] [ 10%] PASSED tests/test_cuda.py::test_ntm_matches_cpu[cuda]
+[gw0] [ 20%] FAILED tests/test_cuda.py::test_dnc_matches_cpu[cuda-fused]
+[gw3] [ 30%] SKIPPED tests/test_cuda.py::test_memn2n_matches_cpu[cuda]
+[gw2] [ 40%] PASSED tests/test_cuda.py::test_lsam_layer_matches_cpu[cuda]
+[gw2] [ 40%] ERROR tests/test_cuda.py::test_lsam_layer_matches_cpu[cuda]
+[gw11] [100%] XFAIL tests/test_triton_ntm.py::test_x
+[gw4] PASSED tests/test_triton_ntm.py::test_y
+FAILED tests/test_cuda.py::test_dnc_matches_cpu[cuda-fused] - AssertionError: x
+"""
+    expected = {"tests/test_cuda.py::test_ntm_matches_cpu[cuda]": "PASSED",
+                "tests/test_cuda.py::test_dnc_matches_cpu[cuda-fused]": "FAILED",
+                "tests/test_cuda.py::test_memn2n_matches_cpu[cuda]": "SKIPPED",
+                "tests/test_cuda.py::test_lsam_layer_matches_cpu[cuda]": "ERROR"}
+    assert gpu_check.parse_test_results(one) == expected
+    assert gpu_check.parse_test_results(xdist) == {**expected, "tests/test_triton_ntm.py::test_x": "XFAIL",
+                                                   "tests/test_triton_ntm.py::test_y": "PASSED"}
+    assert gpu_check.parse_test_results("") == {}
+
+
+def test_xdist_workers(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+
+    def with_xdist(present):
+        return lambda name, *a: (object() if present else None) if name == "xdist" else find_spec(name, *a)
+    monkeypatch.setattr(importlib.util, "find_spec", with_xdist(True))
+    assert [gpu_check.xdist_workers(n) for n in (1, 2, 4, 6, 16, 64)] == [2, 2, 2, 3, 8, 8]
+    assert gpu_check._tests_workers(None) >= 2 and gpu_check._tests_workers(3) == 3
+    assert gpu_check._tests_workers(0) == 0
+    monkeypatch.setattr(importlib.util, "find_spec", with_xdist(False))
+    assert gpu_check.xdist_workers(16) == 0
+    assert gpu_check._tests_workers(4) == 0  # asked for, but pytest-xdist is missing: one process
+
+
+def _stand_ins(seen: list):
+    """Pure-PyTorch stand-ins for fla's kernels, with their signatures; each records its call."""
+    def linear_attn(q, k, v, scale=None, normalize=True):
+        seen.append(("linear_attn", tuple(q.shape), q.dtype, {"scale": scale, "normalize": normalize}, q))
+        return (q * k).sum(-1, keepdim=True) * v, None
+
+    def delta_chunk(q, k, v, beta, scale=None, output_final_state=False):
+        seen.append(("delta_chunk", tuple(q.shape), q.dtype, {"scale": scale, "final": output_final_state}, q))
+        return q * v * beta[..., None], torch.einsum("bthk,bthv->bhkv", k, v)
+
+    def general_chunk(q, k, v, a, b, gk, scale=None, output_final_state=False):
+        seen.append(("general_chunk", tuple(q.shape), q.dtype, {"scale": scale, "final": output_final_state}, q))
+        assert gk.abs().sum() == 0 and a.shape == b.shape == q.shape
+        return q * v + a * b, torch.einsum("bthk,bthv->bhkv", k, v)
+
+    return {"linear_attn": linear_attn, "delta_chunk": delta_chunk, "general_chunk": general_chunk}
+
+
+def test_warmup_calls_match_the_rows(tmp_path):
+    """The warm-up calls fla's kernels as the attention and scan rows do (here at the rows' tiny
+    sizes, on stand-ins), forward and backward, then nam_scan(impl="auto") on the same inputs."""
+    seen = []
+    calls = gpu_check.warmup_calls("cpu", tiny=True, kernels=_stand_ins(seen))
+    names = [n for n, _ in calls]
+    rows = [f"{n} B=1 H=2 d=16 T={T}" for T in (32, 64, 128) for n in ROWS["scan"][:2]]
+    rows += [f"{n} B=1 H=2 d=16 T={T}" for T in (32, 64, 128) for n in ROWS["scan"][2:]]
+    assert names == ["fla chunk_linear_attn B=1 H=8 d=64 S=256"] + rows
+    for _, call in calls:
+        call()
+    assert [(r, s, d, kw) for r, s, d, kw, _ in seen] == (
+        [("linear_attn", (1, 256, 8, 64), torch.bfloat16, {"scale": 1.0, "normalize": False})]
+        + [("delta_chunk", (1, T, 2, 16), torch.bfloat16, {"scale": 1.0, "final": True}) for T in (32, 64, 128)]
+        + [("general_chunk", (1, T, 2, 16), torch.bfloat16, {"scale": 1.0, "final": True}) for T in (32, 64, 128)])
+    assert all(q.grad is not None for *_, q in seen)  # the backward ran
+    # one group only; the child's entry point writes what it called and how long each took
+    assert [n for n, _ in gpu_check.warmup_calls("cpu", tiny=True, kernels={}, groups=("scan-dplr",))] == rows[6:]
+    with pytest.raises(ValueError, match="unknown warm-up group"):
+        gpu_check.warmup_calls("cpu", groups=("models",))
+    res = gpu_check.warm_up(("attention", "scan-delta"), cpu=True, json_path=tmp_path / "w.json",
+                            kernels=_stand_ins([]), verbose=False)
+    assert json.loads((tmp_path / "w.json").read_text()) == json.loads(json.dumps(res))
+    assert res["status"] == "done" and res["tiny"] and len(res["calls"]) == 7
+    assert all(c["ok"] and c["seconds"] >= 0 for c in res["calls"]), res["calls"]
+    # a failing kernel is recorded, not raised
+    bad = gpu_check.warm_up(("attention",), cpu=True, kernels={"linear_attn": None}, verbose=False)
+    assert bad["status"] == "done" and not bad["calls"][0]["ok"] and "TypeError" in bad["calls"][0]["error"]
+
+
+def test_warmup_child_processes_on_the_cpu(tmp_path):
+    """The warm-up's child processes (python -m memnets.bench.gpu_check --warm-only) started,
+    waited for and read back, on the CPU at the tiny sizes: fla's Triton kernels cannot run there
+    (recorded as failed calls, not an error), nam_scan(impl="auto") can; a child still running at
+    the limit is stopped and said so."""
+    warm = gpu_check.WarmUp(tmp_path / "a", ("scan-delta",), cpu=True).start()
+    w = warm.wait(240)
+    assert w["status"] == "done", w
+    g = w["groups"]["scan-delta"]
+    assert g["exit_code"] == 0 and g["seconds"] > 0 and w["seconds"] == g["seconds"] and w["processes"] == 1
+    assert [c["name"] for c in g["calls"]] == [f"{n} B=1 H=2 d=16 T={T}" for T in (32, 64, 128)
+                                               for n in ROWS["scan"][:2]]
+    assert all(c["ok"] for c in g["calls"] if c["name"].startswith("nam_scan auto")), g["calls"]
+    assert not any(c["ok"] for c in g["calls"] if c["name"].startswith("fla "))  # no CUDA here
+    assert w["failed_calls"] == 3 and gpu_check._warmup_line(w).startswith("warm-up: done; ")
+    assert (tmp_path / "a" / "gpu-check-warmup-scan-delta.log").is_file()
+    # cut short at its limit
+    cut = gpu_check.WarmUp(tmp_path / "b", ("attention", "scan-dplr"), cpu=True).start()
+    t0 = time.perf_counter()
+    w = cut.wait(0.5)
+    assert time.perf_counter() - t0 < 60 and not cut.running()
+    assert w["status"] == "stopped at its limit (0 s after its start): attention, scan-dplr", w["status"]
+    assert {g["status"] for g in w["groups"].values()} == {"stopped at its limit (0 s after its start)"}
+    assert cut.wait(100) is w  # waited for once
 
 
 def test_gpu_profile_step_on_the_cpu():

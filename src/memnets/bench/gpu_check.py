@@ -4,13 +4,35 @@ command on a fresh GPU machine (torch and triton only, no network), in at most 8
 ``python -m memnets.bench.gpu_check`` (what ``make gpu-check`` runs, with ``PYTHONPATH=src``: no
 install needed):
 
-1. Optionally installs the wheels found in a folder (``--wheels``, default ``wheels/``; e.g. the
-   fla-core wheel) with ``pip install --no-index --no-deps``; none there is fine.
-2. Runs the Triton kernels' tests (``tests/test_triton_*.py``: each kernel against its reference,
+1. Optionally installs the wheels found in a folder (``--wheels``, default ``wheels/``) with
+   ``pip install --no-index --no-deps``; none there is fine. On a machine with network::
+
+       pip download --no-deps fla-core==0.6.0 pytest-xdist execnet -d wheels
+
+   prepares the folder: fla-core for the fla rows, pytest-xdist and execnet (its one
+   dependency) to run the tests in parallel.
+2. On CUDA, starts the fla warm-up beside the tests: child processes (``--warm-only``, one per
+   group: ``attention``, ``scan-delta``, ``scan-dplr``) that call, forward and backward, every
+   fla kernel the attention and scan rows call, at the rows' shapes and dtypes, and
+   ``nam_scan(impl="auto")`` at the scan rows' shapes (:func:`warmup_calls`). fla's autotuners
+   keep their choices in Triton's on-disk cache (``FLA_CACHE_RESULTS=1``, fla's default, kept
+   on) and the compiled kernels go to ``TRITON_CACHE_DIR`` (set to Triton's default folder when
+   unset, so that every process shares it): the bench's own first calls then neither compile nor
+   benchmark autotune configs. The bench waits for the warm-up before its first row (at most
+   ``--warmup-timeout`` seconds after its start, then it is stopped), so no row is timed beside
+   it (a row that still was is marked ``during_warmup``). Each child writes
+   ``gpu-check-warmup-<group>.json`` (what it called, seconds each) into ``--out``; the summary
+   is ``result["warmup"]``. A warm-up that fails or is cut short is a note, never a failure.
+   The autotune timings are taken while the tests share the GPU: ``nam_scan(impl="auto")`` runs
+   the same fla kernels with the same cached choices as the fla rows, so the scan ratios are not
+   affected; ``--no-warmup`` restores first calls inside the bench.
+3. Runs the Triton kernels' tests (``tests/test_triton_*.py``: each kernel against its reference,
    and replayed from CUDA graphs), then ``tests/test_cuda.py`` and ``tests/test_cuda_nam_tm.py``
    on CUDA (the CPU stand-ins of those tests are CI's; the ``compile`` tests only with
-   ``--with-compile``), under a time limit.
-3. Times the bench rows, each against its baseline:
+   ``--with-compile``), under a time limit; with ``pytest -n N`` when pytest-xdist is installed
+   (N = min(8, CPU count // 2), at least 2; ``--tests-workers``), so that the Triton
+   compilations of the tests run side by side.
+4. Times the bench rows, each against its baseline:
 
    - ``models``: one training step (forward, backward, Adam), float32, B=32, against cuDNN
      ``nn.LSTM`` of the same width: LSAM hidden 256 and 1024, uni- and bidirectional, T=100;
@@ -30,16 +52,22 @@ install needed):
    and, with the warm-up calls, kept out of the bench budget (``--bench-seconds``, which counts
    the timed repeats only); ``--total-seconds`` stops everything still left (marked skipped).
 
-4. On CUDA, profiles one training step of each memory: wall time against the device time of
+5. On CUDA, profiles one training step of each memory: wall time against the device time of
    its kernels (:mod:`memnets.bench.gpu_profile`; ``--no-profile`` leaves it out).
-5. Counts the kernel launches of one training step of each recurrent memory on the GPU
+6. Counts the kernel launches of one training step of each recurrent memory on the GPU
    (``memnets bench launches --device cuda``, B=4, T=16).
+
+The time plan (the tests' limit, the warm-up's, the bench's budget, the total) is printed first
+and kept as ``result["plan"]``; the seconds each phase took (wheels, tests, warm-up and how long
+the bench waited for it, each section, profile, launch counts, total) are printed last and kept
+as ``result["phases"]``.
 
 Writes ``gpu-check.json`` and ``gpu-check.md`` (a table naming the GPU) into ``--out`` (default
 ``out/gpu-check``) and, when the environment variable ``OUT`` is set, into that folder too; both
 are rewritten after every row, so a run cut short leaves what it measured. ``--cpu`` runs the
 same rows at tiny sizes on the CPU (a dry run of the driver, not a measurement): rows whose
-kernels need CUDA (flash SDPA, fla's chunked kernels) are kept in the table, marked so.
+kernels need CUDA (flash SDPA, fla's chunked kernels) are kept in the table, marked so; the
+warm-up runs on CUDA only.
 """
 from __future__ import annotations
 
@@ -49,21 +77,27 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-__all__ = ["run", "main", "format_markdown", "ROW_COLUMNS"]
+__all__ = ["run", "main", "format_markdown", "ROW_COLUMNS", "warmup_calls", "warm_up", "WarmUp", "WARM_GROUPS",
+           "parse_test_results", "xdist_workers"]
 
 REPO = Path(__file__).resolve().parents[3]
 TEST_FILES = ("tests/test_triton_graphs.py", "tests/test_triton_lsam.py", "tests/test_triton_dnc.py",
-              "tests/test_triton_ntm.py", "tests/test_triton_nam_tm.py", "tests/test_cuda.py", "tests/test_cuda_nam_tm.py")
+              "tests/test_triton_ntm.py", "tests/test_triton_nam_tm.py", "tests/test_triton_nam_attention.py",
+              "tests/test_triton_attention.py", "tests/test_cuda.py", "tests/test_cuda_nam_tm.py")
 ROW_COLUMNS = ["section", "name", "config", "dtype", "first_ms", "ms", "baseline", "ratio", "target", "meets",
                "note"]
+TIME_LIMIT_S = 480.0  # the whole check, on a fresh GPU machine
+WARM_GROUPS = ("attention", "scan-delta", "scan-dplr")  # one warm-up process each, side by side
 
 
 # ----------------------------------------------------------------------------------- wheels
@@ -77,20 +111,95 @@ def install_wheels(folder: str | Path, python: str = sys.executable) -> list[dic
                            capture_output=True, text=True)
         done.append({"wheel": whl.name, "ok": p.returncode == 0,
                      "error": None if p.returncode == 0 else (p.stderr.strip().splitlines() or ["?"])[-1][:300]})
+    if done:
+        import importlib
+
+        importlib.invalidate_caches()  # so that this process finds what was just installed (fla, xdist)
     return done
 
 
+def _kill_group(p: subprocess.Popen) -> None:
+    """Kill a child started with ``start_new_session=True`` and everything it started (pytest's
+    xdist workers, a compiler), then reap it."""
+    if p.poll() is None:
+        try:
+            if os.name == "posix":
+                os.killpg(p.pid, signal.SIGKILL)
+            else:
+                p.kill()
+        except (ProcessLookupError, PermissionError, OSError):
+            p.kill()
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _child_env() -> dict[str, str]:
+    """The environment of the child processes: ``src/`` first on ``PYTHONPATH``, unbuffered."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "src") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _share_triton_cache() -> tuple[str, list[str]]:
+    """Set ``TRITON_CACHE_DIR`` (Triton's own default folder when unset) and ``FLA_CACHE_RESULTS=1``
+    in this process's environment, which every child inherits: compiled kernels and fla's autotune
+    choices are then found on disk by every process. Returns the folder and notes."""
+    notes = []
+    folder = os.environ.get("TRITON_CACHE_DIR")
+    if not folder:
+        home = os.environ.get("TRITON_HOME") or os.path.expanduser("~/")
+        folder = os.path.join(home, ".triton", "cache")
+        os.environ["TRITON_CACHE_DIR"] = folder
+    if os.environ.get("FLA_CACHE_RESULTS", "1") != "1":
+        notes.append(f"FLA_CACHE_RESULTS was {os.environ['FLA_CACHE_RESULTS']!r}; set to '1' so that fla's autotune "
+                     "choices are cached on disk")
+        os.environ["FLA_CACHE_RESULTS"] = "1"
+    return folder, notes
+
+
 # ------------------------------------------------------------------------------------ tests
-_RESULT = re.compile(r"^(tests/\S+::\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
+_STATES = r"(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)"
+# pytest -v: "tests/x.py::test_y PASSED    [ 10%]"; with pytest-xdist: "[gw0] [ 10%] PASSED tests/x.py::test_y"
+_RESULT = re.compile(r"^(tests/\S+::\S+)\s+" + _STATES + r"\b")
+_RESULT_XDIST = re.compile(r"^\[gw\d+\](?:\s+\[\s*\d+%\])?\s+" + _STATES + r"\s+(tests/\S+::\S+)")
+
+
+def parse_test_results(text: str) -> dict[str, str]:
+    """``{test id: state}`` from the ``pytest -v`` output, one process or pytest-xdist's workers
+    (the last state of a test wins: a teardown error follows its PASSED)."""
+    results = {}
+    for line in text.splitlines():
+        line = line.strip()
+        m = _RESULT.match(line)
+        if m:
+            results[m.group(1)] = m.group(2)
+            continue
+        m = _RESULT_XDIST.match(line)
+        if m:
+            results[m.group(2)] = m.group(1)
+    return results
+
+
+def xdist_workers(cpu_count: int | None = None) -> int:
+    """How many pytest-xdist workers the tests get: min(8, CPU count // 2), at least 2; 0 when
+    pytest-xdist is not installed (one process, as without it)."""
+    if importlib.util.find_spec("xdist") is None:
+        return 0
+    n = cpu_count if cpu_count is not None else (os.cpu_count() or 2)
+    return max(2, min(8, n // 2))
 
 
 def run_tests(*, cuda: bool, timeout: float, k: str | None = None, with_compile: bool = False,
-              log_path: Path | None = None, python: str = sys.executable) -> dict[str, Any]:
+              log_path: Path | None = None, python: str = sys.executable, workers: int | None = None) -> dict[str, Any]:
     """Run the CUDA test files in a child pytest (``-m "not slow"``), at most ``timeout`` seconds.
 
     On CUDA only the CUDA variants run (``-k "not cuda_path"``; the ``compile`` tests only with
-    ``with_compile``); ``k`` overrides the selection. Returns the counts, the failed tests, the
-    wall time and whether the limit cut the run short."""
+    ``with_compile``); ``k`` overrides the selection. ``workers``: pytest-xdist's ``-n`` (``None``:
+    :func:`xdist_workers`; 0: one process). Returns the counts, the failed tests, the wall time
+    and whether the limit cut the run short (the child and its workers are then killed)."""
     files = [f for f in TEST_FILES if (REPO / f).is_file()]
     if not files:
         return {"status": "not run: tests/ not found beside the package", "passed": 0, "failed": 0,
@@ -99,30 +208,43 @@ def run_tests(*, cuda: bool, timeout: float, k: str | None = None, with_compile:
         return {"status": "not run: pytest is not installed", "passed": 0, "failed": 0, "skipped": 0, "errors": 0}
     if k is None:
         k = "not cuda_path" + ("" if with_compile else " and not train_compile") if cuda else "cuda_path"
+    if workers is None:
+        workers = xdist_workers()
+    elif workers and importlib.util.find_spec("xdist") is None:
+        workers = 0
     cmd = [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "not slow", "-k", k, *files]
+    if workers:
+        cmd += ["-n", str(workers)]
     if importlib.util.find_spec("pytest_timeout") is not None:
         cmd.append(f"--timeout={max(30, int(timeout * 0.6))}")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO / "src") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    env = _child_env()
     t0 = time.perf_counter()
     timed_out = False
+    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         errors="replace", start_new_session=os.name == "posix")
     try:
-        p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-        out, code = p.stdout + p.stderr, p.returncode
-    except subprocess.TimeoutExpired as e:
-        raw = (e.stdout or b"") + (e.stderr or b"")
-        out, code, timed_out = raw.decode(errors="replace") if isinstance(raw, bytes) else raw, None, True
+        out, _ = p.communicate(timeout=timeout)
+        code = p.returncode
+    except subprocess.TimeoutExpired:
+        timed_out, code = True, None
+        _kill_group(p)  # pytest and its xdist workers
+        try:
+            out, _ = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out = "(the output was lost: pytest did not close its output after it was killed)"
+    except BaseException:  # Ctrl-C: its own session does not get the signal; stop it and its workers
+        _kill_group(p)
+        raise
+    out = out or ""
     wall = time.perf_counter() - t0
     if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(out)
-    results = {}
-    for line in out.splitlines():
-        m = _RESULT.match(line.strip())
-        if m:
-            results[m.group(1)] = m.group(2)
+    results = parse_test_results(out)
     count = lambda *states: sum(1 for s in results.values() if s in states)  # noqa: E731
     res = {"command": " ".join(cmd[1:]), "seconds": round(wall, 1), "timeout_s": timeout, "timed_out": timed_out,
+           "workers": workers,
            "exit_code": code, "passed": count("PASSED", "XPASS"), "failed": count("FAILED"),
            "skipped": count("SKIPPED", "XFAIL"), "errors": count("ERROR"),
            "failures": sorted(t for t, s in results.items() if s in ("FAILED", "ERROR"))}
@@ -159,6 +281,80 @@ def _cuda_only(bench, section: str, name: str, config: str, dtype, why: str, ext
 def _raise_na(msg: str):
     from .gpu import _NotAvailable
     raise _NotAvailable(msg)
+
+
+# The attention and scan rows' shapes and inputs, shared with the warm-up (which must call fla's
+# kernels exactly as the rows do: same shapes, dtypes, arguments and backward).
+ROWS_DTYPE = torch.bfloat16
+SCAN_KERNELS = ((True, "delta_chunk", "fla chunk_delta_rule"),  # (p_e = p_w, fla_kernels role, row name)
+                (False, "general_chunk", "fla chunk_dplr_delta_rule gk=0"))
+
+
+def _attention_sizes(tiny: bool) -> tuple[int, int, int, int]:
+    """``(B, H, d, S)`` of the attention rows."""
+    return 1, 8, 64, (256 if tiny else 32768)
+
+
+def _scan_sizes(tiny: bool) -> tuple[tuple[int, int, int], tuple[int, ...]]:
+    """``((B, H, d), lengths)`` of the scan rows."""
+    return ((1, 2, 16), (32, 64, 128)) if tiny else ((8, 16, 64), (2048, 8192, 32768))
+
+
+def _attention_inputs(dev, B: int, H: int, S: int, d: int, dtype, layout: str = "bhsd") -> list[torch.Tensor]:
+    from ..ops import unit
+
+    g = torch.Generator(device=dev).manual_seed(0)
+    ts = [torch.randn(B, H, S, d, device=dev, generator=g).to(dtype) for _ in range(3)]
+    if layout == "bshd":  # fla's layout, on μ(q), μ(k): the inputs nam_attention normalises
+        ts = [unit(ts[0]), unit(ts[1]), ts[2]]
+        ts = [t.transpose(1, 2).contiguous() for t in ts]
+    return [t.requires_grad_(True) for t in ts]
+
+
+def _fla_attention_step(linear_attn: Callable, dev, B: int, H: int, S: int, d: int, dtype) -> Callable[[], None]:
+    """fla's ``chunk_linear_attn`` forward+backward as the attention row times it."""
+    from .gpu import _fwd_bwd
+
+    q, k, v = _attention_inputs(dev, B, H, S, d, dtype, "bshd")
+    return _fwd_bwd(lambda: linear_attn(q, k, v, scale=1.0, normalize=False)[0], [q, k, v])
+
+
+def _scan_inputs(dev, B: int, T: int, H: int, d: int, dtype) -> list[torch.Tensor]:
+    """q, k (unit rows), v ``[B, T, H, d]`` and p_w, p_e ``[B, T, H]``, all requiring grad."""
+    from ..ops import unit
+
+    g = torch.Generator(device=dev).manual_seed(0)
+    shape = (B, T, H, d)
+    ts = [unit(torch.randn(shape, device=dev, generator=g)).to(dtype),
+          unit(torch.randn(shape, device=dev, generator=g)).to(dtype),
+          torch.randn(shape, device=dev, generator=g).to(dtype),
+          torch.rand(B, T, H, device=dev, generator=g).to(dtype),
+          torch.rand(B, T, H, device=dev, generator=g).to(dtype)]
+    return [t.requires_grad_(True) for t in ts]
+
+
+def _fla_scan_step(fn: Callable, role: str, dev, B: int, T: int, H: int, d: int, dtype) -> Callable[[], None]:
+    """fla's kernel ``fn`` (``role``: ``delta_chunk`` or ``general_chunk``) forward+backward as the
+    scan row times it: the NAM write with p_e = p_w (delta rule) or any p_e (DPLR, no decay)."""
+    from .gpu import _fwd_bwd
+
+    q, k, v, pw, pe = _scan_inputs(dev, B, T, H, d, dtype)
+    if role == "delta_chunk":
+        call = lambda: fn(q=q, k=k, v=v, beta=pw, scale=1.0, output_final_state=True)  # noqa: E731
+    else:
+        gk = torch.zeros_like(k)  # no decay
+        call = lambda: fn(q=q, k=k, v=v * pw[..., None], a=k, b=-pe[..., None] * k,  # noqa: E731
+                          gk=gk, scale=1.0, output_final_state=True)
+    return _fwd_bwd(call, [q, k, v, pw, pe])
+
+
+def _nam_scan_step(same: bool, dev, B: int, T: int, H: int, d: int, dtype) -> Callable[[], None]:
+    """``nam_scan(impl="auto")`` forward+backward as the scan row times it."""
+    from ..ops import nam_scan
+    from .gpu import _fwd_bwd
+
+    q, k, v, pw, pe = _scan_inputs(dev, B, T, H, d, dtype)
+    return _fwd_bwd(lambda: nam_scan(q, k, v, pw, pw if same else pe, impl="auto"), [q, k, v, pw, pe])
 
 
 def _models_rows(bench, tiny: bool) -> None:
@@ -230,23 +426,18 @@ def _models_rows(bench, tiny: bool) -> None:
 
 
 def _attention_rows(bench, tiny: bool) -> None:
-    from ..ops import nam_attention, unit
+    from ..ops import nam_attention
+    from ..ops.attention import resolve_attention_impl
     from .gpu import _fwd_bwd
 
     dev = bench.device
     cuda = dev.type == "cuda"
-    B, H, d = 1, 8, 64
-    S = 256 if tiny else 32768
-    dtype = torch.bfloat16
+    B, H, d, S = _attention_sizes(tiny)
+    dtype = ROWS_DTYPE
     warmup, repeat = (2, 10) if not tiny else (1, 1)
 
     def inputs(layout="bhsd"):
-        g = torch.Generator(device=dev).manual_seed(0)
-        ts = [torch.randn(B, H, S, d, device=dev, generator=g).to(dtype) for _ in range(3)]
-        if layout == "bshd":  # fla's layout, on μ(q), μ(k): the inputs nam_attention normalises
-            ts = [unit(ts[0]), unit(ts[1]), ts[2]]
-            ts = [t.transpose(1, 2).contiguous() for t in ts]
-        return [t.requires_grad_(True) for t in ts]
+        return _attention_inputs(dev, B, H, S, d, dtype, layout)
 
     fla_row = None
     for causal in (False, True):
@@ -273,19 +464,27 @@ def _attention_rows(bench, tiny: bool) -> None:
                         from fla.ops.linear_attn import chunk_linear_attn
                     except Exception as e:  # noqa: BLE001
                         _raise_na(f"fla's chunk_linear_attn does not import: {type(e).__name__}: {e}")
-                    q, k, v = inputs("bshd")
-                    return _fwd_bwd(lambda: chunk_linear_attn(q, k, v, scale=1.0, normalize=False)[0], [q, k, v])
+                    return _fla_attention_step(chunk_linear_attn, dev, B, H, S, d, dtype)
                 fla_row = bench.measure("attention", "fla chunk_linear_attn", cfg, dtype, make_fla, warmup, repeat,
                                         extra={"needs_cuda": True, "baseline_row": True, **extra})
             else:
                 fla_row = _cuda_only(bench, "attention", "fla chunk_linear_attn", cfg, dtype, "fla's Triton kernels",
                                      {"baseline_row": True, **extra})
 
-        def make_nam():
+        def make_nam(impl="auto"):
             q, k, v = inputs()
-            return _fwd_bwd(lambda: nam_attention(q, k, v, is_causal=causal), [q, k, v])
+            return _fwd_bwd(lambda: nam_attention(q, k, v, is_causal=causal, impl=impl), [q, k, v])
+        # the other paths nam_attention has, for comparison: the PyTorch form, and fla's kernel (causal)
+        other = "fla" if causal else "torch"
+        if other == "fla" and not cuda:
+            _cuda_only(bench, "attention", "nam_attention impl=fla", cfg, dtype, "fla's Triton kernels", dict(extra))
+        else:
+            bench.measure("attention", f"nam_attention impl={other}", cfg, dtype, lambda: make_nam(other), warmup,
+                          repeat, extra={"needs_cuda": other == "fla", **extra})
+        q0 = inputs()[0]
+        used = resolve_attention_impl("auto", q0, q0, q0, causal=causal)
         ours = bench.measure("attention", "nam_attention", cfg, dtype, make_nam, warmup, repeat,
-                             extra={"needs_cuda": False, **extra})
+                             extra={"needs_cuda": False, "impl": used, **extra})
         limit = 0.9 if causal else 0.6
         ours["target"] = f"<= {limit} ms, or <= 1.2x fla chunk_linear_attn"
         if sdpa["ms"] and ours["ms"]:
@@ -306,15 +505,13 @@ def _attention_rows(bench, tiny: bool) -> None:
 
 
 def _scan_rows(bench, tiny: bool) -> None:
-    from ..ops import nam_scan, nam_scan_resolve_impl, unit
+    from ..ops import nam_scan_resolve_impl
     from ..ops.delta.fla_backend import fla_available, fla_kernels, fla_reasons
-    from .gpu import _fwd_bwd
 
     dev = bench.device
     cuda = dev.type == "cuda"
-    dtype = torch.bfloat16
-    B, H, d = (1, 2, 16) if tiny else (8, 16, 64)
-    lengths = (32, 64, 128) if tiny else (2048, 8192, 32768)
+    dtype = ROWS_DTYPE
+    (B, H, d), lengths = _scan_sizes(tiny)
     kernels = fla_kernels() if cuda and fla_available() else None
     why_not = "; ".join(fla_reasons(torch.zeros(1, device=dev))) or "fla unavailable"
 
@@ -323,41 +520,21 @@ def _scan_rows(bench, tiny: bool) -> None:
         cfg = f"B={B} H={H} d={d} T={T}"
         extra = {"B": B, "H": H, "d": d, "T": T}
 
-        def inputs():
-            g = torch.Generator(device=dev).manual_seed(0)
-            shape = (B, T, H, d)
-            ts = [unit(torch.randn(shape, device=dev, generator=g)).to(dtype),
-                  unit(torch.randn(shape, device=dev, generator=g)).to(dtype),
-                  torch.randn(shape, device=dev, generator=g).to(dtype),
-                  torch.rand(B, T, H, device=dev, generator=g).to(dtype),
-                  torch.rand(B, T, H, device=dev, generator=g).to(dtype)]
-            return [t.requires_grad_(True) for t in ts]
-
-        for same, role, fla_name in ((True, "delta_chunk", "fla chunk_delta_rule"),
-                                     (False, "general_chunk", "fla chunk_dplr_delta_rule gk=0")):
+        for same, role, fla_name in SCAN_KERNELS:
             tag = "p_e=p_w" if same else "p_e!=p_w"
             if cuda:
-                def make_fla(role=role):
+                def make_fla(role=role, T=T):
                     if kernels is None:
                         _raise_na(why_not)
-                    q, k, v, pw, pe = inputs()
-                    fn = kernels[role]
-                    if role == "delta_chunk":
-                        call = lambda: fn(q=q, k=k, v=v, beta=pw, scale=1.0, output_final_state=True)  # noqa: E731
-                    else:
-                        gk = torch.zeros_like(k)  # no decay
-                        call = lambda: fn(q=q, k=k, v=v * pw[..., None], a=k, b=-pe[..., None] * k,  # noqa: E731
-                                          gk=gk, scale=1.0, output_final_state=True)
-                    return _fwd_bwd(call, [q, k, v, pw, pe])
+                    return _fla_scan_step(kernels[role], role, dev, B, T, H, d, dtype)
                 base = bench.measure("scan", f"{fla_name} ({tag})", cfg, dtype, make_fla, warmup, repeat,
                                      extra={"needs_cuda": True, "baseline_row": True, **extra})
             else:
                 base = _cuda_only(bench, "scan", f"{fla_name} ({tag})", cfg, dtype, "fla's chunked Triton kernels",
                                   {"baseline_row": True, **extra})
 
-            def make_ours(same=same):
-                q, k, v, pw, pe = inputs()
-                return _fwd_bwd(lambda: nam_scan(q, k, v, pw, pw if same else pe, impl="auto"), [q, k, v, pw, pe])
+            def make_ours(same=same, T=T):
+                return _nam_scan_step(same, dev, B, T, H, d, dtype)
             probe = torch.zeros(1, T, 1, 1, device=dev, dtype=dtype)
             ours = bench.measure("scan", f"nam_scan auto ({tag})", cfg, dtype, make_ours, warmup, repeat,
                                  note=f"impl={nam_scan_resolve_impl('auto', probe)}",
@@ -368,6 +545,319 @@ def _scan_rows(bench, tiny: bool) -> None:
 
 
 SECTIONS: dict[str, Callable] = {"models": _models_rows, "attention": _attention_rows, "scan": _scan_rows}
+
+
+# ---------------------------------------------------------------------------------- warm-up
+def _fla_warm_kernels() -> dict[str, Callable]:
+    """fla's kernels that the rows call, by role: ``linear_attn`` (``chunk_linear_attn``) and
+    those of :func:`memnets.ops.delta.fla_backend.fla_kernels` (``delta_chunk``, ``general_chunk``)."""
+    from fla.ops.linear_attn import chunk_linear_attn
+
+    from ..ops.delta.fla_backend import fla_kernels
+
+    return {"linear_attn": chunk_linear_attn, **fla_kernels()}
+
+
+def _warm_groups(sections) -> tuple[str, ...]:
+    """The warm-up groups the bench ``sections`` use."""
+    return tuple(g for g in WARM_GROUPS if ("attention" if g == "attention" else "scan") in sections)
+
+
+def warmup_calls(device: torch.device | str, *, tiny: bool = False, kernels: dict[str, Callable] | None = None,
+                 groups: tuple[str, ...] = WARM_GROUPS) -> list[tuple[str, Callable[[], None]]]:
+    """The warm-up's calls, ``[(name, call)]``: each call builds the inputs of one bench row and
+    runs it once, forward and backward, exactly as the row does (same shapes, dtypes, arguments).
+
+    ``attention``: fla's ``chunk_linear_attn`` at the attention rows' size (bf16, B=1 H=8 d=64
+    S=32K, fla's ``[B, T, H, D]`` layout, ``scale=1``, ``normalize=False``). ``scan-delta`` and
+    ``scan-dplr``: for each of the scan rows' lengths, fla's ``chunk_delta_rule`` (p_e = p_w) or
+    ``chunk_dplr_delta_rule`` (p_e != p_w, ``gk=0``), then ``nam_scan(impl="auto")`` on the same
+    inputs (bf16, B=8 H=16 d=64, T=2K, 8K, 32K). ``tiny``: the rows' tiny (CPU dry run) sizes.
+    ``kernels``: stands in for fla's functions by role (``linear_attn``, ``delta_chunk``,
+    ``general_chunk``); ``None``: fla's, imported at the first call (a missing fla makes each fla
+    call raise, not this function)."""
+    unknown = [g for g in groups if g not in WARM_GROUPS]
+    if unknown:
+        raise ValueError(f"unknown warm-up group(s) {unknown}; expected among {list(WARM_GROUPS)}")
+    dev = torch.device(device)
+    dtype = ROWS_DTYPE
+    found: dict[str, dict[str, Callable]] = {}
+
+    def kern(role: str) -> Callable:
+        if kernels is not None:
+            return kernels[role]
+        if "fla" not in found:
+            found["fla"] = _fla_warm_kernels()
+        return found["fla"][role]
+
+    def once(make: Callable[[], Callable[[], None]]) -> Callable[[], None]:
+        def call() -> None:
+            fn = make()
+            try:
+                fn()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+            finally:
+                del fn
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+        return call
+
+    calls: list[tuple[str, Callable[[], None]]] = []
+    if "attention" in groups:
+        B, H, d, S = _attention_sizes(tiny)
+        calls.append((f"fla chunk_linear_attn B={B} H={H} d={d} S={S}",
+                      once(lambda sz=(B, H, S, d): _fla_attention_step(kern("linear_attn"), dev, *sz, dtype))))
+    (B, H, d), lengths = _scan_sizes(tiny)
+    for same, role, fla_name in SCAN_KERNELS:
+        if ("scan-delta" if same else "scan-dplr") not in groups:
+            continue
+        tag = "p_e=p_w" if same else "p_e!=p_w"
+        for T in lengths:
+            cfg = f"B={B} H={H} d={d} T={T}"
+            sz = (B, T, H, d)
+            calls.append((f"{fla_name} ({tag}) {cfg}",
+                          once(lambda role=role, sz=sz: _fla_scan_step(kern(role), role, dev, *sz, dtype))))
+            calls.append((f"nam_scan auto ({tag}) {cfg}",
+                          once(lambda same=same, sz=sz: _nam_scan_step(same, dev, *sz, dtype))))
+    return calls
+
+
+def _fla_cache_results() -> bool | None:
+    """Whether fla's autotuners keep their choices in Triton's disk cache (``None``: no fla)."""
+    try:
+        from fla.utils import env as fla_env
+
+        return bool(fla_env.FLA_CACHE_RESULTS) and bool(fla_env.autotune_cache_kwargs.get("cache_results"))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def warm_up(groups: tuple[str, ...] = WARM_GROUPS, *, cpu: bool = False, json_path: str | Path | None = None,
+            kernels: dict[str, Callable] | None = None, verbose: bool = True) -> dict[str, Any]:
+    """Run :func:`warmup_calls` (on CUDA at the rows' sizes; on the CPU, or with ``cpu``, at the
+    tiny ones), each timed; a call that fails is recorded, not raised. Writes the record to
+    ``json_path`` after every call (what ``--warm-only`` does in the warm-up's child processes)."""
+    cuda = torch.cuda.is_available() and not cpu
+    dev = torch.device("cuda" if cuda else "cpu")
+    res: dict[str, Any] = {"groups": list(groups), "device": str(dev), "tiny": not cuda, "pid": os.getpid(),
+                           "started_unix": time.time(), "finished_unix": None, "seconds": None, "status": "running",
+                           "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
+                           "fla_cache_results": None, "setup_s": None, "calls": []}
+    path = Path(json_path) if json_path is not None else None
+
+    def write() -> None:
+        if path is not None:
+            _write_json(path, res)
+
+    write()
+    t0 = time.perf_counter()
+    if kernels is None:  # imported here, so that the first call's seconds are its own
+        try:
+            kernels = _fla_warm_kernels()
+        except Exception as e:  # noqa: BLE001 - each fla call then says why it fails
+            res["fla_import_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    if cuda:
+        torch.zeros(1, device=dev)  # the CUDA context
+        torch.cuda.synchronize(dev)
+    res["setup_s"] = round(time.perf_counter() - t0, 2)  # fla's import and the CUDA context
+    try:
+        calls = warmup_calls(dev, tiny=not cuda, kernels=kernels, groups=tuple(groups))
+    except Exception as e:  # noqa: BLE001 - recorded
+        calls, res["status"] = [], f"error: {type(e).__name__}: {e}"
+    for name, call in calls:
+        c0 = time.perf_counter()
+        entry: dict[str, Any] = {"name": name, "seconds": None, "ok": False, "error": None}
+        try:
+            call()
+            entry["ok"] = True
+        except Exception as e:  # noqa: BLE001 - recorded: the bench row says the same
+            msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            entry["error"] = f"{type(e).__name__}: {msg}"
+        entry["seconds"] = round(time.perf_counter() - c0, 2)
+        res["calls"].append(entry)
+        res["fla_cache_results"] = _fla_cache_results()
+        write()
+        if verbose:
+            print(f"[warm-up] {name}: {entry['seconds']:.1f} s" + ("" if entry["ok"] else f"  {entry['error']}"),
+                  flush=True)
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    res["finished_unix"] = time.time()
+    if res["status"] == "running":
+        res["status"] = "done"
+    write()
+    return res
+
+
+def _exit_with_parent() -> None:
+    """End this process when its parent is gone (a warm-up child must not outlive the check)."""
+    ppid = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(2.0)
+            if os.getppid() != ppid:
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""
+
+
+class WarmUp:
+    """The warm-up's child processes (``python -m memnets.bench.gpu_check --warm-only``), one
+    per group, side by side: :meth:`start`, then :meth:`wait` (kills those still running at its
+    limit) gives the summary. Each child writes ``gpu-check-warmup-<group>.json`` and ``.log``
+    into ``folder``; it shares this process's environment, ``TRITON_CACHE_DIR`` included."""
+
+    def __init__(self, folder: str | Path, groups: tuple[str, ...] = WARM_GROUPS, *, cpu: bool = False,
+                 python: str = sys.executable):
+        self.folder = Path(folder)
+        self.groups = tuple(groups)
+        self.cpu = cpu
+        self.python = python
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.started: float | None = None  # time.perf_counter()
+        self.started_unix: float | None = None
+        self.summary: dict[str, Any] | None = None
+
+    def json_path(self, group: str) -> Path:
+        return self.folder / f"gpu-check-warmup-{group}.json"
+
+    def log_path(self, group: str) -> Path:
+        return self.folder / f"gpu-check-warmup-{group}.log"
+
+    def start(self) -> WarmUp:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        env = _child_env()
+        env["FLA_CACHE_RESULTS"] = "1"
+        self.started, self.started_unix = time.perf_counter(), time.time()
+        for g in self.groups:
+            self.json_path(g).unlink(missing_ok=True)
+            cmd = [self.python, "-m", "memnets.bench.gpu_check", "--warm-only", "--warm-groups", g,
+                   "--warm-json", str(self.json_path(g))] + (["--cpu"] if self.cpu else [])
+            with open(self.log_path(g), "w") as log:
+                self.procs[g] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                 stdin=subprocess.DEVNULL, start_new_session=os.name == "posix")
+        return self
+
+    def running(self) -> bool:
+        return any(p.poll() is None for p in self.procs.values())
+
+    def stop(self) -> None:
+        """Kill the children still running (no summary)."""
+        for p in self.procs.values():
+            _kill_group(p)
+
+    def wait(self, timeout: float) -> dict[str, Any]:
+        """Wait until every child has ended, or until ``timeout`` seconds after the start (those
+        still running are then killed); the summary (also kept as ``self.summary``)."""
+        if self.summary is not None:
+            return self.summary
+        w0 = time.perf_counter()
+        end = (self.started or w0) + timeout
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.0, end - time.perf_counter()))
+            except subprocess.TimeoutExpired:
+                pass
+        cut = [g for g, p in self.procs.items() if p.poll() is None]
+        for g in cut:
+            _kill_group(self.procs[g])
+        self.summary = self._read(cut, time.perf_counter() - w0, timeout)
+        return self.summary
+
+    def _read(self, cut: list[str], waited: float, timeout: float) -> dict[str, Any]:
+        now = time.time()
+        groups: dict[str, dict] = {}
+        for g, p in self.procs.items():
+            try:
+                data = json.loads(self.json_path(g).read_text())
+            except (OSError, ValueError):
+                data = {}
+            end = data.get("finished_unix") or now
+            info: dict[str, Any] = {"seconds": round(end - (self.started_unix or now), 1), "exit_code": p.returncode,
+                                    "setup_s": data.get("setup_s"), "calls": data.get("calls", []),
+                                    "fla_cache_results": data.get("fla_cache_results"),
+                                    "log": str(self.log_path(g))}
+            if g in cut:
+                info["status"] = f"stopped at its limit ({timeout:.0f} s after its start)"
+            elif data.get("status") == "done" and p.returncode == 0:
+                info["status"] = "done"
+            else:
+                info["status"] = (f"exited {p.returncode}" + (f": {data['status']}" if data.get("status") else "")
+                                  + (f" ({_last_line(self.log_path(g))})" if p.returncode else ""))
+            groups[g] = info
+        calls = [c for info in groups.values() for c in info["calls"]]
+        failed = [c for c in calls if not c.get("ok")]
+        bad = [g for g, info in groups.items() if info["status"] != "done" and g not in cut]
+        parts = [f"stopped at its limit ({timeout:.0f} s after its start): {', '.join(cut)}"] if cut else []
+        status = "; ".join(parts + [f"{g}: {groups[g]['status']}" for g in bad]) or "done"
+        return {"status": status, "seconds": max((i["seconds"] for i in groups.values()), default=0.0),
+                "waited_s": round(waited, 1), "timeout_s": timeout, "processes": len(groups),
+                "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"), "calls": len(calls),
+                "failed_calls": len(failed),
+                "groups": groups}
+
+
+def _warmup_line(w: dict[str, Any] | None) -> str:
+    """One line about the warm-up, for the console, the notes and the markdown."""
+    if not w:
+        return "warm-up: not run"
+    if w.get("groups") is None or "seconds" not in w:
+        return f"warm-up: {w.get('status')}"
+    per = ", ".join(f"{g} {i['seconds']:.0f} s" for g, i in w["groups"].items())
+    line = (f"warm-up: {w['status']}; {w['seconds']:.0f} s ({w['processes']} processes beside the tests: {per}); "
+            f"the bench waited {w['waited_s']:.0f} s for it; {w['calls']} calls, {w['failed_calls']} failed")
+    first_bad = next((c for i in w["groups"].values() for c in i["calls"] if not c.get("ok")), None)
+    if first_bad:
+        line += f" (first: {first_bad['name']}: {first_bad['error']})"
+    if any(i.get("fla_cache_results") is False for i in w["groups"].values()):
+        line += "; fla's autotune choices are not cached on disk (FLA_CACHE_RESULTS off, or a Triton without " \
+                "cache_results): the bench's first fla calls autotune again"
+    return line
+
+
+# -------------------------------------------------------------------------------- time plan
+_PHASES = ("wheels", "tests", "warmup", "warmup_wait", "models", "attention", "scan", "profile", "launches", "total")
+
+
+def _plan_lines(plan: dict[str, Any]) -> list[str]:
+    """The time plan, as printed at the start and kept in the markdown."""
+    w = plan.get("tests_workers") or 0
+    how = f"pytest-xdist, {w} workers" if w else "one pytest process"
+    lines = [f"time plan: everything within {plan['limit_s']:.0f} s"]
+    lines.append(f"CUDA tests: at most {plan['tests_timeout_s']:.0f} s ({how})" if plan.get("tests_timeout_s")
+                 else "CUDA tests: not run")
+    if plan.get("warmup"):
+        lines.append(f"fla warm-up: beside the tests, {len(plan['warmup'])} processes ({', '.join(plan['warmup'])}); "
+                     f"the attention and scan sections wait for it, at most {plan['warmup_timeout_s']:.0f} s after "
+                     "its start")
+    else:
+        lines.append(f"fla warm-up: {plan.get('warmup_status') or 'not run'}")
+    lines.append(f"bench: {plan['bench_seconds']:.0f} s of timed repeats (first calls and warm-ups not counted); "
+                 f"no row starts after {plan['total_seconds']:.0f} s; then the profile and the launch counts")
+    return lines
+
+
+def _phases_line(phases: dict[str, float]) -> str:
+    names = {"warmup": "warm-up", "warmup_wait": "bench waited for the warm-up"}
+    parts = [f"{names.get(k, k)} {phases[k]:.0f}" for k in _PHASES if phases.get(k) is not None]
+    parts += [f"{k} {v:.0f}" for k, v in phases.items() if k not in _PHASES and v is not None]
+    return "phases (s): " + " · ".join(parts)
 
 
 # ----------------------------------------------------------------------------------- output
@@ -387,6 +877,22 @@ def format_markdown(result: dict[str, Any]) -> str:
     out = [f"# GPU check: {result['gpu']}", "",
            f"{result['started']} · torch {env.get('torch')} · CUDA {env.get('cuda')} · triton {env.get('triton')} · "
            f"fla {env.get('fla')} · commit {env.get('git_commit')} · {result.get('mode')}", ""]
+    if result.get("plan") or result.get("phases"):
+        out += ["## Time", ""]
+        if result.get("plan"):
+            out += [f"- {ln}" for ln in _plan_lines(result["plan"])]
+        if result.get("phases"):
+            out.append(f"- {_phases_line(result['phases'])}")
+        w = result.get("warmup")
+        if w:
+            out.append(f"- {_warmup_line(w)}")
+            calls = [(g, c) for g, i in (w.get("groups") or {}).items() if isinstance(i, dict)
+                     for c in i.get("calls", [])] if isinstance(w.get("groups"), dict) else []
+            if calls:
+                out += ["", "| warm-up process | call | s | ok |", "|---|---|---|---|"]
+                out += [f"| {g} | {_fmt(c['name'])} | {_fmt(c.get('seconds'))} | "
+                        f"{'yes' if c.get('ok') else _fmt(c.get('error'))} |" for g, c in calls]
+        out.append("")
     t = result.get("tests")
     out.append("## CUDA tests")
     out.append("")
@@ -397,6 +903,8 @@ def format_markdown(result: dict[str, Any]) -> str:
                f"{t.get('skipped', 0)} skipped, {t.get('errors', 0)} errors"
         if t.get("seconds") is not None:
             line += f" in {t['seconds']} s (limit {t.get('timeout_s')} s)"
+        if t.get("workers"):
+            line += f", {t['workers']} xdist workers"
         out.append(line)
         if t.get("command"):
             out.append(f"\n`python {t['command']}`")
@@ -471,14 +979,25 @@ def _env(device: torch.device) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------------- run
+def _tests_workers(tests_workers: int | None) -> int:
+    """The xdist workers the tests will get (0: one process)."""
+    if tests_workers is None:
+        return xdist_workers()
+    return tests_workers if tests_workers > 0 and importlib.util.find_spec("xdist") is not None else 0
+
+
 def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = True, tests_timeout: float = 180.0,
         tests_k: str | None = None, with_compile: bool = False, bench_seconds: float = 150.0,
         total_seconds: float = 400.0, sections: tuple[str, ...] = tuple(SECTIONS), wheels: str | Path | None = None,
-        launch_counts: bool = True, profile: bool = True, verbose: bool = True) -> dict[str, Any]:
+        launch_counts: bool = True, profile: bool = True, verbose: bool = True, warmup: bool = True,
+        warmup_timeout: float = 300.0, tests_workers: int | None = None) -> dict[str, Any]:
     """The GPU check (see the module's doc); returns the result written to ``out``/gpu-check.json.
 
     ``cpu``: tiny sizes on the CPU, the driver's dry run (also chosen when CUDA is missing).
-    ``tests_timeout``: the CUDA tests' wall-time limit; ``bench_seconds``: the bench's budget of
+    ``tests_timeout``: the CUDA tests' wall-time limit; ``tests_workers``: their pytest-xdist
+    workers (``None``: :func:`xdist_workers`; 0: one process). ``warmup``: on CUDA, fla's warm-up
+    beside the tests (:class:`WarmUp`), waited for before the attention and scan sections, at
+    most ``warmup_timeout`` seconds after its start. ``bench_seconds``: the bench's budget of
     timed repeats (first calls and warm-ups are free); ``total_seconds``: after it no row starts.
     ``profile``: on CUDA, after the bench, wall time against kernel time of one training step
     of each memory (:mod:`memnets.bench.gpu_profile`), as ``result["profile"]``.
@@ -497,40 +1016,120 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         raise ValueError(f"unknown section(s) {unknown}; expected among {list(SECTIONS)}")
+    phases: dict[str, float] = {}
     result: dict[str, Any] = {
         "suite": "gpu-check", "gpu": torch.cuda.get_device_name(device) if cuda else "none (CPU dry run)",
         "started": started, "mode": "CUDA" if cuda else "CPU dry run at tiny sizes (not a measurement)",
-        "env": {}, "wheels": [], "tests": None, "columns": ROW_COLUMNS, "rows": [],
-        "budget": {"tests_timeout_s": tests_timeout, "bench_seconds": bench_seconds, "total_seconds": total_seconds},
+        "env": {}, "wheels": [], "plan": None, "phases": phases, "warmup": None, "tests": None,
+        "columns": ROW_COLUMNS, "rows": [],
+        "budget": {"tests_timeout_s": tests_timeout, "bench_seconds": bench_seconds, "total_seconds": total_seconds,
+                   "warmup_timeout_s": warmup_timeout, "limit_s": TIME_LIMIT_S},
         "launches": None, "notes": []}
+    run_notes: list[str] = []
+
+    def say(msg: str) -> None:
+        if verbose:
+            print(f"[gpu-check] {msg}", flush=True)
+
     if wheels is not None:
+        s0 = time.perf_counter()
         result["wheels"] = install_wheels(wheels)
         for w in result["wheels"]:
-            if verbose:
-                print(f"[gpu-check] wheel {w['wheel']}: {'installed' if w['ok'] else w['error']}", flush=True)
+            say(f"wheel {w['wheel']}: {'installed' if w['ok'] else w['error']}")
+        phases["wheels"] = round(time.perf_counter() - s0, 1)
+    if cuda:
+        cache_dir, cache_notes = _share_triton_cache()
+        run_notes += cache_notes
     result["env"] = _env(device)
+    if cuda:
+        result["env"]["triton_cache_dir"] = cache_dir
+
+    # the fla warm-up, beside the tests
+    warm: WarmUp | None = None
+    groups = _warm_groups(sections)
+    if not cuda:
+        result["warmup"] = {"status": "not run: warm-up: CUDA only"}
+    elif not warmup:
+        result["warmup"] = {"status": "not run: --no-warmup"}
+    elif not groups:
+        result["warmup"] = {"status": "not run: no attention or scan section"}
+    else:
+        try:
+            from ..ops.delta.fla_backend import fla_available, fla_reasons
+
+            if not fla_available():
+                why = "; ".join(fla_reasons(torch.zeros(1, device=device))) or "fla does not import"
+                result["warmup"] = {"status": f"skipped: fla is not installed ({why[:200]})"}
+            else:
+                warm = WarmUp(folders[-1], groups).start()
+                result["warmup"] = {"status": "running", "groups": list(groups)}
+        except Exception as e:  # noqa: BLE001 - the warm-up only saves time; the check goes on without it
+            result["warmup"] = {"status": f"error: could not start: {type(e).__name__}: {str(e)[:200]}"}
+            if warm is not None:
+                warm.stop()
+            warm = None
+
+    workers = _tests_workers(tests_workers) if tests else 0
+    result["plan"] = {"limit_s": TIME_LIMIT_S, "tests_timeout_s": tests_timeout if tests else 0,
+                      "tests_workers": workers, "warmup": list(groups) if warm is not None else None,
+                      "warmup_status": None if warm is not None else result["warmup"]["status"],
+                      "warmup_timeout_s": warmup_timeout, "bench_seconds": bench_seconds,
+                      "total_seconds": total_seconds}
+    for line in _plan_lines(result["plan"]):
+        say(line)
     _write(result, folders)
-    if tests:
-        if verbose:
-            print(f"[gpu-check] CUDA tests (limit {tests_timeout:.0f} s) ...", flush=True)
-        log = folders[-1] / "gpu-check-tests.log"
-        result["tests"] = run_tests(cuda=cuda, timeout=tests_timeout, k=tests_k, with_compile=with_compile,
-                                    log_path=log)
-        if verbose:
-            t = result["tests"]
-            print(f"[gpu-check] tests: {t['status']}: {t['passed']} passed, {t['failed']} failed, "
-                  f"{t['skipped']} skipped, {t['errors']} errors ({t.get('seconds')} s)", flush=True)
+
+    def finish_warmup() -> None:
+        """Wait for the warm-up (at most until its limit, or the total limit) and record it."""
+        if warm is None or warm.summary is not None:
+            return
+        try:
+            limit = min(warmup_timeout, max(0.0, t0 + total_seconds - warm.started))
+            if warm.running():
+                say(f"waiting for the fla warm-up (at most {max(0.0, warm.started + limit - time.perf_counter()):.0f} "
+                    "s more) ...")
+            summary = warm.wait(limit)
+            result["warmup"] = summary
+            phases["warmup"], phases["warmup_wait"] = summary["seconds"], summary["waited_s"]
+        except Exception as e:  # noqa: BLE001 - the bench's first calls compile what is left
+            warm.stop()
+            result["warmup"] = warm.summary = {"status": f"error: {type(e).__name__}: {str(e)[:200]}"}
+        say(_warmup_line(result["warmup"]))
         _write(result, folders)
-    bench = _Bench(device, bench_seconds, verbose=verbose, deadline=t0 + total_seconds,
-                   on_row=lambda row: _write(result, folders))
-    bench.rows = result["rows"]  # the same list: every row written as it comes
-    shares = {"models": 0.3, "attention": 0.2, "scan": 0.5}
-    for name in sections:
-        bench.start_section(name, share=shares[name])
-        s0 = time.perf_counter()
-        SECTIONS[name](bench, not cuda)
-        if verbose:
-            print(f"[gpu-check] {name}: {time.perf_counter() - s0:.1f} s", flush=True)
+
+    try:
+        if tests:
+            how = f", {workers} xdist workers" if workers else ""
+            say(f"CUDA tests (limit {tests_timeout:.0f} s{how}) ...")
+            s0 = time.perf_counter()
+            log = folders[-1] / "gpu-check-tests.log"
+            result["tests"] = run_tests(cuda=cuda, timeout=tests_timeout, k=tests_k, with_compile=with_compile,
+                                        log_path=log, workers=workers)
+            phases["tests"] = round(time.perf_counter() - s0, 1)
+            t = result["tests"]
+            say(f"tests: {t['status']}: {t['passed']} passed, {t['failed']} failed, "
+                f"{t['skipped']} skipped, {t['errors']} errors ({t.get('seconds')} s)")
+            _write(result, folders)
+
+        def on_row(row: dict) -> None:
+            if warm is not None and warm.summary is None and warm.running():
+                row["during_warmup"] = True  # timed while the warm-up still ran beside it
+            _write(result, folders)
+
+        bench = _Bench(device, bench_seconds, verbose=verbose, deadline=t0 + total_seconds, on_row=on_row)
+        bench.rows = result["rows"]  # the same list: every row written as it comes
+        shares = {"models": 0.3, "attention": 0.2, "scan": 0.5}
+        finish_warmup()  # no row is timed beside the warm-up's autotuning
+        for name in sections:
+            bench.start_section(name, share=shares[name])
+            s0 = time.perf_counter()
+            SECTIONS[name](bench, not cuda)
+            phases[name] = round(time.perf_counter() - s0, 1)
+            say(f"{name}: {phases[name]:.1f} s")
+        finish_warmup()
+    finally:
+        if warm is not None and warm.summary is None:
+            warm.stop()
     if profile and cuda:
         from . import gpu_profile
         s0 = time.perf_counter()
@@ -538,9 +1137,9 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
             result["profile"] = gpu_profile.run()
         except Exception as e:  # noqa: BLE001 - the timings above stand
             result["profile"] = {"note": f"error: {type(e).__name__}: {str(e)[:200]}", "rows": {}}
+        phases["profile"] = round(time.perf_counter() - s0, 1)
         _write(result, folders)
-        if verbose:
-            print(f"[gpu-check] profile: {time.perf_counter() - s0:.1f} s", flush=True)
+        say(f"profile: {phases['profile']:.1f} s")
     if launch_counts:
         if time.perf_counter() > t0 + total_seconds:
             result["launches"] = {"note": "skipped: total time limit reached", "rows": []}
@@ -552,28 +1151,36 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
                 result["launches"] = {k: lc[k] for k in ("rows", "notes", "batch", "length", "device")}
             except Exception as e:  # noqa: BLE001 - the timings above stand
                 result["launches"] = {"note": f"error: {type(e).__name__}: {str(e)[:200]}", "rows": []}
-            if verbose:
-                print(f"[gpu-check] launches: {time.perf_counter() - s0:.1f} s", flush=True)
+            phases["launches"] = round(time.perf_counter() - s0, 1)
+            say(f"launches: {phases['launches']:.1f} s")
     if not cuda:  # a dry run measures nothing: no target is met or missed
         for r in result["rows"]:
             r["meets"] = None
     total = time.perf_counter() - t0
+    phases["total"] = round(total, 1)
     skipped = [r["name"] + " " + r["config"] for r in result["rows"] if str(r.get("note", "")).startswith("skipped")]
     met = [r for r in result["rows"] if r.get("meets") is not None]
+    during = [r for r in result["rows"] if r.get("during_warmup")]
     result["seconds"] = round(total, 1)
     result["notes"] = [
         f"gpu: {result['gpu']}; {result['mode']}",
-        f"total {total:.0f} s (limit {total_seconds:.0f} s); bench budget {bench_seconds:.0f} s of timed repeats, "
-        "first calls and warm-ups not counted",
+        f"total {total:.0f} s (limit {total_seconds:.0f} s for the bench rows, {TIME_LIMIT_S:.0f} s in all); "
+        f"bench budget {bench_seconds:.0f} s of timed repeats, first calls and warm-ups not counted",
+        _phases_line(phases),
+        _warmup_line(result["warmup"]),
         f"targets met: {sum(1 for r in met if r['meets'])} of {len(met)}",
         f"rows skipped: {len(skipped)}" + (f" ({'; '.join(skipped)})" if skipped else ""),
     ]
+    if during:
+        result["notes"].append(f"rows timed while the fla warm-up still ran (during_warmup): {len(during)}")
+    result["notes"] += run_notes
     if not cuda:
         result["notes"].append("rows with needs_cuda = true (flash SDPA, fla's chunked kernels) run only on CUDA")
     _write(result, folders)
     if verbose:
         print(format_markdown(result), flush=True)
-        print(f"[gpu-check] written: {', '.join(str(f / 'gpu-check.json') for f in folders)} (and .md)", flush=True)
+    say(_phases_line(phases) + f" (plan: within {TIME_LIMIT_S:.0f} s)")
+    say(f"written: {', '.join(str(f / 'gpu-check.json') for f in folders)} (and .md)")
     return result
 
 
@@ -586,20 +1193,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tests-timeout", type=float, default=180.0, help="wall-time limit of the CUDA tests (s)")
     p.add_argument("--tests-k", default=None, help="pytest -k selection of the CUDA tests (default: the CUDA "
                    "variants, compile tests left out)")
+    p.add_argument("--tests-workers", type=int, default=None, help="pytest-xdist workers for the tests (default: "
+                   "min(8, CPU count // 2), at least 2, when pytest-xdist is installed; 0: one process)")
     p.add_argument("--with-compile", action="store_true", help="also run the torch.compile CUDA tests (minutes)")
     p.add_argument("--bench-seconds", type=float, default=150.0,
                    help="budget of the bench's timed repeats (first calls and warm-ups not counted)")
     p.add_argument("--total-seconds", type=float, default=400.0, help="no bench row starts after this")
     p.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
+    p.add_argument("--no-warmup", action="store_true", help="no fla warm-up beside the tests (the bench's first "
+                   "fla calls then compile and autotune)")
+    p.add_argument("--warmup-timeout", type=float, default=300.0, help="the attention and scan sections wait for "
+                   "the fla warm-up at most this long after its start (s); then it is stopped")
     p.add_argument("--no-launches", action="store_true", help="skip the launch counts (memnets bench launches)")
     p.add_argument("--no-profile", action="store_true", help="skip the wall-vs-kernel-time profile of each memory")
     p.add_argument("--wheels", default="wheels", help="install the *.whl of this folder first, without network "
                    "(default wheels/; none there is fine; '' to skip)")
+    p.add_argument("--warm-only", action="store_true", help="only the fla warm-up, in this process (what the "
+                   "check starts beside the tests); with --cpu at the tiny sizes")
+    p.add_argument("--warm-groups", nargs="+", choices=list(WARM_GROUPS), default=list(WARM_GROUPS),
+                   help="with --warm-only: which rows' kernels to warm up")
+    p.add_argument("--warm-json", default=None, help="with --warm-only: write what was called, and how long "
+                   "each call took, to this JSON file")
     a = p.parse_args(argv)
+    if a.warm_only:
+        _exit_with_parent()
+        warm_up(tuple(a.warm_groups), cpu=a.cpu, json_path=a.warm_json)
+        return 0  # a failed call is recorded, never an error of the check
     res = run(a.out, cpu=a.cpu, tests=not a.no_tests, tests_timeout=a.tests_timeout, tests_k=a.tests_k,
               with_compile=a.with_compile, bench_seconds=a.bench_seconds, total_seconds=a.total_seconds,
               sections=tuple(a.sections), wheels=a.wheels or None, launch_counts=not a.no_launches,
-              profile=not a.no_profile)
+              profile=not a.no_profile, warmup=not a.no_warmup, warmup_timeout=a.warmup_timeout,
+              tests_workers=a.tests_workers)
     t = res.get("tests") or {}
     return 1 if t.get("failed") or t.get("errors") else 0
 
