@@ -117,3 +117,58 @@ def test_autocast_state_is_part_of_the_key():
     assert after.get("eager", 0) - before.get("eager", 0) == 1
     assert after.get("replays", 0) == before.get("replays", 0)
     torch.testing.assert_close(out[1].float(), (a @ b.t()), atol=0.1, rtol=0.05)
+
+
+def test_listeners_go_around_every_call_eager_captured_or_replayed(monkeypatch):
+    """graphs.listening: each listener gets the key, the inputs and the call, outermost first,
+    whether the loop runs eagerly, is captured or replays; it is gone after its context."""
+    seen = []
+
+    def outer(key, inputs, call):
+        seen.append(("outer", key, len(inputs)))
+        out = call()
+        seen.append(("outer done", len(out)))
+        return out
+
+    def inner(key, inputs, call):
+        seen.append(("inner", key))
+        return call()
+
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    before = graphs.stats()
+    with graphs.listening(outer), graphs.listening(inner), graphs.stand_in():
+        outs = [_call(a, b) for _ in range(3)]  # eager, captured, replayed
+    after = graphs.stats()
+    assert seen == [("outer", "k", 2), ("inner", "k"), ("outer done", 2)] * 3
+    assert [after.get(k, 0) - before.get(k, 0) for k in ("eager", "captures", "replays")] == [1, 1, 2]
+    for out in outs:
+        torch.testing.assert_close(out[1], a @ b.t())
+    _call(a, b)
+    monkeypatch.setenv("MEMNETS_CUDA_GRAPHS", "0")
+    with graphs.listening(outer):
+        _call(a, b)  # no graph, still heard
+    assert len(seen) == 11 and not graphs._LISTENERS
+
+
+def test_switched_on_follows_the_environment(monkeypatch):
+    monkeypatch.delenv("MEMNETS_CUDA_GRAPHS", raising=False)
+    assert graphs.switched_on()
+    monkeypatch.setenv("MEMNETS_CUDA_GRAPHS", "0")
+    assert not graphs.switched_on()
+    with graphs.stand_in():
+        assert not graphs.enabled(torch.zeros(1))
+
+
+def test_inside_another_capture_the_loop_launches_plainly(monkeypatch):
+    """Inside the capture of a whole training step the loop neither captures nor replays a graph
+    of its own: its launches go into the outer graph."""
+    monkeypatch.setattr(graphs, "_inside_capture", lambda x: True)
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    before = graphs.stats()
+    with graphs.stand_in():
+        outs = [_call(a, b) for _ in range(3)]
+    after = graphs.stats()
+    assert after.get("inside_capture", 0) - before.get("inside_capture", 0) == 3
+    assert after.get("captures", 0) == before.get("captures", 0) and after.get("replays", 0) == before.get("replays", 0)
+    for o in outs:
+        torch.testing.assert_close(o[0], _loop(a, b)[0])

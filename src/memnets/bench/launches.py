@@ -23,6 +23,23 @@ Each count is taken on the second training step (the first one warms up: autotun
 TorchScript's profiling runs), at ``T`` and at ``T/2``. ``per_t`` is the step's total over
 ``T``; ``marginal_per_t`` is ``(N(T) - N(T/2)) / (T/2)``, the launches that each further time
 step adds (the per-sequence work, e.g. the optimizer's, cancels).
+
+**With graph replay.** On CUDA the per-step loops of LSAM, the DNC and the NTM run through
+:func:`memnets.ops.gpu.graphs.graphed`: the first call of a shape runs eagerly, the second
+captures the loop into a CUDA graph, and every later call replays it. The counter listens to
+those calls (:func:`memnets.ops.gpu.graphs.listening`) and also counts the step as it is issued
+from the third call of a shape on: each graphed call is one graph replay plus the copies around
+it (each input copied into the graph's buffers, each output cloned out of them) instead of the
+ATen ops and Triton launches inside the loop (``graphed_*`` columns). With
+``MEMNETS_CUDA_GRAPHS=0`` nothing replays and the two counts are the same.
+
+**At the GPU bench's lengths.** ``per_t_bench`` is the launches per time step at the length the
+GPU bench (``make gpu-check``) trains each model at (:data:`BENCH_LENGTHS`). The count is affine
+in ``T``, ``N(T) = fixed + marginal_per_t · T``, so ``per_t_bench = fixed / T_bench +
+marginal_per_t`` with ``fixed = 2·N(T/2) - N(T)``: the interpreter is slow (on 2 CPU cores,
+LSAM's step at T=100 takes some 2 minutes, all five models at their bench lengths about 15), and
+``bench_counted=True`` (``--count-bench-lengths``), which counts at ``T_bench`` instead, gave the
+same numbers for all five at B=4, T=16.
 """
 from __future__ import annotations
 
@@ -34,10 +51,17 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["run", "count_step", "LaunchCounter", "COLUMNS", "NON_KERNEL_OPS"]
+__all__ = ["run", "count_step", "LaunchCounter", "COLUMNS", "NON_KERNEL_OPS", "BENCH_LENGTHS", "TARGET_PER_T"]
 
 COLUMNS = ["model", "config", "aten_fwd", "aten_bwd", "aten_opt", "aten_step", "triton_step", "launches_step",
-           "per_t", "marginal_per_t"]
+           "per_t", "marginal_per_t", "graph_replays", "graph_copies", "graphed_step", "graphed_per_t",
+           "graphed_marginal_per_t", "T_bench", "per_t_bench", "graphed_per_t_bench"]
+
+# the sequence length the GPU bench trains each model at (memnets.bench.gpu_check, its models
+# section): full widths, and tiny widths (--tiny / --quick)
+BENCH_LENGTHS = {"LSAM": 100, "LSAM bi": 100, "NAM-TM": 50, "DNC": 41, "NTM": 41}
+TINY_BENCH_LENGTHS = {"LSAM": 6, "LSAM bi": 6, "NAM-TM": 5, "DNC": 6, "NTM": 6}
+TARGET_PER_T = 5  # the launches per time step aimed at
 
 # ops that launch no kernel even though their schema does not mark them as views
 NON_KERNEL_OPS = frozenset({
@@ -71,13 +95,29 @@ class LaunchCounter:
 
     ``phase`` names the bucket the counts go to (``"fwd"``, ``"bwd"``, ``"opt"``); ``aten`` and
     ``triton`` map a phase to a :class:`collections.Counter` of op / kernel names.
+
+    Calls of graphed loops (:func:`memnets.ops.gpu.graphs.graphed`) are counted too, by loop name
+    (the key's first item): ``graph_calls`` (calls), ``graph_copies`` (their inputs and outputs:
+    the copies a replay makes around the graph), ``graph_aten`` / ``graph_triton`` (what ran
+    inside them, also counted in ``aten`` / ``triton``). ``replay``: whether such a call counts
+    as a replay in :meth:`graphed_totals` (default: graph replay not switched off,
+    :func:`memnets.ops.gpu.graphs.switched_on`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, replay: bool | None = None) -> None:
+        from ..ops.gpu import graphs
+
         self.phase = "all"
+        self.replay = graphs.switched_on() if replay is None else bool(replay)
         self.aten: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         self.triton: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.graph_calls: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.graph_copies: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.graph_aten: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.graph_triton: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         self._in_triton = 0
+        self._loop: str | None = None  # the graphed loop running now
+        self._quiet = 0
         self._stack = contextlib.ExitStack()
 
     # ---- Triton
@@ -90,6 +130,8 @@ class LaunchCounter:
                 return real(fn_self, *args, **kwargs)
             name = getattr(getattr(fn_self, "fn", None), "__name__", None) or getattr(fn_self, "__name__", "kernel")
             counter.triton[counter.phase][name] += 1
+            if counter._loop is not None:
+                counter.graph_triton[counter.phase][counter._loop] += 1
             counter._in_triton += 1
             try:
                 return real(fn_self, *args, **kwargs)
@@ -121,6 +163,23 @@ class LaunchCounter:
         if name in NON_KERNEL_OPS or _is_view(func):
             return
         self.aten[self.phase][name] += 1
+        if self._loop is not None:
+            self.graph_aten[self.phase][self._loop] += 1
+
+    # ---- graphed loops
+    def _graphed_call(self, key, inputs: tuple, call: Callable[[], tuple]) -> tuple:
+        """The :func:`memnets.ops.gpu.graphs.listening` listener: what ``call()`` issues is the loop's."""
+        if self._loop is not None or self._quiet or not inputs:  # inside another graphed loop, not
+            return call()  # counted, or a call that runs eagerly everywhere
+        name = str(key[0] if isinstance(key, tuple) and key else key)
+        self._loop = name
+        try:
+            out = call()
+        finally:
+            self._loop = None
+        self.graph_calls[self.phase][name] += 1
+        self.graph_copies[self.phase][name] += len(inputs) + len(out)
+        return out
 
     # ---- cuDNN's RNNs
     def _patch_rnns(self) -> None:
@@ -150,9 +209,12 @@ class LaunchCounter:
                     counter._record(func)
                 return func(*args, **(kwargs or {}))
 
+        from ..ops.gpu import graphs
+
         self._quiet = 0
         self._patch_triton()
         self._patch_rnns()
+        self._stack.enter_context(graphs.listening(self._graphed_call))
         self._stack.enter_context(_Mode())
         return self
 
@@ -163,6 +225,22 @@ class LaunchCounter:
         """``(aten ops, triton launches)`` in ``phase`` (all phases for ``None``)."""
         phases = [phase] if phase is not None else set(self.aten) | set(self.triton)
         return (sum(sum(self.aten[p].values()) for p in phases), sum(sum(self.triton[p].values()) for p in phases))
+
+    def graphed_totals(self, phase: str | None = None) -> tuple[int, int, int]:
+        """``(launches, replays, copies)`` in ``phase`` (all phases for ``None``) as issued with graph
+        replay: each call of a graphed loop is one replay and ``copies`` copies (its inputs into the
+        graph's buffers, its outputs out of them) instead of the launches inside it. Without
+        ``replay``, the launches of :meth:`totals` and no replay."""
+        a, t = self.totals(phase)
+        if not self.replay:
+            return a + t, 0, 0
+        phases = [phase] if phase is not None else (set(self.aten) | set(self.triton) | set(self.graph_calls))
+
+        def total(d):
+            return sum(sum(d[p].values()) for p in phases)
+
+        replays, copies = total(self.graph_calls), total(self.graph_copies)
+        return a + t - total(self.graph_aten) - total(self.graph_triton) + replays + copies, replays, copies
 
 
 class _OneKernel(torch.autograd.Function):
@@ -213,12 +291,13 @@ def _cuda_code_path(device: torch.device):
 
 
 def count_step(model: torch.nn.Module, x: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor],
-               device: torch.device | str = "cpu") -> LaunchCounter:
+               device: torch.device | str = "cpu", replay: bool | None = None) -> LaunchCounter:
     """Count the second of two training steps of ``model`` on ``x`` (``run(x)`` gives the output):
-    forward, backward of ``output.pow(2).mean()``, Adam (``foreach=True``), on the CUDA code path."""
+    forward, backward of ``output.pow(2).mean()``, Adam (``foreach=True``), on the CUDA code path.
+    ``replay``: :class:`LaunchCounter`'s (graphed loops counted as replays in ``graphed_totals``)."""
     device = torch.device(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=True)
-    counter = LaunchCounter()
+    counter = LaunchCounter(replay)
 
     def step(c: LaunchCounter | None) -> None:
         opt.zero_grad(set_to_none=True)
@@ -265,22 +344,38 @@ def _models(tiny: bool) -> list[tuple[str, str, Callable[[], torch.nn.Module], i
     ]
 
 
-def _count(build, Fi: int, B: int, T: int, device: torch.device) -> LaunchCounter:
+def _count(build, Fi: int, B: int, T: int, device: torch.device, replay: bool) -> LaunchCounter:
     torch.manual_seed(0)
     model = build().to(device)
     x = torch.randn(B, T, Fi, device=device)
-    return count_step(model, x, lambda x: model(x)[0], device)
+    if device.type != "cuda":
+        return count_step(model, x, lambda x: model(x)[0], device, replay)
+    from ..ops.gpu import env_var
+
+    with env_var("MEMNETS_CUDA_GRAPHS", "0"):  # every launch issued from Python, so every one is seen
+        return count_step(model, x, lambda x: model(x)[0], device, replay)
+
+
+def _verdict(row: dict) -> str:
+    if row["per_t_bench"] <= TARGET_PER_T:
+        return "meets"
+    return "meets with graph replay" if row["graphed_per_t_bench"] <= TARGET_PER_T else "misses"
 
 
 def run(quick: bool = False, *, batch: int = 4, length: int = 16, models: tuple[str, ...] | None = None,
-        device: str | torch.device = "cpu", tiny: bool = False, verbose: bool = False) -> dict[str, Any]:
+        device: str | torch.device = "cpu", tiny: bool = False, verbose: bool = False,
+        bench_counted: bool = False) -> dict[str, Any]:
     """Count the launches of one training step of each recurrent memory (a bench result dict).
 
     ``batch`` and ``length`` are B and T (T even: the marginal count also runs T/2); ``models``
     picks rows by name (default: all); ``device``: ``cpu`` (CPU tensors down the CUDA code path)
-    or ``cuda`` (the real thing, for comparison on a GPU); ``quick``/``tiny``: small widths.
+    or ``cuda`` (the real thing, for comparison on a GPU: the loops are launched one by one,
+    ``MEMNETS_CUDA_GRAPHS=0``, so that every launch is seen); ``quick``/``tiny``: small widths.
+    ``bench_counted``: count each model once more at its GPU bench length (:data:`BENCH_LENGTHS`)
+    for ``per_t_bench`` instead of computing it from the counts at T and T/2 (module docstring).
+    Graphed loops count as replays in the ``graphed_*`` columns unless ``MEMNETS_CUDA_GRAPHS=0``.
     """
-    from ..ops.gpu import interpreting, triton_ok
+    from ..ops.gpu import graphs, interpreting, triton_ok
 
     if length < 2 or length % 2:
         raise ValueError(f"`length` must be an even number >= 2 (the marginal count runs length/2), got {length}")
@@ -296,43 +391,88 @@ def run(quick: bool = False, *, batch: int = 4, length: int = 16, models: tuple[
         if bad:
             raise ValueError(f"unknown model(s) {bad}; expected among {known}")
         table = [m for m in table if m[0] in models]
+    replay = graphs.switched_on()
+    lengths = TINY_BENCH_LENGTHS if (tiny or quick) else BENCH_LENGTHS
+    half_t = length // 2
+
+    def per(n: float, t: int) -> float:
+        return round(n / t, 2)
+
     rows = []
     for name, cfg, build, Fi in table:
-        full = _count(build, Fi, batch, length, device)
-        half = _count(build, Fi, batch, length // 2, device)
+        full = _count(build, Fi, batch, length, device, replay)
+        half = _count(build, Fi, batch, half_t, device, replay)
         a_step, t_step = full.totals()
         a_half, t_half = half.totals()
+        n_full, n_half = a_step + t_step, a_half + t_half
+        g_full, replays, copies = full.graphed_totals()
+        g_half = half.graphed_totals()[0]
+        # N(T) = fixed + marginal · T through T/2 and T: fixed = 2 N(T/2) - N(T)
+        fixed, g_fixed = 2 * n_half - n_full, 2 * g_half - g_full
+        marginal, g_marginal = (n_full - n_half) / half_t, (g_full - g_half) / half_t
+        tb = lengths[name]
+        bench = {"T": tb, "from": "fixed/T + marginal", "launches_step": round(fixed + marginal * tb, 2),
+                 "graphed_step": round(g_fixed + g_marginal * tb, 2)}
+        if bench_counted:
+            at = _count(build, Fi, batch, tb, device, replay)
+            bench.update({"from": "counted", "launches_from_fixed": bench["launches_step"],
+                          "graphed_from_fixed": bench["graphed_step"], "launches_step": sum(at.totals()),
+                          "graphed_step": at.graphed_totals()[0]})
         row = {"model": name, "config": f"B={batch} T={length} {cfg}",
                "aten_fwd": full.totals("fwd")[0], "aten_bwd": full.totals("bwd")[0],
                "aten_opt": full.totals("opt")[0], "aten_step": a_step, "triton_step": t_step,
-               "launches_step": a_step + t_step,
-               "per_t": round((a_step + t_step) / length, 2),
-               "marginal_per_t": round(((a_step + t_step) - (a_half + t_half)) / (length // 2), 2),
+               "launches_step": n_full,
+               "per_t": per(n_full, length),
+               "marginal_per_t": round(marginal, 2),
+               "graph_replays": replays, "graph_copies": copies, "graphed_step": g_full,
+               "graphed_per_t": per(g_full, length), "graphed_marginal_per_t": round(g_marginal, 2),
+               "T_bench": tb, "per_t_bench": per(bench["launches_step"], tb),
+               "graphed_per_t_bench": per(bench["graphed_step"], tb),
+               "fixed_step": fixed, "graphed_fixed_step": g_fixed, "bench": bench,
                "aten_per_t": round(a_step / length, 2),
-               "aten_marginal_per_t": round((a_step - a_half) / (length // 2), 2),
+               "aten_marginal_per_t": round((a_step - a_half) / half_t, 2),
                "triton_per_t": round(t_step / length, 2),
-               "triton_marginal_per_t": round((t_step - t_half) / (length // 2), 2),
-               "half": {"T": length // 2, "aten_step": a_half, "triton_step": t_half},
+               "triton_marginal_per_t": round((t_step - t_half) / half_t, 2),
+               "half": {"T": half_t, "aten_step": a_half, "triton_step": t_half, "graphed_step": g_half},
+               "graphed_loops": {k: {"calls": v, "copies": sum(c[k] for c in full.graph_copies.values()),
+                                     "launches_inside": sum(c[k] for c in full.graph_aten.values())
+                                     + sum(c[k] for c in full.graph_triton.values())}
+                                 for k, v in sum(full.graph_calls.values(), collections.Counter()).items()},
                "top_aten_ops": dict(sum(full.aten.values(), collections.Counter()).most_common(12)),
                "triton_kernels": dict(sum(full.triton.values(), collections.Counter()))}
         rows.append(row)
         if verbose:
-            print(f"[launches] {name:8s} {row['launches_step']:6d} per step, {row['per_t']:7.2f} per time step",
-                  flush=True)
+            print(f"[launches] {name:8s} {row['launches_step']:6d} per step, {row['per_t']:7.2f} per time step; "
+                  f"with graph replay {row['graphed_step']:6d}, {row['graphed_per_t']:7.2f}; at T={tb}: "
+                  f"{row['per_t_bench']:.2f} and {row['graphed_per_t_bench']:.2f} per time step", flush=True)
     tri = triton_ok() and interpreting() if device.type == "cpu" else triton_ok()
+    bench_how = ("counted at T_bench" if bench_counted else
+                 "fixed / T_bench + marginal_per_t, fixed = 2·N(T/2) - N(T) (the count is affine in T)")
     notes = [
         f"one training step (forward, backward, Adam foreach) at B={batch}, T={length}, "
         + ("CPU tensors down the CUDA code path (cuda_path, MEMNETS_NATIVE=0)" if device.type == "cpu"
-           else f"on {device}"),
+           else f"on {device}, the loops launched one by one (MEMNETS_CUDA_GRAPHS=0)"),
         "aten_*: ATen ops that launch a kernel (views, metadata ops and allocations excluded); "
         "triton_step: Triton kernel launches; launches_step = aten_step + triton_step"
         + ("; nn.GRU / nn.LSTM (the NAM-TM's controller) count one op each way, as cuDNN's call on CUDA"
            if device.type == "cpu" else ""),
         "per_t = launches_step / T; marginal_per_t = (launches at T - launches at T/2) / (T/2)",
+        ("graphed_*: the step as CUDA issues it with graph replay, from the third call of a shape on (the "
+         "first call runs eagerly, the second captures): each call of a graphed loop (LSAM's, the DNC's and "
+         "the NTM's time loops, forward and backward) is 1 replay (graph_replays) and a copy per input and "
+         "output (graph_copies) instead of the ATen ops and Triton launches inside it"
+         if replay else "graphed_*: the same as the eager columns: graph replay is switched off "
+                        "(MEMNETS_CUDA_GRAPHS=0)"),
+        f"T_bench: the length the GPU bench (make gpu-check) trains each model at; per_t_bench and "
+        f"graphed_per_t_bench: launches per time step at T_bench, {bench_how}",
+        f"target: at most {TARGET_PER_T} launches per time step at T_bench: "
+        + "; ".join(f"{r['model']} (T={r['T_bench']}) {r['per_t_bench']:.2f} eager, {r['graphed_per_t_bench']:.2f} "
+                    f"with graph replay ({_verdict(r)})" for r in rows),
         "Triton kernels: " + ("run (through the interpreter)" if tri and device.type == "cpu" else
                               "run" if tri else "not run (triton missing, MEMNETS_TRITON=0 or TRITON_INTERPRET unset)"),
     ]
     return {"suite": "launches", "title": "Kernel launches of one training step (CUDA code path)",
             "columns": COLUMNS, "rows": rows, "notes": notes, "batch": batch, "length": length,
             "device": str(device), "triton_interpret": os.environ.get("TRITON_INTERPRET"),
-            "memnets_triton": os.environ.get("MEMNETS_TRITON"), "triton_used": bool(tri)}
+            "memnets_triton": os.environ.get("MEMNETS_TRITON"), "triton_used": bool(tri),
+            "graph_replay": replay, "bench_lengths": {r["model"]: r["T_bench"] for r in rows}}

@@ -36,6 +36,10 @@ def add_parser(sub) -> None:
                          "marginal count per time step)")
     lg.add_argument("--models", nargs="+", default=None, choices=["LSAM", "LSAM bi", "NAM-TM", "DNC", "NTM"],
                     help="launches suite: which memories (default: all)")
+    lg.add_argument("--count-bench-lengths", action="store_true",
+                    help="launches suite: count each memory once more at the length the GPU bench trains it at "
+                         "(LSAM 100, NAM-TM 50, DNC and NTM 41) for per_t_bench, instead of computing it from the "
+                         "counts at T and T/2 (slow under the interpreter: minutes a model)")
     g = p.add_argument_group("gpu suite")
     g.add_argument("--out", metavar="PATH", help="write the result as JSON to PATH (like --json PATH)")
     g.add_argument("--device", default=None,
@@ -73,12 +77,13 @@ def _run(args) -> int:
             result = launches.run(quick=args.quick, batch=4 if args.batch is None else args.batch,
                                   length=16 if args.length is None else args.length,
                                   models=tuple(args.models) if args.models else None,
-                                  device=args.device or "cpu", tiny=args.tiny, verbose=args.json != "-")
+                                  device=args.device or "cpu", tiny=args.tiny, verbose=args.json != "-",
+                                  bench_counted=args.count_bench_lengths)
         except ValueError as e:
             raise SystemExit(f"memnets bench launches: {e}")
         result["env"] = bench_env()
-    elif args.batch is not None or args.length is not None or args.models:
-        raise SystemExit("--batch, --length and --models belong to the launches suite")
+    elif args.batch is not None or args.length is not None or args.models or args.count_bench_lengths:
+        raise SystemExit("--batch, --length, --models and --count-bench-lengths belong to the launches suite")
     elif args.suite == "gpu":
         from ..bench import gpu
         from ..bench.registry import bench_env

@@ -13,16 +13,22 @@ constants (sizes, block shapes) are part of the cache key the caller passes. A g
 the current stream, on the inputs' device; the key also holds the autocast state. At most
 :data:`MAX_GRAPHS` graphs are kept (least recently used first out);
 ``MEMNETS_CUDA_GRAPHS=0`` turns replay off. A capture that fails warns once and leaves that key
-eager.
+eager. Inside the capture of a larger graph (a whole training step,
+:class:`memnets.train.graph_step.CUDAGraphStep`) a loop launches its kernels plainly, into that graph.
 
 On the CPU (tests) :func:`stand_in` swaps the CUDA graph for an eager stand-in with the same
 contract — static input buffers, outputs written into the same static buffers on every replay —
 so the buffer handling is tested without a GPU; the capture itself needs one.
+
+:func:`listening` registers a listener that every :func:`graphed` call goes through (whether the
+loop then runs eagerly, is captured or replays): ``memnets bench launches`` uses it to tell the
+launches of a graphed loop from the rest, and counts such a loop as the one replay it is on CUDA.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import threading
 import warnings
@@ -30,7 +36,7 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
-__all__ = ["graphed", "enabled", "stand_in", "clear", "MAX_GRAPHS", "stats"]
+__all__ = ["graphed", "enabled", "switched_on", "stand_in", "listening", "clear", "MAX_GRAPHS", "stats"]
 
 MAX_GRAPHS = 16
 _CACHE: "collections.OrderedDict[Hashable, _Entry]" = collections.OrderedDict()
@@ -38,15 +44,37 @@ _SEEN: "collections.Counter[Hashable]" = collections.Counter()
 _FAILED: set = set()
 _STAND_IN = [0]
 _STATS = collections.Counter()
+_LISTENERS: list = []  # listening(): called around every graphed() call
 _LOCK = threading.Lock()  # the cache's bookkeeping (replicas of nn.DataParallel call from threads)
+
+
+def switched_on() -> bool:
+    """Graph replay is not switched off: ``MEMNETS_CUDA_GRAPHS`` is not ``0`` and ``torch.compile``
+    is not tracing (loops on CUDA tensors then replay, :func:`enabled`)."""
+    return os.environ.get("MEMNETS_CUDA_GRAPHS", "1") != "0" and not torch.compiler.is_compiling()
 
 
 def enabled(x: torch.Tensor) -> bool:
     """Whether loops on tensors like ``x`` replay from graphs: CUDA tensors (or CPU ones inside
     :func:`stand_in`), ``MEMNETS_CUDA_GRAPHS`` not ``0``, and not while ``torch.compile`` traces."""
-    if os.environ.get("MEMNETS_CUDA_GRAPHS", "1") == "0" or torch.compiler.is_compiling():
+    if not switched_on():
         return False
     return (x.is_cuda and torch.cuda.is_available()) or (_STAND_IN[0] > 0 and not x.is_cuda)
+
+
+@contextlib.contextmanager
+def listening(listener: Callable[[Hashable, tuple, Callable[[], tuple]], tuple]):
+    """While active, every :func:`graphed` call goes through ``listener(key, inputs, call)``:
+    ``call()`` runs the loop as :func:`graphed` would (eagerly, captured or replayed) and returns
+    its outputs, which the listener returns. So what a loop issues is known to be the loop's
+    (``memnets bench launches``). Without a listener :func:`graphed` costs one list check more."""
+    with _LOCK:
+        _LISTENERS.append(listener)
+    try:
+        yield listener
+    finally:
+        with _LOCK:
+            _LISTENERS.remove(listener)
 
 
 @contextlib.contextmanager
@@ -67,7 +95,8 @@ def clear() -> None:
 
 
 def stats() -> dict:
-    """Counts since the start: ``captures``, ``replays``, ``eager`` calls, ``evictions``, ``failures``."""
+    """Counts since the start: ``captures``, ``replays``, ``eager`` calls, ``evictions``, ``failures``,
+    ``inside_capture`` (calls inside another graph's capture)."""
     return dict(_STATS)
 
 
@@ -134,7 +163,25 @@ def graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], *inputs: t
     been seen before (module docstring). ``key`` names the loop and every Python value ``fn``
     depends on; the inputs' shapes, dtypes and device are added to it. Returns tensors of the
     caller's own (copies of the graph's outputs)."""
+    if _LISTENERS:
+        call = functools.partial(_graphed, key, fn, inputs)
+        for listener in reversed(tuple(_LISTENERS)):  # the first registered is the outermost
+            call = functools.partial(listener, key, inputs, call)
+        return tuple(call())
+    return _graphed(key, fn, inputs)
+
+
+def _inside_capture(x: torch.Tensor) -> bool:
+    """The current stream is being captured (a whole training step, e.g. by
+    :class:`memnets.train.graph_step.CUDAGraphStep`): the loop's launches belong to that graph."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], inputs: tuple) -> tuple[torch.Tensor, ...]:
     if not inputs or not enabled(inputs[0]):
+        return tuple(fn(*inputs))
+    if _inside_capture(inputs[0]):  # no graph of our own inside another's capture: plain launches
+        _STATS["inside_capture"] += 1
         return tuple(fn(*inputs))
     full = (key, _signature(inputs))
     with _LOCK:
@@ -156,7 +203,7 @@ def graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], *inputs: t
                 _FAILED.add(full)
             _STATS["failures"] += 1
             warnings.warn(f"memnets: CUDA-graph capture of {key!r} failed ({type(e).__name__}: {e}); "
-                          "running it without a graph", RuntimeWarning, stacklevel=2)
+                          "running it without a graph", RuntimeWarning, stacklevel=3)
             return tuple(fn(*inputs))
         _STATS["captures"] += 1
         with _LOCK:
