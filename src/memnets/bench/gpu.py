@@ -307,8 +307,16 @@ def _attention_section(bench: _Bench, quick: bool, tiny: bool) -> None:
 
 
 # --------------------------------------------------------------------------------- models
-def _train_step(model: torch.nn.Module, x: torch.Tensor, run: Callable) -> Callable[[], None]:
+def _train_step(model: torch.nn.Module, x: torch.Tensor, run: Callable, graphed: bool = False) -> Callable[[], None]:
+    """One training step (forward, mean-square loss, backward, Adam) as a closure; ``graphed``:
+    the whole step replayed from a CUDA graph (:class:`memnets.train.graph_step.CUDAGraphStep`,
+    captured at the second call; eager where CUDA graphs are not available)."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    if graphed:
+        from ..train.graph_step import CUDAGraphStep
+
+        whole = CUDAGraphStep(lambda x: run(x).float().pow(2).mean(), opt, warmup=1)
+        return lambda: whole(x)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)

@@ -40,7 +40,9 @@ install needed):
      8 tapes), T=50; the DNC (LSTM 64, memory 16x20, 4 reads; LSTM 256, memory 32x64), T=41;
      the NTM (LSTM 100, memory 128x20), T=41. Target: at most 2.0x the LSTM's time. LSAM, the
      DNC and the NTM also once more with ``MEMNETS_CUDA_GRAPHS=0`` ("no graph replay"), the
-     loops launched one by one.
+     loops launched one by one. Every model and its LSTM once more with the whole training
+     step replayed from one CUDA graph each ("whole step graphed",
+     :class:`memnets.train.graph_step.CUDAGraphStep`), the pair's ratio against the same target.
    - ``attention``: ``nam_attention`` forward+backward, bf16, B=1 H=8 d=64, S=32K, non-causal
      and causal, beside flash SDPA and fla's ``chunk_linear_attn`` on the same normalised
      inputs. Target: at most 0.6 ms non-causal, 0.9 ms causal, or within 1.2x of fla's.
@@ -93,7 +95,8 @@ __all__ = ["run", "main", "format_markdown", "ROW_COLUMNS", "warmup_calls", "war
 REPO = Path(__file__).resolve().parents[3]
 TEST_FILES = ("tests/test_triton_graphs.py", "tests/test_triton_lsam.py", "tests/test_triton_dnc.py",
               "tests/test_triton_ntm.py", "tests/test_triton_nam_tm.py", "tests/test_triton_nam_attention.py",
-              "tests/test_triton_attention.py", "tests/test_cuda.py", "tests/test_cuda_nam_tm.py")
+              "tests/test_triton_attention.py", "tests/test_graph_step.py", "tests/test_cuda.py",
+              "tests/test_cuda_nam_tm.py")
 ROW_COLUMNS = ["section", "name", "config", "dtype", "first_ms", "ms", "baseline", "ratio", "target", "meets",
                "note"]
 TIME_LIMIT_S = 480.0  # the whole check, on a fresh GPU machine
@@ -368,14 +371,22 @@ def _models_rows(bench, tiny: bool) -> None:
     cuda = dev.type == "cuda"
     warmup, repeat = (2, 10) if not tiny else (1, 1)
 
-    def case(name, cfg, build, B, T, Fi, extra=None):
+    def case(name, cfg, build, B, T, Fi, extra=None, graphed=False):
         def make():
             torch.manual_seed(0)
             model = build().to(dev)
             x = torch.randn(B, T, Fi, device=dev)
-            return _train_step(model, x, lambda x: model(x)[0])
-        return bench.measure("models", name, cfg, torch.float32, make, warmup, repeat,
-                             extra={"B": B, "T": T, "needs_cuda": False, **(extra or {})})
+            return _train_step(model, x, lambda x: model(x)[0], graphed=graphed)
+        return bench.measure("models", name + (" (whole step graphed)" if graphed else ""), cfg, torch.float32,
+                             make, warmup, repeat, extra={"B": B, "T": T, "needs_cuda": False, **(extra or {})})
+
+    def whole(name, cfg, build, B, T, Fi, lstm_build):
+        """Ours and the LSTM with the whole training step replayed from one CUDA graph each
+        (:class:`memnets.train.graph_step.CUDAGraphStep`): the launches of both sides gone."""
+        base = case(lstm_build[0], cfg, lstm_build[1], B, T, Fi, {"baseline_row": True}, graphed=True)
+        ours = case(name, cfg, build, B, T, Fi, graphed=True)
+        _pair(ours, base, 2.0, "LSTM, both whole step graphed")
+        return ours
 
     def eager(name, cfg, build, B, T, Fi, base):
         """The same row with the loops launched one by one (``MEMNETS_CUDA_GRAPHS=0``): its
@@ -387,10 +398,13 @@ def _models_rows(bench, tiny: bool) -> None:
         row["meets"], row["target"] = None, "comparison (MEMNETS_CUDA_GRAPHS=0)"
         return row
 
-    def lstm(cfg, Fi, D, B, T, bi=False):
+    def lstm_build(Fi, D, bi=False):
         name = ("nn.LSTM (cuDNN)" if cuda else "nn.LSTM (CPU)") + (" bi" if bi else "")
-        return case(name, cfg, lambda: torch.nn.LSTM(Fi, D // 2 if bi else D, batch_first=True, bidirectional=bi),
-                    B, T, Fi, {"baseline_row": True})
+        return name, lambda: torch.nn.LSTM(Fi, D // 2 if bi else D, batch_first=True, bidirectional=bi)
+
+    def lstm(cfg, Fi, D, B, T, bi=False):
+        name, build = lstm_build(Fi, D, bi)
+        return case(name, cfg, build, B, T, Fi, {"baseline_row": True})
 
     B = 2 if tiny else 32
     T_lsam, T_tm, T_dnc = (6, 5, 6) if tiny else (100, 50, 41)
@@ -402,13 +416,15 @@ def _models_rows(bench, tiny: bool) -> None:
             ours = case("LSAM" + (" bi" if bi else ""), cfg, build, B, T_lsam, D)
             _pair(ours, base, 2.0, "LSTM")
             eager("LSAM" + (" bi" if bi else ""), cfg, build, B, T_lsam, D, base)
+            whole("LSAM" + (" bi" if bi else ""), cfg, build, B, T_lsam, D, lstm_build(D, D, bi))
     tm = [("bench", 8, 16, 2, 8)] if tiny else [("bench", 64, 128, 4, 32), ("paper", 256, 1024, 8, 32)]
     for label, Fi, D, Tn, L in tm:
         cfg = f"B={B} T={T_tm} in={Fi} hidden={D} tapes={Tn}x{L} ({label} width)"
         base = lstm(cfg, Fi, D, B, T_tm)
-        ours = case("NAM-TM", cfg, lambda Fi=Fi, D=D, Tn=Tn, L=L: NAMTuringMachine(Fi, D, num_tapes=Tn, tape_length=L),
-                    B, T_tm, Fi)
+        build = lambda Fi=Fi, D=D, Tn=Tn, L=L: NAMTuringMachine(Fi, D, num_tapes=Tn, tape_length=L)  # noqa: E731
+        ours = case("NAM-TM", cfg, build, B, T_tm, Fi)
         _pair(ours, base, 2.0, "LSTM")
+        whole("NAM-TM", cfg, build, B, T_tm, Fi, lstm_build(Fi, D))
     for Hc, N, W, R in ([(16, 8, 8, 2)] if tiny else [(64, 16, 20, 4), (256, 32, 64, 4)]):
         cfg = f"B={B} T={T_dnc} LSTM {Hc}, memory {N}x{W}, {R} reads"
         base = lstm(cfg, 9, Hc, B, T_dnc)
@@ -416,6 +432,7 @@ def _models_rows(bench, tiny: bool) -> None:
                                                  controller_size=Hc)
         _pair(case("DNC", cfg, build, B, T_dnc, 9), base, 2.0, "LSTM")
         eager("DNC", cfg, build, B, T_dnc, 9, base)
+        whole("DNC", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
     for Hc, N, W in ([(16, 8, 8)] if tiny else [(100, 128, 20)]):
         cfg = f"B={B} T={T_dnc} LSTM {Hc}, memory {N}x{W}, 1 read 1 write"
         base = lstm(cfg, 9, Hc, B, T_dnc)
@@ -423,6 +440,7 @@ def _models_rows(bench, tiny: bool) -> None:
                                             write_heads=1, controller_size=Hc)
         _pair(case("NTM", cfg, build, B, T_dnc, 9), base, 2.0, "LSTM")
         eager("NTM", cfg, build, B, T_dnc, 9, base)
+        whole("NTM", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
 
 
 def _attention_rows(bench, tiny: bool) -> None:
@@ -938,7 +956,8 @@ def format_markdown(result: dict[str, Any]) -> str:
         if lc.get("note"):
             out.append(lc["note"])
         if lc.get("rows"):
-            lcols = ["model", "config", "aten_step", "triton_step", "launches_step", "per_t", "marginal_per_t"]
+            lcols = ["model", "config", "aten_step", "triton_step", "launches_step", "per_t", "marginal_per_t",
+                     "graphed_step", "T_bench", "per_t_bench", "graphed_per_t_bench"]
             out.append("| " + " | ".join(lcols) + " |")
             out.append("|" + "|".join("---" for _ in lcols) + "|")
             for r in lc["rows"]:
