@@ -15,7 +15,9 @@ import torch
 from memnets.bench import gpu_check
 
 ROWS = {
-    "models": ["nn.LSTM (CPU)", "LSAM", "nn.LSTM (CPU) bi", "LSAM bi", "NAM-TM", "DNC", "NTM"],
+    "models": ["nn.LSTM (CPU)", "LSAM", "nn.LSTM (CPU) bi", "LSAM bi", "NAM-TM", "DNC", "NTM",
+               "nn.LSTM (CPU) (whole step graphed)", "LSAM (whole step graphed)", "NAM-TM (whole step graphed)",
+               "DNC (whole step graphed)", "NTM (whole step graphed)"],
     "attention": ["sdpa (flash)", "fla chunk_linear_attn", "nam_attention", "nam_attention impl=torch",
                   "nam_attention impl=fla"],
     "scan": ["fla chunk_delta_rule (p_e=p_w)", "nam_scan auto (p_e=p_w)",
