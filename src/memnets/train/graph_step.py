@@ -16,8 +16,9 @@ Rules, as for any CUDA graph:
 * the inputs of every call have the shapes and dtypes the graph was captured with; a new
   signature (shapes, dtypes, device, autocast state) warms up and captures a graph of its own
   (at most :data:`MAX_GRAPHS` are kept);
-* the step reads nothing back to the CPU (no ``.item()``, no data-dependent Python branch) and
-  draws no random numbers (dropout's masks would be replayed as captured);
+* the step reads nothing back to the CPU (no ``.item()``, no data-dependent Python branch);
+  random numbers from torch's default CUDA generator (dropout) are new at every replay, as
+  ``torch.cuda.graph`` registers that generator with the graph;
 * the optimiser is made ``capturable`` (Adam, AdamW and others that have the option; its
   ``step`` counters move to the GPU) when this object is built, before its first step.
 
