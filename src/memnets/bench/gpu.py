@@ -308,10 +308,14 @@ def _attention_section(bench: _Bench, quick: bool, tiny: bool) -> None:
 
 # --------------------------------------------------------------------------------- models
 def _train_step(model: torch.nn.Module, x: torch.Tensor, run: Callable, graphed: bool = False) -> Callable[[], None]:
-    """One training step (forward, mean-square loss, backward, Adam) as a closure; ``graphed``:
+    """One training step (forward, mean-square loss, backward, Adam — fused on CUDA, as memnets
+    trains there, for every model and baseline alike) as a closure; ``graphed``:
     the whole step replayed from a CUDA graph (:class:`memnets.train.graph_step.CUDAGraphStep`,
     captured at the second call; eager where CUDA graphs are not available)."""
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    from ..train.optim import fusable
+
+    params = list(model.parameters())
+    opt = torch.optim.Adam(params, lr=1e-4, **({"fused": True} if fusable(params) else {}))  # as make_optimizer
     if graphed:
         from ..train.graph_step import CUDAGraphStep
 

@@ -2,7 +2,7 @@
 
 On CUDA a small recurrent model's training step is bound by the number of kernels it launches
 (each some 10 µs), not by its arithmetic. This suite runs one training step (forward, backward
-of a mean-square loss, ``torch.optim.Adam`` with ``foreach=True`` as on CUDA) of each recurrent
+of a mean-square loss, ``torch.optim.Adam`` with ``fused=True``, as memnets trains on CUDA) of each recurrent
 memory (LSAM uni- and bidirectional, the NAM-TM, the DNC and the NTM) down its CUDA code path on
 CPU tensors (inside :func:`memnets.ops.gpu.cuda_path`, ``MEMNETS_NATIVE=0`` so no C kernel runs;
 Triton kernels through Triton's interpreter when triton is installed and ``TRITON_INTERPRET=1``,
@@ -293,10 +293,10 @@ def _cuda_code_path(device: torch.device):
 def count_step(model: torch.nn.Module, x: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor],
                device: torch.device | str = "cpu", replay: bool | None = None) -> LaunchCounter:
     """Count the second of two training steps of ``model`` on ``x`` (``run(x)`` gives the output):
-    forward, backward of ``output.pow(2).mean()``, Adam (``foreach=True``), on the CUDA code path.
+    forward, backward of ``output.pow(2).mean()``, Adam (``fused=True``), on the CUDA code path.
     ``replay``: :class:`LaunchCounter`'s (graphed loops counted as replays in ``graphed_totals``)."""
     device = torch.device(device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=True)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)  # as make_optimizer on CUDA
     counter = LaunchCounter(replay)
 
     def step(c: LaunchCounter | None) -> None:
@@ -449,7 +449,7 @@ def run(quick: bool = False, *, batch: int = 4, length: int = 16, models: tuple[
     bench_how = ("counted at T_bench" if bench_counted else
                  "fixed / T_bench + marginal_per_t, fixed = 2·N(T/2) - N(T) (the count is affine in T)")
     notes = [
-        f"one training step (forward, backward, Adam foreach) at B={batch}, T={length}, "
+        f"one training step (forward, backward, Adam fused) at B={batch}, T={length}, "
         + ("CPU tensors down the CUDA code path (cuda_path, MEMNETS_NATIVE=0)" if device.type == "cpu"
            else f"on {device}, the loops launched one by one (MEMNETS_CUDA_GRAPHS=0)"),
         "aten_*: ATen ops that launch a kernel (views, metadata ops and allocations excluded); "

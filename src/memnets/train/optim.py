@@ -9,6 +9,11 @@
   (``torch.optim.Adam(..., weight_decay=5e-5)``); the ``paper/*`` presets use it.
 * ``"sgd"``: plain :class:`torch.optim.SGD` (no momentum; ``weight_decay`` as an L2 penalty,
   ``betas`` unused), as End-to-End Memory Networks were trained (the ``babi/*`` presets).
+
+When every parameter is a floating-point CUDA tensor, Adam and AdamW run PyTorch's fused
+kernels (``fused=True``: one launch or a few per step, where the default ``foreach`` form issues
+a dozen or more, 40 for the NAM-TM); the update is the same up to rounding. On the CPU nothing
+changes.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import torch
 
 from .config import OptimConfig
 
-__all__ = ["OPTIMIZERS", "make_optimizer"]
+__all__ = ["OPTIMIZERS", "make_optimizer", "fusable"]
 
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam,
                                                        "sgd": torch.optim.SGD}
@@ -34,7 +39,18 @@ def make_optimizer(optim_cfg: OptimConfig, params: Iterable) -> torch.optim.Opti
     kind = getattr(optim_cfg, "kind", "adamw")
     if kind not in OPTIMIZERS:
         raise ValueError(f"`optim.kind` expected one of {sorted(OPTIMIZERS)}, got {kind!r}")
+    params = list(params)
     if kind == "sgd":
         return torch.optim.SGD(params, lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay)
+    extra = {"fused": True} if fusable(params) else {}
     return OPTIMIZERS[kind](params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
-                            weight_decay=optim_cfg.weight_decay)
+                            weight_decay=optim_cfg.weight_decay, **extra)
+
+
+def fusable(params: Iterable) -> bool:
+    """Whether Adam/AdamW over ``params`` (tensors, or param-group dicts) run fused: every
+    parameter a floating-point CUDA tensor, and at least one."""
+    flat = []
+    for p in params:
+        flat.extend(p["params"] if isinstance(p, dict) else [p])
+    return bool(flat) and all(isinstance(p, torch.Tensor) and p.is_cuda and p.is_floating_point() for p in flat)
