@@ -95,8 +95,8 @@ __all__ = ["run", "main", "format_markdown", "ROW_COLUMNS", "warmup_calls", "war
 REPO = Path(__file__).resolve().parents[3]
 TEST_FILES = ("tests/test_triton_graphs.py", "tests/test_triton_lsam.py", "tests/test_triton_dnc.py",
               "tests/test_triton_ntm.py", "tests/test_triton_nam_tm.py", "tests/test_triton_nam_attention.py",
-              "tests/test_triton_attention.py", "tests/test_graph_step.py", "tests/test_optim_fused.py", "tests/test_cuda.py",
-              "tests/test_cuda_nam_tm.py")
+              "tests/test_triton_attention.py", "tests/test_graph_step.py", "tests/test_optim_fused.py",
+              "tests/test_cuda.py", "tests/test_cuda_nam_tm.py")
 ROW_COLUMNS = ["section", "name", "config", "dtype", "first_ms", "ms", "baseline", "ratio", "target", "meets",
                "note"]
 TIME_LIMIT_S = 480.0  # the whole check, on a fresh GPU machine
