@@ -380,7 +380,8 @@ def _figures(res: dict, metric: str | None) -> str:
 
 
 def runs_table(runs: list[SuiteRun], metric: str | None = None) -> str:
-    """Markdown: each run's status, parameter count, wall time, reported epoch and figures.
+    """Markdown: each run's status, parameter count, optimiser steps, wall time, reported epoch
+    and figures.
 
     When every finished run is an algorithmic-task run the figures are the ID / OD-easy /
     OD-hard columns of ``metric`` (default ``seq_acc``, %); otherwise one column gives each
@@ -392,14 +393,15 @@ def runs_table(runs: list[SuiteRun], metric: str | None = None) -> str:
                for r in runs if (d := finished_dir(r)) is not None}
     nsp = all(family_of(res) in ("nsp", None) for res in results.values())
     if nsp:
-        lines = ["| run | status | params | wall | epoch | selected by | ID | OD-easy | OD-hard |",
-                 "|---|---|---|---|---|---|---|---|---|"]
+        lines = ["| run | status | params | steps | wall | epoch | selected by | ID | OD-easy | OD-hard |",
+                 "|---|---|---|---|---|---|---|---|---|---|"]
     else:
-        lines = ["| run | status | params | wall | epoch | selected by | reported |", "|---|---|---|---|---|---|---|"]
+        lines = ["| run | status | params | steps | wall | epoch | selected by | reported |",
+                 "|---|---|---|---|---|---|---|---|"]
     for r in runs:
         res = results.get(r.name)
         if res is None:
-            lines.append(f"| {r.name} | {run_status(r)} | – | – | – | – | " + " | ".join(
+            lines.append(f"| {r.name} | {run_status(r)} | – | – | – | – | – | " + " | ".join(
                 ["–"] * (3 if nsp else 1)) + " |")
             continue
         sp = res.get("splits") or {}
@@ -409,7 +411,8 @@ def runs_table(runs: list[SuiteRun], metric: str | None = None) -> str:
         else:
             figs = [f"{_metric_of(res, metric)} ({_figures(res, metric)})"]
         status = "done (time limit)" if res.get("stopped_by_time_limit") else "done"
-        lines.append(f"| {r.name} | {status} | {_params(res['params'])} | {_fmt_wall(res['wall_s'])} | "
+        steps = f"{res['steps']:,}" if isinstance(res.get("steps"), int) else "–"
+        lines.append(f"| {r.name} | {status} | {_params(res['params'])} | {steps} | {_fmt_wall(res['wall_s'])} | "
                      f"{res.get('best_epoch')}/{res.get('epochs')} | {res.get('selection_decided_by', '–')} | "
                      + " | ".join(figs) + " |")
     return "\n".join(lines)
