@@ -65,7 +65,10 @@ def test_suite_runs_skips_finished_runs_and_resumes_unfinished_ones(tmp_path, ca
     (runs / names[1] / "results.json").unlink()
     assert run_status(runs / names[1]) == "resume" and run_status(runs / names[0]) == "done"
     assert main([*argv, "--dry-run"]) == 0
-    assert "resume from step 4" in capsys.readouterr().out and run_status(runs / names[1]) == "resume"
+    out = capsys.readouterr().out
+    assert "resume from step 4" in out and run_status(runs / names[1]) == "resume"
+    # the dry run also prints the tables of what is finished: the resumable run shows as such
+    assert "## Runs" in out and f"| {names[1]} | resume | – |" in out and f"| {names[0]} | done |" in out
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert f"{names[1]}: resuming from step 4" in out and "(1 done, 1 to resume, 0 to start)" in out

@@ -418,6 +418,19 @@ def runs_table(runs: list[SuiteRun], metric: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def _tables(suite: Suite, runs: list[SuiteRun], metric: str | None) -> str:
+    """The runs table, then the sweep's choices (a suite with a sweep) or the family tables."""
+    from .table import load_results
+
+    text = "## Runs\n\n" + runs_table(runs, metric)
+    if suite.sweep:
+        text += "\n\n## Sweep: the point chosen by each run's selection split\n\n" + sweep_table(suite, runs, metric)
+    results = load_results([d for r in runs if (d := finished_dir(r)) is not None], warn=False)
+    if results and not suite.sweep:
+        text += "\n\n" + family_tables(results, metric)
+    return text
+
+
 def sweep_table(suite: Suite, runs: list[SuiteRun], metric: str | None = None) -> str:
     """Markdown: for each preset and seed of a suite with a ``sweep``, each point's figure on the
     run's selection split (its ``select_split``, at the reported evaluation) and the point
@@ -510,6 +523,11 @@ def _run(args) -> int:
             st = run_status(r)
             extra = f" from step {_checkpoint_step(r.run_dir)}" if st == "resume" else ""
             print(f"  {r.name:40s} {st}{extra}: memnets {' '.join(r.argv())}")
+        text = _tables(suite, runs, args.metric)  # from what is finished: nothing trains
+        print()
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
         return 0
 
     failed: list[str] = []
@@ -560,12 +578,7 @@ def _run(args) -> int:
               "(finished runs are skipped, started ones resume)", file=sys.stderr, flush=True)
         return 130
 
-    text = "## Runs\n\n" + runs_table(runs, args.metric)
-    if suite.sweep:
-        text += "\n\n## Sweep: the point chosen by each run's selection split\n\n" + sweep_table(suite, runs, args.metric)
-    results = load_results([d for r in runs if (d := finished_dir(r)) is not None], warn=False)
-    if results and not suite.sweep:
-        text += "\n\n" + family_tables(results, args.metric)
+    text = _tables(suite, runs, args.metric)
     print()
     print(text)
     if args.out:
