@@ -56,3 +56,15 @@ def triton_missing() -> list[str]:
 
     need = ("triton",) + (() if torch.cuda.is_available() else ("numpy",))
     return [m for m in need if importlib.util.find_spec(m) is None]
+
+
+def triton_marks() -> list:
+    """``pytestmark`` of a Triton kernel test module: the ``interpret`` tier (``make
+    test-triton``), the ``triton_interpreter`` fixture (the interpreter where there is no GPU),
+    and a skip, with the reason, where triton or numpy is not installed."""
+    import pytest
+
+    missing = triton_missing()
+    return [pytest.mark.interpret, pytest.mark.usefixtures("triton_interpreter"),
+            pytest.mark.skipif(bool(missing), reason=f"not installed: {', '.join(missing)} "
+                               "(pip install 'memnets[gpu]' numpy)")]

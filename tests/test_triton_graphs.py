@@ -8,13 +8,10 @@ import contextlib
 
 import pytest
 import torch
-from helpers import triton_missing
+from helpers import triton_marks
 
 CUDA = torch.cuda.is_available()
-MISSING = triton_missing()
-pytestmark = [pytest.mark.interpret, pytest.mark.usefixtures("triton_interpreter"),
-              pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} "
-                                 "(pip install 'memnets[gpu]' numpy)")]
+pytestmark = triton_marks()
 
 from memnets.memories.dnc import DNC  # noqa: E402
 from memnets.memories.lsam import LSAM  # noqa: E402

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import triton_missing
+from helpers import triton_marks
 
 CUDA = torch.cuda.is_available()
-MISSING = triton_missing()
-pytestmark = [pytest.mark.interpret, pytest.mark.usefixtures("triton_interpreter"),
-              pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} "
-                                 "(pip install 'memnets[gpu]' numpy)")]
+pytestmark = triton_marks()
 
 from memnets.memories.ntm import NTM  # noqa: E402
 from memnets.ops import gpu  # noqa: E402

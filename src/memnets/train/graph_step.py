@@ -36,27 +36,21 @@ the capture itself needs a GPU (``make gpu-check`` runs it).
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import warnings
 from typing import Callable, Hashable
 
 import torch
 
+from ..ops.gpu import graphs as _graphs
+
 __all__ = ["CUDAGraphStep", "stand_in", "MAX_GRAPHS"]
 
 MAX_GRAPHS = 8
-_STAND_IN = [0]
 
-
-@contextlib.contextmanager
-def stand_in():
-    """Inside: CPU steps go through the capture/replay bookkeeping with an eager stand-in graph."""
-    _STAND_IN[0] += 1
-    try:
-        yield
-    finally:
-        _STAND_IN[0] -= 1
+# one switch for every CUDA-graph stand-in: inside it CPU tensors take the capture/replay
+# bookkeeping (the recurrent loops' graphs and this whole-step graph) with eager stand-ins
+stand_in = _graphs.stand_in
 
 
 class _EagerGraph:
@@ -140,7 +134,7 @@ class CUDAGraphStep:
         tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
         if len(tensors) != len(inputs) or not tensors:
             return False
-        if _STAND_IN[0] > 0:
+        if _graphs.standing_in():
             return not tensors[0].is_cuda
         return all(t.is_cuda for t in tensors) and torch.cuda.is_available()
 

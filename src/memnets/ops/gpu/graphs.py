@@ -36,7 +36,7 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
-__all__ = ["graphed", "enabled", "switched_on", "stand_in", "listening", "clear", "MAX_GRAPHS", "stats"]
+__all__ = ["graphed", "enabled", "switched_on", "stand_in", "standing_in", "listening", "clear", "MAX_GRAPHS", "stats"]
 
 MAX_GRAPHS = 16
 _CACHE: "collections.OrderedDict[Hashable, _Entry]" = collections.OrderedDict()
@@ -77,9 +77,15 @@ def listening(listener: Callable[[Hashable, tuple, Callable[[], tuple]], tuple])
             _LISTENERS.remove(listener)
 
 
+def standing_in() -> bool:
+    """Inside :func:`stand_in`."""
+    return _STAND_IN[0] > 0
+
+
 @contextlib.contextmanager
 def stand_in():
-    """CPU tensors take the graph path with an eager stand-in for the capture (tests)."""
+    """CPU tensors take the graph path with an eager stand-in for the capture (tests); also
+    the whole-step graphs of :class:`memnets.train.graph_step.CUDAGraphStep`."""
     _STAND_IN[0] += 1
     try:
         yield
