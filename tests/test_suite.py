@@ -69,6 +69,9 @@ def test_suite_runs_skips_finished_runs_and_resumes_unfinished_ones(tmp_path, ca
     assert "resume from step 4" in out and run_status(runs / names[1]) == "resume"
     # the dry run also prints the tables of what is finished: the resumable run shows as such
     assert "## Runs" in out and f"| {names[1]} | resume | – |" in out and f"| {names[0]} | done |" in out
+    png = tmp_path / "curves" / "c.png"  # the learning curves of the finished run (the other resumes)
+    assert main([*argv, "--dry-run", "--curves", str(png)]) == 0
+    assert "curves of 1 run(s)" in capsys.readouterr().out and png.stat().st_size > 1000
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert f"{names[1]}: resuming from step 4" in out and "(1 done, 1 to resume, 0 to start)" in out

@@ -291,6 +291,9 @@ def add_parser(sub) -> None:
                    help="algorithmic tasks: the accuracy shown (default: sequence accuracy, the paper's); "
                         "the other families show their main metric")
     r.add_argument("--out", default=None, help="also write the final tables (Markdown) to this file")
+    r.add_argument("--curves", default=None, metavar="PNG",
+                   help="also plot the learning curves of the finished runs (those --only selects, else all) "
+                        "into this image: training loss and each split's accuracy against the optimiser step")
     r.set_defaults(func=_run)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -418,6 +421,25 @@ def runs_table(runs: list[SuiteRun], metric: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def _curves(args, runs: list[SuiteRun]) -> None:
+    """``--curves PNG``: the learning curves of the finished runs that ``--only`` selects."""
+    if not args.curves:
+        return
+    import fnmatch
+
+    from ..viz.curves import plot_learning_curves, read_metrics
+
+    chosen = [r for r in runs if not args.only or any(fnmatch.fnmatch(r.name, g) for g in args.only)]
+    found = {r.name: read_metrics(d) for r in chosen if (d := finished_dir(r)) is not None}
+    if not found:
+        print(f"memnets suite: --curves: no finished run to plot; {args.curves} not written", file=sys.stderr)
+        return
+    fig = plot_learning_curves(found, metric=args.metric or "seq_acc")
+    Path(args.curves).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.curves, dpi=110, bbox_inches="tight")
+    print(f"curves of {len(found)} run(s): {args.curves}")
+
+
 def _tables(suite: Suite, runs: list[SuiteRun], metric: str | None) -> str:
     """The runs table, then the sweep's choices (a suite with a sweep) or the family tables."""
     from .table import load_results
@@ -528,6 +550,7 @@ def _run(args) -> int:
         print(text)
         if args.out:
             Path(args.out).write_text(text + "\n")
+        _curves(args, runs)
         return 0
 
     failed: list[str] = []
@@ -583,6 +606,7 @@ def _run(args) -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
+    _curves(args, runs)
     if failed:
         print(f"memnets suite: {len(failed)} run(s) failed: {', '.join(failed)}; their logs are "
               f"<run>/suite.log; rerun to retry them", file=sys.stderr)
