@@ -19,6 +19,9 @@ Rules, as for any CUDA graph:
 * the step reads nothing back to the CPU (no ``.item()``, no data-dependent Python branch);
   random numbers from torch's default CUDA generator (dropout) are new at every replay, as
   ``torch.cuda.graph`` registers that generator with the graph;
+* a learning rate given as a Python float is baked into the graph at the capture: a schedule
+  that changes it later needs the rate as a tensor (``Adam(..., lr=torch.tensor(1e-3,
+  device="cuda"), fused=True)``, then ``group["lr"].fill_(new)``);
 * the optimiser is made ``capturable`` (Adam, AdamW and others that have the option; its
   ``step`` counters move to the GPU) when this object is built, before its first step.
 
