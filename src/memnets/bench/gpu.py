@@ -320,7 +320,11 @@ def _train_step(model: torch.nn.Module, x: torch.Tensor, run: Callable, graphed:
         from ..train.graph_step import CUDAGraphStep
 
         whole = CUDAGraphStep(lambda x: run(x).float().pow(2).mean(), opt, warmup=1)
-        return lambda: whole(x)
+
+        def graphed_step() -> None:
+            whole(x)
+        graphed_step.stats = whole.stats  # eager / captured / replayed / failed, for the row
+        return graphed_step
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)

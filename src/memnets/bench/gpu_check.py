@@ -372,13 +372,22 @@ def _models_rows(bench, tiny: bool) -> None:
     warmup, repeat = (2, 10) if not tiny else (1, 1)
 
     def case(name, cfg, build, B, T, Fi, extra=None, graphed=False):
+        made = []
+
         def make():
             torch.manual_seed(0)
             model = build().to(dev)
             x = torch.randn(B, T, Fi, device=dev)
-            return _train_step(model, x, lambda x: model(x)[0], graphed=graphed)
-        return bench.measure("models", name + (" (whole step graphed)" if graphed else ""), cfg, torch.float32,
-                             make, warmup, repeat, extra={"B": B, "T": T, "needs_cuda": False, **(extra or {})})
+            made.append(_train_step(model, x, lambda x: model(x)[0], graphed=graphed))
+            return made[-1]
+        row = bench.measure("models", name + (" (whole step graphed)" if graphed else ""), cfg, torch.float32,
+                            make, warmup, repeat, extra={"B": B, "T": T, "needs_cuda": False, **(extra or {})})
+        stats = getattr(made[-1], "stats", None) if made else None
+        if stats is not None:  # whether the whole step was captured and replayed, or ran eagerly
+            row["whole_step"] = dict(stats)
+            if cuda and not stats.get("replayed"):
+                row["note"] = (row.get("note") or "") + " not replayed: the capture failed, eager steps timed"
+        return row
 
     def whole(name, cfg, build, B, T, Fi, lstm_build):
         """Ours and the LSTM with the whole training step replayed from one CUDA graph each
