@@ -7,6 +7,7 @@ replay, one graph per input signature, failures) runs with the eager stand-in gr
 kernels' own loop graphs inside."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -146,21 +147,27 @@ def test_bad_arguments_are_refused():
         step(torch.randn(2, 6))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the capture needs CUDA; its bookkeeping is tested on "
-                    "the CPU by the tests above with the stand-in graph")
-@pytest.mark.parametrize("which", ["LSAM", "NAM-TM", "DNC"])
-def test_cuda_capture_of_a_memory_equals_eager_steps(which):
+def _memory(which):
     from memnets.memories.dnc import DNC
     from memnets.memories.lsam import LSAM
     from memnets.memories.nam_tm import NAMTuringMachine
 
-    build = {"LSAM": lambda: LSAM(16, 16, 2), "NAM-TM": lambda: NAMTuringMachine(16, 32, num_tapes=2, tape_length=8),
-             "DNC": lambda: DNC(16, 8, memory_slots=8, word_size=8, read_heads=2, controller_size=16)}[which]
+    return {"LSAM": lambda: LSAM(16, 16, 2), "NAM-TM": lambda: NAMTuringMachine(16, 32, num_tapes=2, tape_length=8),
+            "DNC": lambda: DNC(16, 8, memory_slots=8, word_size=8, read_heads=2, controller_size=16)}[which]()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the capture needs CUDA; on the CPU the same models go through the "
+    "stand-in graph (the cpu case)"))])
+@pytest.mark.parametrize("which", ["LSAM", "NAM-TM", "DNC"])
+def test_whole_step_of_a_memory_equals_eager_steps(which, device):
+    """On CUDA the real capture, with the recurrent kernels' own loop graphs inside it; on the CPU
+    the same models and steps through the stand-in graph."""
     torch.manual_seed(0)
-    ref = build().cuda()
+    ref = _memory(which).to(device)
     model = copy.deepcopy(ref)
     g = torch.Generator().manual_seed(1)
-    xs = [torch.randn(4, 7, 16, generator=g).cuda() for _ in range(6)]
+    xs = [torch.randn(4, 7, 16, generator=g).to(device) for _ in range(6)]
 
     def loss(m, x):
         return m(x)[0].float().pow(2).mean()
@@ -175,7 +182,8 @@ def test_cuda_capture_of_a_memory_equals_eager_steps(which):
         ref_losses.append(lo.item())
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     step = CUDAGraphStep(lambda x: loss(model, x), opt, warmup=2)
-    losses = [step(x).item() for x in xs]
+    with (graph_step.stand_in() if device == "cpu" else contextlib.nullcontext()):
+        losses = [step(x).item() for x in xs]
     assert step.stats["captured"] == 1 and step.stats["replayed"] == 3, dict(step.stats)
     assert losses == pytest.approx(ref_losses, rel=1e-4, abs=1e-6)
     for p, q in zip(model.parameters(), ref.parameters()):
