@@ -91,29 +91,28 @@ def kernels():
             return tl.dot(a, h, input_precision="ieee", out_dtype=ACC)
 
     @triton.jit
-    def chunk_sums(x_ptr, y_ptr, h_ptr, n_rows, dx, dy, sx_b, sx_r, sy_b, sy_r, scale, eps,
+    def chunk_sums(x_ptr, y_ptr, h_ptr, n_chunks, n_rows, dx, dy, sx_b, sx_r, sy_b, sy_r, scale, eps,
                    C: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr, NORM: tl.constexpr,
                    HALF_IN: tl.constexpr, ACC: tl.constexpr, IN: tl.constexpr):
         """``h[b, n] = (scale · μ(x_n))ᵀ y_n`` (``NORM``; else ``x_nᵀ y_n``) for chunk ``n`` of sequence ``b``."""
-        n = tl.program_id(0)
-        b = tl.program_id(1)
+        n = tl.program_id(0) % n_chunks  # one flat grid: chunk n of sequence b
+        b = (tl.program_id(0) // n_chunks).to(tl.int64)
         x = _tile(x_ptr, b, n * C, n_rows, dx, sx_b, sx_r, C, BX, ACC)
         y = _tile(y_ptr, b, n * C, n_rows, dy, sy_b, sy_r, C, BY, ACC)
         if NORM:
             inv, _ = _inv_norm(x, eps)
             x = x * (inv * scale)[:, None]
         h = _mm(tl.trans(x), y, HALF_IN, ACC, IN)
-        nc = tl.num_programs(0)
         i = tl.arange(0, BX)
         j = tl.arange(0, BY)
-        tl.store(h_ptr + (b * nc + n) * BX * BY + i[:, None] * BY + j[None, :], h.to(h_ptr.dtype.element_ty))
+        tl.store(h_ptr + (b * n_chunks + n) * BX * BY + i[:, None] * BY + j[None, :], h.to(h_ptr.dtype.element_ty))
 
     @triton.jit
-    def forward_out(q_ptr, k_ptr, v_ptr, p_ptr, o_ptr, L, S, dk, dv, sq_b, sq_r, sk_b, sk_r, sv_b, sv_r,
+    def forward_out(q_ptr, k_ptr, v_ptr, p_ptr, o_ptr, n_chunks, L, S, dk, dv, sq_b, sq_r, sk_b, sk_r, sv_b, sv_r,
                     p_b, scale, eps, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     CAUSAL: tl.constexpr, HALF_IN: tl.constexpr, ACC: tl.constexpr, IN: tl.constexpr):
-        n = tl.program_id(0)
-        b = tl.program_id(1)
+        n = tl.program_id(0) % n_chunks  # one flat grid: chunk n of sequence b
+        b = (tl.program_id(0) // n_chunks).to(tl.int64)
         q = _tile(q_ptr, b, n * C, L, dk, sq_b, sq_r, C, BK, ACC)
         inv_q, _ = _inv_norm(q, eps)
         Q = q * (inv_q * scale)[:, None]
@@ -142,7 +141,7 @@ def kernels():
         tl.store(o_ptr + b * L * dv + rows[:, None] * dv + j[None, :], o.to(o_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
-    def backward(q_ptr, k_ptr, v_ptr, do_ptr, p_ptr, g_ptr, dq_ptr, dk_ptr, dv_ptr, L, S, dk, dv,
+    def backward(q_ptr, k_ptr, v_ptr, do_ptr, p_ptr, g_ptr, dq_ptr, dk_ptr, dv_ptr, n_chunks, L, S, dk, dv,
                  sq_b, sq_r, sk_b, sk_r, sv_b, sv_r, sd_b, sd_r, p_b, g_b, n_g, scale, eps,
                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CAUSAL: tl.constexpr,
                  HALF_IN: tl.constexpr, ACC: tl.constexpr, IN: tl.constexpr):
@@ -150,8 +149,8 @@ def kernels():
 
         ``p``: the prefixes of ``Kᵀ V`` (causal; non-causal: their sum); ``g``: the prefixes of
         ``Qᵀ dO`` over ``n_g`` chunks (non-causal: their sum)."""
-        n = tl.program_id(0)
-        b = tl.program_id(1)
+        n = tl.program_id(0) % n_chunks  # one flat grid: chunk n of sequence b
+        b = (tl.program_id(0) // n_chunks).to(tl.int64)
         i = tl.arange(0, BK)
         j = tl.arange(0, BV)
         r = tl.arange(0, C)
@@ -270,8 +269,9 @@ def _sums(x, y, *, norm: bool, scale: float, eps: float, causal: bool, C: int, b
     nc = -(-R // C)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     h = x.new_empty(N, nc, bx, by, dtype=acc)
-    chunk_sums[(nc, N)](x, y, h, R, x.shape[-1], y.shape[-1], x.stride(0), x.stride(1), y.stride(0), y.stride(1),
-                        scale, eps, C=C, BX=bx, BY=by, NORM=norm, **_meta(x.dtype), num_warps=_warps(bx, by))
+    chunk_sums[(nc * N,)](x, y, h, nc, R, x.shape[-1], y.shape[-1], x.stride(0), x.stride(1), y.stride(0),
+                          y.stride(1), scale, eps, C=C, BX=bx, BY=by, NORM=norm, **_meta(x.dtype),
+                          num_warps=_warps(bx, by))
     return h.cumsum_(1) if causal else h.sum(1)
 
 
@@ -303,9 +303,10 @@ class NAMAttentionTriton(torch.autograd.Function):
         C = _chunk(BK, BV)
         P = _sums(k, v, norm=True, scale=1.0, eps=eps, causal=causal, C=C, bx=BK, by=BV)
         o = q.new_empty(N, L, dv)
-        fwd[(-(-L // C), N)](q, k, v, P, o, L, S, dk, dv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-                             v.stride(0), v.stride(1), P.stride(0), scale, eps, C=C, BK=BK, BV=BV, CAUSAL=causal,
-                             **_meta(q.dtype), num_warps=_warps(BK, BV))
+        nc = -(-L // C)
+        fwd[(nc * N,)](q, k, v, P, o, nc, L, S, dk, dv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+                       v.stride(0), v.stride(1), P.stride(0), scale, eps, C=C, BK=BK, BV=BV, CAUSAL=causal,
+                       **_meta(q.dtype), num_warps=_warps(BK, BV))
         ctx.save_for_backward(q, k, v, P)
         ctx.scale, ctx.eps, ctx.causal = scale, eps, causal
         return o
@@ -322,10 +323,10 @@ class NAMAttentionTriton(torch.autograd.Function):
         G = _sums(q, do, norm=True, scale=ctx.scale, eps=ctx.eps, causal=ctx.causal, C=C, bx=BK, by=BV)
         dq, dk_, dv_ = (t.new_empty(t.shape) for t in (q, k, v))  # contiguous, whatever the inputs' strides
         nc = -(-max(L, S) // C)
-        bwd[(nc, N)](q, k, v, do, P, G, dq, dk_, dv_, L, S, dk, dv, q.stride(0), q.stride(1), k.stride(0),
-                     k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1), P.stride(0), G.stride(0),
-                     G.shape[1] if ctx.causal else 1, ctx.scale, ctx.eps, C=C, BK=BK, BV=BV, CAUSAL=ctx.causal,
-                     **_meta(q.dtype), num_warps=_warps(BK, BV, backward=True))
+        bwd[(nc * N,)](q, k, v, do, P, G, dq, dk_, dv_, nc, L, S, dk, dv, q.stride(0), q.stride(1), k.stride(0),
+                       k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1), P.stride(0), G.stride(0),
+                       G.shape[1] if ctx.causal else 1, ctx.scale, ctx.eps, C=C, BK=BK, BV=BV, CAUSAL=ctx.causal,
+                       **_meta(q.dtype), num_warps=_warps(BK, BV, backward=True))
         return dq, dk_, dv_, None, None, None
 
 
