@@ -380,3 +380,23 @@ def test_suite_only_runs_the_matching_runs(tmp_path, capsys):
     assert "(1 done, 0 to resume, 0 to start)" in capsys.readouterr().out
     assert main([*argv, "--only", "nothing-*"]) == 2
     assert "matches no run" in capsys.readouterr().err
+
+
+def test_sweep_choice_counts_differences_within_sampling_noise_as_ties():
+    """One sequence of 512 (0.2 against 0.0%) decides nothing: the tie goes to ID, then to the
+    selection loss; a clear difference still decides."""
+    from memnets.cli.suite import choose_point, within_noise
+
+    def pt(label, sel, idv, loss, n=512):
+        return {"label": label, "sel": (sel, n), "id": (idv, n), "loss": loss}
+
+    assert within_noise(0.002, 512, 0.0, 512) and within_noise(0.006, 512, 0.0, 512)
+    assert not within_noise(0.992, 512, 0.926, 512) and not within_noise(1.0, 512, 0.979, 512)
+    assert within_noise(0.5, None, 0.5, None) and not within_noise(0.5, None, 0.51, None)
+    # Fib TF's sweep: OD-easy 0.0 / 0.2 / 0.0%, ID 1.4 / 1.4 / 80.9%: the rate that learned ID
+    assert choose_point([pt("a", 0.0, 0.014, 0.9), pt("b", 0.002, 0.014, 1.1), pt("c", 0.0, 0.809, 2.4)]) == "c"
+    # all tied on both: the lowest selection loss
+    assert choose_point([pt("a", 0.0, 1.0, 2.0), pt("b", 0.0, 1.0, 2.2), pt("c", 0.006, 1.0, 2.7)]) == "a"
+    # a clear winner on the selection split whatever its ID and loss
+    assert choose_point([pt("a", 0.781, 1.0, 0.04), pt("b", 0.926, 1.0, 0.01), pt("c", 0.992, 0.9, 0.5)]) == "c"
+    assert choose_point([]) is None

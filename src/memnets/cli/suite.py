@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -47,7 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["add_parser", "Suite", "SuiteRun", "load_suite", "list_suites", "suite_runs", "run_status", "run_name",
-           "runs_table", "family_tables", "sweep_table", "archive_run", "finished_dir"]
+           "runs_table", "family_tables", "sweep_table", "archive_run", "finished_dir", "choose_point",
+           "within_noise"]
 
 SUITE_KEYS = ("description", "presets", "seeds", "overrides", "seeds_for", "overrides_for", "sweep")
 ARCHIVED = ("results.json", "config.json", "env.json", "metrics.jsonl", "suite.log")
@@ -456,8 +458,10 @@ def _tables(suite: Suite, runs: list[SuiteRun], metric: str | None) -> str:
 def sweep_table(suite: Suite, runs: list[SuiteRun], metric: str | None = None) -> str:
     """Markdown: for each preset and seed of a suite with a ``sweep``, each point's figure on the
     run's selection split (its ``select_split``, at the reported evaluation) and the point
-    chosen: the highest on the selection split, ties broken by ID, then by the lower selection
-    loss. The other splits (OD-hard) take no part. Empty for a suite without a sweep."""
+    chosen (:func:`choose_point`): the highest on the selection split, a difference within the
+    evaluation's sampling noise counting as a tie; ties broken by ID (likewise), then by the
+    lower selection loss. The other splits (OD-hard) take no part. Empty for a suite without a
+    sweep."""
     if not suite.sweep:
         return ""
     points = _sweep_points(suite.sweep)
@@ -470,7 +474,7 @@ def sweep_table(suite: Suite, runs: list[SuiteRun], metric: str | None = None) -
     labels = [sfx.lstrip("-") for sfx, _ in points]
     lines = ["| preset | seed | " + " | ".join(labels) + " | chosen |", "|---|---|" + "---|" * (len(labels) + 1)]
     for (preset, seed), cells in groups.items():
-        best, best_key, figs = None, None, []
+        figs, points = [], []
         for label, res in cells:
             if res is None:
                 figs.append("–")
@@ -480,14 +484,38 @@ def sweep_table(suite: Suite, runs: list[SuiteRun], metric: str | None = None) -
             m = _metric_of(res, metric)
             v = (sp.get(sel) or {}).get(m)
             figs.append(f"{_value(m, v)} ({sel})")
-            key = (v if isinstance(v, (int, float)) else -1.0, (sp.get("id") or {}).get(m) or 0.0,
-                   -((sp.get(sel) or {}).get("loss") or 0.0))
-            if best_key is None or key > best_key:
-                best, best_key = label, key
+            s_sel, s_id = sp.get(sel) or {}, sp.get("id") or {}
+            points.append({"label": label, "sel": (v if isinstance(v, (int, float)) else -1.0, s_sel.get("n")),
+                           "id": (s_id.get(m) or 0.0, s_id.get("n")), "loss": s_sel.get("loss") or 0.0})
+        best = choose_point(points)
         done = all(res is not None for _, res in cells)
         chosen = best if done else (f"({best} so far)" if best else "–")
         lines.append(f"| {preset} | {seed} | " + " | ".join(figs) + f" | {chosen} |")
     return "\n".join(lines)
+
+
+def within_noise(a: float, na: int | None, b: float, nb: int | None, z: float = 2.0) -> bool:
+    """Whether two accuracies (fractions over ``na`` and ``nb`` sequences) differ by no more than
+    ``z`` standard errors of their difference (pooled binomial): a difference the evaluation's
+    sampling cannot tell from none. Without counts, only equal values are within noise."""
+    if not na or not nb or not (0.0 <= a <= 1.0 and 0.0 <= b <= 1.0):
+        return a == b
+    p = (a * na + b * nb) / (na + nb)
+    return abs(a - b) <= z * math.sqrt(p * (1.0 - p) * (1.0 / na + 1.0 / nb))
+
+
+def choose_point(points: list[dict]) -> str | None:
+    """The sweep's choice among ``points`` (``{"label", "sel": (value, n), "id": (value, n),
+    "loss"}``): the points whose selection-split figure is within sampling noise of the highest
+    (:func:`within_noise`), of those the ones whose ID figure is within noise of their highest,
+    of those the lowest selection-split loss. None without points."""
+    if not points:
+        return None
+    top = max(points, key=lambda q: q["sel"][0])["sel"]
+    tied = [q for q in points if within_noise(q["sel"][0], q["sel"][1], top[0], top[1])]
+    top_id = max(tied, key=lambda q: q["id"][0])["id"]
+    tied = [q for q in tied if within_noise(q["id"][0], q["id"][1], top_id[0], top_id[1])]
+    return min(tied, key=lambda q: q["loss"])["label"]
 
 
 def family_tables(results: list[dict], metric: str | None = None) -> str:
