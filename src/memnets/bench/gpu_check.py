@@ -510,7 +510,7 @@ def _attention_rows(bench, tiny: bool) -> None:
         else:
             bench.measure("attention", f"nam_attention impl={other}", cfg, dtype, lambda: make_nam(other), warmup,
                           repeat, extra={"needs_cuda": other == "fla", **extra})
-        q0 = inputs()[0]
+        q0 = torch.empty(1, 1, 1, d, device=dev, dtype=dtype)  # the choice depends on device, dtype and dims only
         used = resolve_attention_impl("auto", q0, q0, q0, causal=causal)
         ours = bench.measure("attention", "nam_attention", cfg, dtype, make_nam, warmup, repeat,
                              extra={"needs_cuda": False, "impl": used, **extra})

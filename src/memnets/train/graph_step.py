@@ -39,7 +39,6 @@ the capture itself needs a GPU (``make gpu-check`` runs it).
 from __future__ import annotations
 
 import collections
-import os
 import warnings
 from typing import Callable, Hashable
 
@@ -120,19 +119,24 @@ class CUDAGraphStep:
             _make_capturable(optimizer)
 
     # ------------------------------------------------------------------------------- steps
-    def _eager(self, inputs) -> torch.Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
+    def _step(self, inputs) -> torch.Tensor:
+        """Loss, backward, ``before_step``, optimiser step: the body of every step, eager or captured."""
         loss = self.loss_fn(*inputs)
         _check_loss(loss)
         loss.backward()
         if self.before_step is not None:
             self.before_step()
         self.optimizer.step()
-        self.stats["eager"] += 1
         return loss.detach()
 
+    def _eager(self, inputs) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._step(inputs)
+        self.stats["eager"] += 1
+        return loss
+
     def _replays(self, inputs) -> bool:
-        if self.enabled is False or os.environ.get("MEMNETS_CUDA_GRAPHS", "1") == "0":
+        if self.enabled is False or not _graphs.switched_on():
             return False
         tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
         if len(tensors) != len(inputs) or not tensors:
@@ -176,16 +180,11 @@ class CUDAGraphStep:
         box: list[torch.Tensor] = []  # the loss: the graph's own tensor, rewritten at every replay
 
         def body() -> None:
-            loss = self.loss_fn(*static)
-            _check_loss(loss)
-            loss.backward()
-            if self.before_step is not None:
-                self.before_step()
-            self.optimizer.step()
+            loss = self._step(static)
             if box:
-                box[0].copy_(loss.detach())
+                box[0].copy_(loss)
             else:
-                box.append(loss.detach())
+                box.append(loss)
 
         try:
             if static[0].is_cuda:
