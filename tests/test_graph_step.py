@@ -8,6 +8,7 @@ kernels' own loop graphs inside."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import copy
 
 import pytest
@@ -188,3 +189,148 @@ def test_whole_step_of_a_memory_equals_eager_steps(which, device):
     assert losses == pytest.approx(ref_losses, rel=1e-4, abs=1e-6)
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- memnets train
+def _train_cfg(**kw):
+    from memnets.train import ModelConfig, OptimConfig, RunConfig, TaskConfig
+
+    base = dict(name="graphed", epochs=2, batch_size=16, log_every=2, threads=1,
+                model=ModelConfig("lsam_encdec", 16, {"num_heads": 2}),
+                task=TaskConfig(name="reduce", train_digits=(1, 4), train_size=72, eval_size=32,
+                                splits={"id": (2, 4), "od_easy": (5, 6), "od_hard": (7, 8)}),
+                optim=OptimConfig(kind="adam", lr=3e-3, grad_clip=0.5))
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def _train_records(run_dir):
+    import json
+
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the capture needs CUDA; the cpu case runs the same training "
+    "through the stand-in graph"))])
+def test_train_with_graphed_steps_equals_the_eager_run(tmp_path, monkeypatch, device):
+    """``memnets train`` through CUDAGraphStep (on the CPU the stand-in of the capture): the same
+    losses and evaluations as the eager loop: three eager warm-up steps, one capture, then
+    replays, which the exponential schedule (halving the rate each epoch) reaches through the
+    optimiser (on CUDA a tensor rate on the GPU)."""
+    from memnets.train import loop, train
+    from memnets.train.loop import graph_steps
+
+    made = []
+    orig = loop.Trainer._make_graph_step
+
+    def spy(self):
+        made.append(orig(self))
+        return made[-1]
+
+    monkeypatch.setattr(loop.Trainer, "_make_graph_step", spy)
+    cfg = _train_cfg(epochs=3, schedule=dataclasses_replace_gamma(), device=device)
+    eager = train(dataclasses.replace(cfg, cuda_graph="off"), tmp_path / "eager", quiet=True)
+    assert not made
+    with (graph_step.stand_in() if device == "cpu" else contextlib.nullcontext()):
+        assert graph_steps(cfg, torch.device(device))
+        graphed = train(cfg, tmp_path / "graphed", quiet=True)
+    tol = 1e-5 if device == "cpu" else 2e-3  # CUDA: fused Adam's rounding, atomics in the backward
+    assert len(made) == 1
+    st = made[0].stats
+    assert dict(st) == {"eager": 3, "captured": 1, "replayed": 8}, dict(st)
+    a, b = _train_records(tmp_path / "eager"), _train_records(tmp_path / "graphed")
+    assert [r["kind"] for r in a] == [r["kind"] for r in b]
+    for ra, rb in zip(a, b):
+        if ra["kind"] == "train":
+            assert rb["loss"] == pytest.approx(ra["loss"], rel=tol) and rb["lr"] == ra["lr"]
+            assert rb["tok_acc"] == pytest.approx(ra["tok_acc"], abs=1e-6 if device == "cpu" else 2e-2)
+    if device == "cpu":
+        assert graphed["splits"]["id"]["seq_acc"] == pytest.approx(eager["splits"]["id"]["seq_acc"], abs=1e-9)
+
+
+def dataclasses_replace_gamma():
+    from memnets.train import ScheduleConfig
+
+    return ScheduleConfig(kind="exp", gamma=0.5)
+
+
+def test_graphed_training_resumes_and_checkpoints_float_rates(tmp_path):
+    """A run stopped after its first step resumes with graphed steps to the end; the
+    checkpoint's optimiser state holds plain float learning rates (on CUDA the graphed steps'
+    rate is a tensor on the GPU, which would tie the checkpoint to it)."""
+    from memnets.train import train
+    from memnets.train.loop import _float_lr
+
+    first = train(_train_cfg(time_limit_min=1e-9, cuda_graph="off"), tmp_path / "r", quiet=True)
+    assert first["steps"] == 1
+    with graph_step.stand_in():
+        done = train(_train_cfg(cuda_graph="on"), tmp_path / "r", resume=True, quiet=True)
+    assert done["steps"] == 8 and not done["stopped_by_time_limit"]
+    state = torch.load(tmp_path / "r" / "checkpoints" / "step-000000008.state.pt", weights_only=False)
+    assert all(type(g["lr"]) is float for g in state["optimizer"]["param_groups"])
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.Adam([p], lr=torch.tensor(0.25), foreach=False)
+    sd = _float_lr(opt.state_dict())
+    assert sd["param_groups"][0]["lr"] == 0.25 and type(sd["param_groups"][0]["lr"]) is float
+    assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)  # the optimiser's own state is left alone
+
+
+@pytest.mark.parametrize("at", [2, 6])  # an eager warm-up step, a replayed one
+def test_graphed_steps_name_the_non_finite_loss_or_gradient(tmp_path, monkeypatch, at):
+    from memnets.train import loop, train
+    from memnets.train.nan_guard import NonFiniteError
+
+    real = loop.build_model
+    calls = {"n": 0}
+
+    def build(cfg):
+        model = real(cfg)
+        name, p = next(iter(model.named_parameters()))
+        calls["name"] = name
+
+        def hook(g):  # a finite loss whose gradient turns NaN in one parameter at step `at`
+            calls["n"] += 1
+            return g * float("nan") if calls["n"] == at else g
+
+        p.register_hook(hook)
+        return model
+
+    monkeypatch.setattr(loop, "build_model", build)
+    with graph_step.stand_in(), pytest.raises(NonFiniteError, match=f"at step {at}") as e:
+        train(_train_cfg(cuda_graph="on", epochs=3), tmp_path / "g", quiet=True)
+    assert e.value.kind == "gradient" and e.value.name == calls["name"] + ".grad" and e.value.n_nan > 0
+
+    def poisoned(self, x):
+        out = orig(self, x)
+        return out * float("inf") if self.training else out
+
+    from memnets.models.seq import SequenceTaskModel
+
+    orig = SequenceTaskModel.forward
+    monkeypatch.setattr(loop, "build_model", real)
+    monkeypatch.setattr(SequenceTaskModel, "forward", poisoned)
+    with graph_step.stand_in(), pytest.raises(NonFiniteError, match="non-finite loss `loss` at step 1"):
+        train(_train_cfg(cuda_graph="on", epochs=1), tmp_path / "l", quiet=True)
+
+
+def test_cuda_graph_settings_it_cannot_take_are_refused():
+    from memnets.train import ConfigError, OptimConfig
+    from memnets.train.loop import graph_steps
+
+    with pytest.raises(ConfigError, match="cuda_graph.*sgd"):
+        _train_cfg(cuda_graph="on", optim=OptimConfig(kind="sgd"))
+    with pytest.raises(ConfigError, match="cuda_graph.*skip"):
+        _train_cfg(cuda_graph="on", optim=OptimConfig(nan_policy="skip"))
+    with pytest.raises(ConfigError, match="cuda_graph.*compile"):
+        _train_cfg(cuda_graph="on", compile="default")
+    with pytest.raises(ConfigError, match="`cuda_graph` expected one of"):
+        _train_cfg(cuda_graph="yes")
+    with pytest.raises(ConfigError, match="one process"):
+        graph_steps(_train_cfg(cuda_graph="on"), torch.device("cuda"), world=2)
+    auto = _train_cfg()
+    assert not graph_steps(auto, torch.device("cpu"))          # auto: CUDA only
+    assert graph_steps(auto, torch.device("cuda"))
+    assert not graph_steps(auto, torch.device("cuda"), world=2)
+    assert not graph_steps(_train_cfg(optim=OptimConfig(kind="sgd")), torch.device("cuda"))
+    assert not graph_steps(_train_cfg(cuda_graph="off"), torch.device("cuda"))

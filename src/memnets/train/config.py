@@ -134,6 +134,8 @@ class RunConfig:
     ``amp``: ``auto`` (bf16 autocast on CUDA
     only), ``bf16`` (bf16 autocast on CUDA and on the CPU) or ``none``. ``threads``: torch intra-op threads (0: torch's default).
     ``compile``: ``torch.compile`` the module the training steps call (``none``: eager).
+    ``cuda_graph``: replay each training step from a CUDA graph
+    (:class:`memnets.train.graph_step.CUDAGraphStep`; :func:`memnets.train.loop.graph_steps`).
     ``time_limit_min``: stop after the first optimiser step past this wall time, inside an
     epoch if need be, with a checkpoint and an evaluation there (0: no limit; a run stopped
     this way is not reproducible step for step).
@@ -161,6 +163,10 @@ class RunConfig:
     compile: str = field(default="none", metadata={
         "help": "torch.compile the training forward: none, default, reduce-overhead (CUDA graphs on "
                 "CUDA) or max-autotune; evaluation stays eager", "omit_empty": True})
+    cuda_graph: str = field(default="auto", metadata={
+        "help": "replay each training step (forward, backward, clipping, Adam) from a CUDA graph: auto (on "
+                "CUDA in one process with Adam/AdamW, no compile and optim.nan_policy = raise), on (the same, "
+                "refusing a setting it cannot take) or off", "omit_empty": True})
     tensorboard: bool = _field(False, help="also write TensorBoard event files to RUN_DIR/tb (needs the "
                                "tensorboard package, `pip install memnets[tensorboard]`; without it the run "
                                "goes on without them)")
@@ -197,6 +203,7 @@ _CHOICES = {
     ("schedule", "kind"): ("exp", "constant", "cosine", "rsqrt"),
     ("amp",): ("auto", "bf16", "none"),
     ("compile",): ("none",) + COMPILE_MODES,
+    ("cuda_graph",): ("auto", "on", "off"),
     ("select_ties",): ("first", "last"),
     ("optim", "nan_policy"): ("raise", "skip"),
     ("optim", "kind"): ("adamw", "adam", "sgd"),
@@ -235,6 +242,14 @@ def _validate(cfg: RunConfig) -> None:
             raise ConfigError(f"`{'.'.join(path)}` expected one of {list(choices)}, got {obj!r}")
     if cfg.max_steps < 0:
         raise ConfigError(f"`max_steps` expected an integer >= 0, got {cfg.max_steps}")
+    if cfg.cuda_graph == "on":
+        why = ("optim.kind = 'sgd' (its step reads a tensor learning rate back to the CPU)"
+               if cfg.optim.kind == "sgd" else
+               "optim.nan_policy = 'skip' (a replayed step cannot drop its update)"
+               if cfg.optim.nan_policy == "skip" else
+               f"compile = {cfg.compile!r} (torch.compile makes graphs of its own)" if cfg.compile != "none" else None)
+        if why:
+            raise ConfigError(f"`cuda_graph` = 'on' cannot take {why}; set cuda_graph = 'auto' or 'off'")
     if not _DEVICE.fullmatch(cfg.device):
         raise ConfigError(f"`device` expected auto, cpu, cuda, cuda:N or mps, got {cfg.device!r}")
     for key, (lo, hi, lo_open, what) in _RANGES.items():

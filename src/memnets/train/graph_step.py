@@ -11,6 +11,12 @@ the optimiser's) is launched by one call. This is PyTorch's whole-network captur
     for x, y in loader:
         loss = step(x, y)          # a tensor the next call overwrites: .item() or clone() it
 
+``loss_fn`` may also return a tuple ``(loss, *extra)``: the call then returns the tuple, whose
+extra items (tensors, or closures over the step's tensors, read after the call) come from the
+captured step and so hold the latest replay's values. ``step(*inputs, key=k)`` adds a hashable
+``k`` to the signature, for what the inputs' tensors do not say (Python numbers ``loss_fn``
+reads from elsewhere): each ``k`` has graphs of its own.
+
 Rules, as for any CUDA graph:
 
 * the inputs of every call have the shapes and dtypes the graph was captured with; a new
@@ -77,10 +83,10 @@ class _EagerGraph:
 
 
 class _Entry:
-    __slots__ = ("graph", "inputs", "loss")
+    __slots__ = ("graph", "inputs", "out")
 
-    def __init__(self, graph, inputs: list[torch.Tensor], loss: torch.Tensor) -> None:
-        self.graph, self.inputs, self.loss = graph, inputs, loss
+    def __init__(self, graph, inputs: list[torch.Tensor], out: list) -> None:
+        self.graph, self.inputs, self.out = graph, inputs, out  # out[0]: the step's output
 
 
 class CUDAGraphStep:
@@ -119,15 +125,17 @@ class CUDAGraphStep:
             _make_capturable(optimizer)
 
     # ------------------------------------------------------------------------------- steps
-    def _step(self, inputs) -> torch.Tensor:
-        """Loss, backward, ``before_step``, optimiser step: the body of every step, eager or captured."""
-        loss = self.loss_fn(*inputs)
+    def _step(self, inputs):
+        """Loss, backward, ``before_step``, optimiser step: the body of every step, eager or
+        captured. Returns the detached loss, or ``(loss, *extra)`` when ``loss_fn`` returns a tuple."""
+        out = self.loss_fn(*inputs)
+        loss = out[0] if isinstance(out, tuple) and out else out
         _check_loss(loss)
         loss.backward()
         if self.before_step is not None:
             self.before_step()
         self.optimizer.step()
-        return loss.detach()
+        return (loss.detach(), *out[1:]) if isinstance(out, tuple) else loss.detach()
 
     def _eager(self, inputs) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
@@ -145,12 +153,12 @@ class CUDAGraphStep:
             return not tensors[0].is_cuda
         return all(t.is_cuda for t in tensors) and torch.cuda.is_available()
 
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: torch.Tensor, key: Hashable = None):
         if not self._replays(inputs):
             return self._eager(inputs)
         dev = inputs[0].device.type
         key = (tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad) for t in inputs),
-               torch.is_autocast_enabled(dev), str(torch.get_autocast_dtype(dev)))
+               torch.is_autocast_enabled(dev), str(torch.get_autocast_dtype(dev)), key)
         entry = self._graphs.get(key)
         if entry is not None:
             self._graphs.move_to_end(key)
@@ -158,7 +166,7 @@ class CUDAGraphStep:
                 buf.copy_(t)
             entry.graph.replay()
             self.stats["replayed"] += 1
-            return entry.loss
+            return entry.out[0]
         if key in self._failed or self._seen[key] < self.warmup:
             self._seen[key] += 1
             return self._side_stream(lambda: self._eager(inputs), inputs[0])
@@ -177,14 +185,19 @@ class CUDAGraphStep:
     def _capture(self, key, inputs) -> torch.Tensor:
         static = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
         self.optimizer.zero_grad(set_to_none=True)  # the graph's backward allocates the grads
-        box: list[torch.Tensor] = []  # the loss: the graph's own tensor, rewritten at every replay
+        # the output: the graph's own tensors, rewritten at every replay (the stand-in runs the
+        # body again at each replay: its loss is copied into the first one, its extras replace)
+        box: list = []
 
         def body() -> None:
-            loss = self._step(static)
-            if box:
-                box[0].copy_(loss)
+            out = self._step(static)
+            if not box:
+                box.append(out)
+            elif isinstance(out, tuple):
+                box[0][0].copy_(out[0])
+                box[0] = (box[0][0], *out[1:])
             else:
-                box.append(loss)
+                box[0].copy_(out)
 
         try:
             if static[0].is_cuda:
@@ -204,7 +217,7 @@ class CUDAGraphStep:
                 torch.cuda.synchronize(static[0].device)
             return self._side_stream(lambda: self._eager(inputs), inputs[0])
         self.stats["captured"] += 1
-        self._graphs[key] = _Entry(graph, static, box[0])
+        self._graphs[key] = _Entry(graph, static, box)
         while len(self._graphs) > MAX_GRAPHS:
             self._graphs.popitem(last=False)
         return box[0]

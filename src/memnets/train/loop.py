@@ -44,7 +44,7 @@ from .optim import make_optimizer
 from .task import RunSummary, Task, get_task
 
 __all__ = ["train", "Trainer", "build_model", "evaluate", "lr_factor", "selects", "selection_key", "selection_rule",
-           "update", "RunExistsError", "model_config_error",
+           "update", "graph_steps", "RunExistsError", "model_config_error",
            "resume_config", "FREE_ON_RESUME"]
 
 
@@ -111,6 +111,45 @@ def _autocast(cfg: RunConfig, device: torch.device):
     if use and device.type in ("cuda", "cpu"):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def graph_steps(cfg: RunConfig, device: torch.device, world: int = 1) -> bool:
+    """Whether the training steps of ``cfg`` on ``device`` replay from CUDA graphs
+    (``cuda_graph``; :class:`~memnets.train.graph_step.CUDAGraphStep`): ``on``, or ``auto`` on
+    CUDA — either in one process, with Adam/AdamW, no ``compile`` and ``optim.nan_policy =
+    "raise"``. ``on`` with more processes raises :class:`ConfigError`; on the CPU the steps
+    are then eager (or the graphs' CPU stand-in, :func:`memnets.train.graph_step.stand_in`)."""
+    mode = cfg.cuda_graph
+    if mode == "off":
+        return False
+    if world > 1:
+        if mode == "on":
+            raise ConfigError("`cuda_graph` = 'on' runs in one process; DDP's gradient averaging is "
+                              "not captured here: set cuda_graph = 'auto' or 'off'")
+        return False
+    if mode == "on":
+        return True  # the settings it cannot take were refused by the config
+    from ..ops.gpu import graphs
+
+    return (device.type == "cuda" or graphs.standing_in()) and cfg.optim.kind in ("adam", "adamw") \
+        and cfg.compile == "none" and cfg.optim.nan_policy == "raise"
+
+
+def _set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """Every group's learning rate to ``lr``: written into a tensor rate (a graphed step reads
+    it on the GPU), assigned otherwise."""
+    for g in opt.param_groups:
+        if isinstance(g["lr"], torch.Tensor):
+            g["lr"].fill_(lr)
+        else:
+            g["lr"] = lr
+
+
+def _float_lr(state: dict) -> dict:
+    """An optimiser state dict with tensor learning rates as floats (a checkpoint any device loads)."""
+    groups = [dict(g, lr=float(g["lr"])) if isinstance(g.get("lr"), torch.Tensor) else g
+              for g in state["param_groups"]]
+    return dict(state, param_groups=groups)
 
 
 def _all_reduce(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
@@ -238,7 +277,7 @@ def model_config_error(cfg: RunConfig, e: Exception) -> ConfigError:
 
 
 # keys whose change does not alter what is computed: a resumed run may set them anew
-FREE_ON_RESUME = ("time_limit_min", "tensorboard", "threads", "description", "compile")
+FREE_ON_RESUME = ("time_limit_min", "tensorboard", "threads", "description", "compile", "cuda_graph")
 
 
 def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:
@@ -304,6 +343,9 @@ class Trainer:
         self.skipped = 0  # updates dropped by optim.nan_policy = "skip" in this process's run
         self.tb = None
         self.timing = [0.0, 0.0, 0]  # wall s, CPU s, steps timed (tasks with time_steps)
+        self.graph_step = None  # a CUDAGraphStep when the steps replay from CUDA graphs
+        self._leaves: list = []  # the batch of the graphed step being taken (its non-tensor leaves)
+        self._holder: dict = {}  # where the graphed step's body leaves its gradient norm
 
     # ------------------------------------------------------------------ phases
     def run(self, resume: bool) -> dict[str, Any]:
@@ -393,6 +435,8 @@ class Trainer:
             from ..ops._impl import compile_module
 
             self.net = compile_module(self.net, cfg.compile)
+        if graph_steps(cfg, self.device, info.world):
+            self.graph_step = self._make_graph_step()
         self.splits = self.task.eval_splits(cfg)
         self.nb = self.task.steps_per_epoch(cfg)
         self.total = self.nb * cfg.epochs
@@ -458,13 +502,16 @@ class Trainer:
             batch = task.train_batch(cfg, data, epoch, b, info.rank, info.world)
             f = task.lr_factor(cfg, epoch, self.step, self.task_state) if self.task_state is not None else None
             lr = cfg.optim.lr * (lr_factor(cfg, epoch, self.step, self.total) if f is None else f)
-            for g in self.opt.param_groups:
-                g["lr"] = lr
+            _set_lr(self.opt, lr)
             if task.time_steps:
                 self._sync()
                 w0, c0 = time.perf_counter(), time.process_time()
-            loss, stats = task.train_step(self.net, batch, cfg, self.device, self._autocast)
-            if update(cfg, self.model, self.opt, loss, self.step + 1):
+            if self.graph_step is not None:
+                loss, stats, applied = self.graph_update(batch)
+            else:
+                loss, stats = task.train_step(self.net, batch, cfg, self.device, self._autocast)
+                applied = update(cfg, self.model, self.opt, loss, self.step + 1)
+            if applied:
                 if task.time_steps:
                     self._sync()
                     self.timing = [self.timing[0] + time.perf_counter() - w0,
@@ -575,6 +622,69 @@ class Trainer:
         return {name: self.task.evaluate(self.model, data, self.cfg, device=self.device, info=self.info,
                                          autocast=self._autocast) for name, data in splits.items()}
 
+    # ------------------------------------------------------------------ graphed steps
+    def _make_graph_step(self):
+        """The :class:`~memnets.train.graph_step.CUDAGraphStep` of this run: the task's loss of a
+        batch rebuilt from the step's input tensors, then the backward, the gradient norm and
+        clipping, and the optimiser (made capturable, its learning rate a tensor on the GPU)."""
+        from .graph_step import CUDAGraphStep
+
+        cfg, model = self.cfg, self.model
+        if self.device.type == "cuda":
+            for g in self.opt.param_groups:  # the schedule writes into it; a float would be baked in
+                g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=self.device)
+
+        def loss_fn(*tensors):
+            it = iter(tensors)
+            leaves = [next(it) if isinstance(x, torch.Tensor) else x for x in self._leaves[0]]
+            batch = torch.utils._pytree.tree_unflatten(leaves, self._leaves[1])
+            loss, stats = self.task.train_step(self.net, batch, cfg, self.device, self._autocast)
+            holder: dict = {}
+            self._holder = holder
+            return loss, stats, holder
+
+        def before_step():
+            params = [p for p in model.parameters() if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            self._holder["norm"] = norm
+            if cfg.optim.grad_clip > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, cfg.optim.grad_clip, norm)
+
+        return CUDAGraphStep(loss_fn, self.opt, before_step=before_step)
+
+    def graph_update(self, batch) -> tuple[torch.Tensor, Any, bool]:
+        """One training step of ``batch`` through :attr:`graph_step` (replayed from a CUDA graph
+        once its signature was captured): ``(loss, stats, True)``, as :func:`update` would give.
+
+        The non-finite check reads the loss and the gradient norm after the step (the one sync
+        a step has, which the logged loss needs anyway): a replayed step cannot stop half-way, so
+        with a non-finite loss or gradient the parameters were already updated when
+        :class:`~memnets.train.nan_guard.NonFiniteError` is raised; the last checkpoint is
+        untouched."""
+        leaves, spec = torch.utils._pytree.tree_flatten(batch)
+        tensors = [x.to(self.device, non_blocking=True) for x in leaves if isinstance(x, torch.Tensor)]
+        others = tuple(x for x in leaves if not isinstance(x, torch.Tensor))
+        key = (str(spec), others)
+        try:
+            hash(key)
+        except TypeError:  # an unhashable leaf: this batch's step runs eagerly
+            tensors = []
+        if not tensors:
+            loss, stats = self.task.train_step(self.net, batch, self.cfg, self.device, self._autocast)
+            return loss, stats, update(self.cfg, self.model, self.opt, loss, self.step + 1)
+        self._leaves = [leaves, spec]
+        loss, stats, holder = self.graph_step(*tensors, key=key)
+        if not bool(torch.isfinite(loss) & torch.isfinite(holder["norm"])):
+            step = self.step + 1
+            if not bool(torch.isfinite(loss)):
+                check_finite(loss, None, step, policy="raise")
+            for name, p in self.model.named_parameters():  # the gradients: the parameters were updated
+                bad = first_non_finite(p.grad) if p.grad is not None else None
+                if bad is not None:
+                    raise NonFiniteError(step, f"{name}.grad", "gradient", *bad[2:])
+            raise NonFiniteError(step, "total gradient norm", "gradient", 0, 1)
+        return loss, stats, True
+
     # ------------------------------------------------------------------ helpers
     def _autocast(self):
         return _autocast(self.cfg, self.device)
@@ -593,7 +703,7 @@ class Trainer:
     def save(self, ep: int, b: int) -> None:
         if self.info.is_main:
             device = self.device
-            state = {"step": self.step, "epoch": ep, "batch": b, "optimizer": self.opt.state_dict(),
+            state = {"step": self.step, "epoch": ep, "batch": b, "optimizer": _float_lr(self.opt.state_dict()),
                      "rng_cpu": torch.get_rng_state(),
                      "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
                      "best": json.dumps(self.best), "metrics_lines": self.metrics.lines, "wall_s": self.wall()}
