@@ -334,3 +334,25 @@ def test_cuda_graph_settings_it_cannot_take_are_refused():
     assert not graph_steps(auto, torch.device("cuda"), world=2)
     assert not graph_steps(_train_cfg(optim=OptimConfig(kind="sgd")), torch.device("cuda"))
     assert not graph_steps(_train_cfg(cuda_graph="off"), torch.device("cuda"))
+
+
+def test_a_checkpoint_from_a_gpu_optimiser_resumes_with_this_runs_flags():
+    """A checkpoint written by fused, capturable Adam on a GPU (flags in its param groups) loads
+    into the CPU run's optimiser with the CPU run's flags, its step counters on the CPU."""
+    from memnets.train.loop import load_optimizer_state
+
+    p = torch.nn.Parameter(torch.ones(3))
+    gpu_like = torch.optim.Adam([p], lr=1e-3, foreach=False)
+    p.grad = torch.ones(3)
+    gpu_like.step()
+    sd = gpu_like.state_dict()
+    sd["param_groups"][0].update(fused=True, capturable=True, foreach=None)
+    q = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.Adam([q], lr=1e-3)
+    load_optimizer_state(opt, sd)
+    g = opt.param_groups[0]
+    assert g["fused"] is None and g["capturable"] is False and g["foreach"] is None
+    assert opt.state[q]["step"].device.type == "cpu" and float(opt.state[q]["step"]) == 1.0
+    q.grad = torch.ones(3)
+    opt.step()  # the loaded state steps on the CPU
+    assert float(opt.state[q]["step"]) == 2.0

@@ -44,7 +44,7 @@ from .optim import make_optimizer
 from .task import RunSummary, Task, get_task
 
 __all__ = ["train", "Trainer", "build_model", "evaluate", "lr_factor", "selects", "selection_key", "selection_rule",
-           "update", "graph_steps", "RunExistsError", "model_config_error",
+           "update", "graph_steps", "load_optimizer_state", "RunExistsError", "model_config_error",
            "resume_config", "FREE_ON_RESUME"]
 
 
@@ -150,6 +150,26 @@ def _float_lr(state: dict) -> dict:
     groups = [dict(g, lr=float(g["lr"])) if isinstance(g.get("lr"), torch.Tensor) else g
               for g in state["param_groups"]]
     return dict(state, param_groups=groups)
+
+
+_DEVICE_FLAGS = ("fused", "foreach", "capturable")
+
+
+def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
+    """``opt.load_state_dict(state)`` keeping ``opt``'s own device-bound flags (``fused``,
+    ``foreach``, ``capturable``, set for where this run trains) rather than the checkpoint's, so
+    a run saved on a GPU resumes on the CPU and the other way round; the ``step`` counters go
+    where the flags want them (the parameter's device when fused or capturable, else the CPU)."""
+    flags = [{k: g[k] for k in _DEVICE_FLAGS if k in g} for g in opt.param_groups]
+    opt.load_state_dict(state)
+    for g, f in zip(opt.param_groups, flags):
+        g.update(f)
+        on_device = bool(g.get("fused") or g.get("capturable"))
+        for p in g["params"]:
+            st = opt.state.get(p, {})
+            step = st.get("step")
+            if isinstance(step, torch.Tensor):
+                st["step"] = step.to(device=p.device if on_device else "cpu", dtype=torch.float32)
 
 
 def _all_reduce(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
@@ -392,7 +412,7 @@ class Trainer:
         if not self.has_ckpt:
             return
         st = ck.load_checkpoint(self.run_dir / "checkpoints", self.model)
-        self.opt.load_state_dict(st["optimizer"])
+        load_optimizer_state(self.opt, st["optimizer"])
         torch.set_rng_state(st["rng_cpu"])
         if torch.cuda.is_available() and st.get("rng_cuda") is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(st["rng_cuda"], self.device)
