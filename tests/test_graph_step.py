@@ -70,6 +70,25 @@ def test_each_input_signature_has_its_own_graph_and_old_ones_go():
     assert len(step._graphs) == graph_step.MAX_GRAPHS
 
 
+def test_shapes_that_keep_changing_stop_capturing(monkeypatch):
+    """Past MAX_CAPTURES captures a signature not held runs eagerly (with one warning) instead
+    of capturing again and again; the held graphs still replay."""
+    monkeypatch.setattr(graph_step, "MAX_CAPTURES", 3)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    step = CUDAGraphStep(lambda x, y: torch.nn.functional.mse_loss(model(x), y), opt, warmup=1)
+    with graph_step.stand_in():
+        for B in (2, 3, 4):
+            for _ in range(2):
+                step(*_batches(1, B=B)[0])
+        assert dict(step.stats) == {"eager": 3, "captured": 3}
+        with pytest.warns(RuntimeWarning, match="keep changing"):
+            for _ in range(3):
+                step(*_batches(1, B=5)[0])
+        step(*_batches(1, B=3)[0])
+    assert dict(step.stats) == {"eager": 6, "captured": 3, "uncaptured": 3, "replayed": 1}
+
+
 def test_a_failed_capture_warns_and_the_step_is_still_taken():
     batches = _batches(4)
     ref_model = _model()

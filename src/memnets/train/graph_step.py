@@ -21,7 +21,9 @@ Rules, as for any CUDA graph:
 
 * the inputs of every call have the shapes and dtypes the graph was captured with; a new
   signature (shapes, dtypes, device, autocast state) warms up and captures a graph of its own
-  (at most :data:`MAX_GRAPHS` are kept);
+  (at most :data:`MAX_GRAPHS` are kept, the least recently used going first; once
+  :data:`MAX_CAPTURES` captures were made, a signature not held runs eagerly: shapes that keep
+  changing would otherwise capture at every few steps);
 * the step reads nothing back to the CPU (no ``.item()``, no data-dependent Python branch);
   random numbers from torch's default CUDA generator (dropout) are new at every replay, as
   ``torch.cuda.graph`` registers that generator with the graph;
@@ -52,9 +54,10 @@ import torch
 
 from ..ops.gpu import graphs as _graphs
 
-__all__ = ["CUDAGraphStep", "stand_in", "MAX_GRAPHS"]
+__all__ = ["CUDAGraphStep", "stand_in", "MAX_GRAPHS", "MAX_CAPTURES"]
 
 MAX_GRAPHS = 8
+MAX_CAPTURES = 4 * MAX_GRAPHS
 
 # one switch for every CUDA-graph stand-in: inside it CPU tensors take the capture/replay
 # bookkeeping (the recurrent loops' graphs and this whole-step graph) with eager stand-ins
@@ -120,7 +123,8 @@ class CUDAGraphStep:
         self._graphs: "collections.OrderedDict[Hashable, _Entry]" = collections.OrderedDict()
         self._seen: "collections.Counter[Hashable]" = collections.Counter()
         self._failed: set = set()
-        self.stats: "collections.Counter[str]" = collections.Counter()  # eager, captured, replayed, failed
+        # eager, captured, replayed, failed, uncaptured (eager: past MAX_CAPTURES)
+        self.stats: "collections.Counter[str]" = collections.Counter()
         if any(p.is_cuda for g in optimizer.param_groups for p in g["params"]):
             _make_capturable(optimizer)
 
@@ -167,6 +171,13 @@ class CUDAGraphStep:
             entry.graph.replay()
             self.stats["replayed"] += 1
             return entry.out[0]
+        if self.stats["captured"] >= MAX_CAPTURES:
+            if not self.stats["uncaptured"]:
+                warnings.warn(f"CUDAGraphStep: {MAX_CAPTURES} captures made and the input shapes keep changing; "
+                              "steps of a signature not held run eagerly from here on (pad or bucket the "
+                              "shapes to replay them)", RuntimeWarning, stacklevel=2)
+            self.stats["uncaptured"] += 1
+            return self._eager(inputs)
         if key in self._failed or self._seen[key] < self.warmup:
             self._seen[key] += 1
             return self._side_stream(lambda: self._eager(inputs), inputs[0])
