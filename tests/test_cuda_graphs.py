@@ -69,7 +69,12 @@ def test_shapes_and_keys_get_their_own_graphs_and_old_ones_are_evicted(monkeypat
         assert len(graphs._CACHE) == 2
         a = torch.randn(3, 5)
         torch.testing.assert_close(_call(a, a, key="other")[1], a @ a.t())  # another key: eager first
-    assert graphs.stats().get("evictions", 0) >= 1
+        assert graphs.stats().get("evictions", 0) >= 1
+        captures = graphs.stats()["captures"]
+        for _ in range(3):  # the evicted shape (n = 2) comes back: eager, never captured again
+            a = torch.randn(2, 5)
+            torch.testing.assert_close(_call(a, a)[1], a @ a.t())
+        assert graphs.stats()["captures"] == captures
 
 
 def test_switched_off_and_on_the_cpu_without_the_stand_in(monkeypatch):

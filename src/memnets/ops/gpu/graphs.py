@@ -11,7 +11,8 @@ The loop is a function of its tensor arguments only (``fn(*inputs) -> tuple of t
 allocates its outputs, launches kernels and never reads a value back to the CPU. Its Python
 constants (sizes, block shapes) are part of the cache key the caller passes. A graph replays on
 the current stream, on the inputs' device; the key also holds the autocast state. At most
-:data:`MAX_GRAPHS` graphs are kept (least recently used first out);
+:data:`MAX_GRAPHS` graphs are kept (least recently used first out); a key pushed out runs
+eagerly from then on, so shapes that keep changing cost one capture each, not one per return;
 ``MEMNETS_CUDA_GRAPHS=0`` turns replay off. A capture that fails warns once and leaves that key
 eager. Inside the capture of a larger graph (a whole training step,
 :class:`memnets.train.graph_step.CUDAGraphStep`) a loop launches its kernels plainly, into that graph.
@@ -42,6 +43,7 @@ MAX_GRAPHS = 16
 _CACHE: "collections.OrderedDict[Hashable, _Entry]" = collections.OrderedDict()
 _SEEN: "collections.Counter[Hashable]" = collections.Counter()
 _FAILED: set = set()
+_EVICTED: set = set()  # keys pushed out of the cache: eager from then on (no capture churn)
 _STAND_IN = [0]
 _STATS = collections.Counter()
 _LISTENERS: list = []  # listening(): called around every graphed() call
@@ -98,6 +100,7 @@ def clear() -> None:
     _CACHE.clear()
     _SEEN.clear()
     _FAILED.clear()
+    _EVICTED.clear()
 
 
 def stats() -> dict:
@@ -191,7 +194,7 @@ def _graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], inputs: t
         return tuple(fn(*inputs))
     full = (key, _signature(inputs))
     with _LOCK:
-        failed = full in _FAILED
+        failed = full in _FAILED or full in _EVICTED
         entry = None if failed else _CACHE.get(full)
         if entry is None and not failed:
             _SEEN[full] += 1
@@ -215,7 +218,7 @@ def _graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], inputs: t
         with _LOCK:
             _CACHE[full] = entry
             while len(_CACHE) > MAX_GRAPHS:
-                _CACHE.popitem(last=False)
+                _EVICTED.add(_CACHE.popitem(last=False)[0])
                 _STATS["evictions"] += 1
     else:
         for buf, t in zip(entry.static_in, inputs):
