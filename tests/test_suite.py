@@ -400,3 +400,26 @@ def test_sweep_choice_counts_differences_within_sampling_noise_as_ties():
     # a clear winner on the selection split whatever its ID and loss
     assert choose_point([pt("a", 0.781, 1.0, 0.04), pt("b", 0.926, 1.0, 0.01), pt("c", 0.992, 0.9, 0.5)]) == "c"
     assert choose_point([]) is None
+
+
+def test_suite_skips_a_run_another_process_holds_or_finished(tmp_path, capsys):
+    """Two suites may share a runs folder (e.g. one per core, each with its own --only): a run
+    that another live process holds, or that finished after this suite listed it, is skipped
+    rather than started again (its lock would refuse the second owner)."""
+    suite = _suite(tmp_path, ["cpu/reduce-lstm_attention", "cpu/reduce-transformer"], [0], ["epochs=1", *TINY])
+    runs = tmp_path / "runs"
+    held = runs / "cpu-reduce-lstm_attention-s0"
+    held.mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (held / "lock").write_text(str(sleeper.pid))
+        assert main(["suite", "run", str(suite), "--runs-dir", str(runs), "--results-dir", ""]) == 0
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    out = capsys.readouterr().out
+    assert f"cpu-reduce-lstm_attention-s0: running in process {sleeper.pid}; skipped here" in out
+    assert not (held / "results.json").exists() and (runs / "cpu-reduce-transformer-s0" / "results.json").is_file()
+    # the holder is gone: its lock is stale, and the next invocation trains the run
+    assert main(["suite", "run", str(suite), "--runs-dir", str(runs), "--results-dir", ""]) == 0
+    assert (held / "results.json").is_file()

@@ -583,6 +583,8 @@ def _run(args) -> int:
 
     failed: list[str] = []
     active: dict[str, tuple[SuiteRun, subprocess.Popen, object, float]] = {}
+    from ..train.checkpoint import lock_holder
+
     queue = list(todo)
     n_total, n_started = len(todo), 0
     try:
@@ -591,6 +593,11 @@ def _run(args) -> int:
                 r = queue.pop(0)
                 st = run_status(r)
                 n_started += 1
+                holder = lock_holder(r.run_dir)
+                if st == "done" or holder is not None:  # another suite's process finished or holds it
+                    why = "finished meanwhile elsewhere" if st == "done" else f"running in process {holder}"
+                    print(f"[{n_started}/{n_total}] {r.name}: {why}; skipped here", flush=True)
+                    continue
                 how = f"resuming from step {_checkpoint_step(r.run_dir)}" if st == "resume" else "starting"
                 print(f"[{n_started}/{n_total}] {r.name}: {how}", flush=True)
                 proc, log = _start(r)

@@ -382,6 +382,16 @@ class RunLock:
         self.release()
 
 
+def lock_holder(run_dir: str | Path) -> int | None:
+    """The pid of the live process holding ``run_dir``'s :class:`RunLock`, or None (no lock, or
+    a stale one left by a dead process)."""
+    try:
+        pid = int((Path(run_dir) / "lock").read_text().strip() or "0")
+    except (OSError, ValueError):
+        return None
+    return pid if pid and _alive(pid) else None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
