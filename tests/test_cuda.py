@@ -265,21 +265,27 @@ def _train_losses(run_dir) -> list:
 
 @pytest.mark.parametrize("backbone", ["lsam", "lsam_encdec", "nam_tm", "nam_tm_nojmp", "transformer",
                                       "universal_transformer", "lstm_attention", "dnc", "ntm", "lstm"])
-def test_memnets_train_default_amp_on_cuda_trains_every_backbone(tmp_path, backbone, cuda_side):
-    """`memnets train` on CUDA with the default amp="auto" (bf16 autocast): every backbone trains
-    a few steps, forward and backward, with finite losses, and env.json says bf16 was on. (On the
-    CPU stand-in, amp="bf16": the same bf16 autocast, which "auto" leaves off on the CPU.)"""
+def test_memnets_train_default_amp_on_cuda_trains_every_backbone(tmp_path, backbone, cuda_side, monkeypatch):
+    """`memnets train` on CUDA with the defaults amp="auto" (bf16 autocast) and cuda_graph="auto":
+    every backbone trains eight steps, forward and backward, with finite losses — three eager,
+    then on CUDA one capture of the whole step and four replays — and env.json says bf16 was on.
+    (On the CPU stand-in, amp="bf16": the same bf16 autocast, which "auto" leaves off on the CPU,
+    and eager steps.)"""
     import json
     import math
 
     from memnets.models.seq import SIZES
-    from memnets.train import ModelConfig, OptimConfig, RunConfig, TaskConfig, train
+    from memnets.train import ModelConfig, OptimConfig, RunConfig, TaskConfig, loop, train
+
+    made = []
+    real_make = loop.Trainer._make_graph_step
+    monkeypatch.setattr(loop.Trainer, "_make_graph_step", lambda self: made.append(real_make(self)) or made[-1])
 
     tiny = dict(SIZES["tiny"][backbone])
     cfg = RunConfig(name="amp-cuda", epochs=1, batch_size=8, log_every=1, device=cuda_side.device.type,
                     amp="auto" if cuda_side.is_cuda else "bf16",
                     model=ModelConfig(backbone, tiny.pop("d_model"), tiny),
-                    task=TaskConfig(name="reduce", train_digits=(1, 3), train_size=24, eval_size=8,
+                    task=TaskConfig(name="reduce", train_digits=(1, 3), train_size=64, eval_size=8,
                                     splits={"id": (2, 3), "od_easy": (4, 4), "od_hard": (5, 5)}),
                     optim=OptimConfig(lr=3e-3))
     if cuda_side.is_cuda:
@@ -288,7 +294,12 @@ def test_memnets_train_default_amp_on_cuda_trains_every_backbone(tmp_path, backb
         res = train(cfg, tmp_path / "run", quiet=True)
     assert json.loads((tmp_path / "run" / "env.json").read_text())["autocast"] == "bfloat16"
     losses = _train_losses(tmp_path / "run")
-    assert res["steps"] == 3 and len(losses) == 3 and all(math.isfinite(v) for v in losses)
+    assert res["steps"] == 8 and len(losses) == 8 and all(math.isfinite(v) for v in losses)
+    if cuda_side.is_cuda:
+        assert len(made) == 1 and dict(made[0].stats) == {"eager": 3, "captured": 1, "replayed": 4}, \
+            dict(made[0].stats) if made else "no CUDAGraphStep"
+    else:
+        assert not made
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
