@@ -413,6 +413,8 @@ def test_suite_skips_a_run_another_process_holds_or_finished(tmp_path, capsys):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (held / "lock").write_text(str(sleeper.pid))
+        assert main(["suite", "run", str(suite), "--runs-dir", str(runs), "--results-dir", "", "--dry-run"]) == 0
+        assert f"(running now, process {sleeper.pid})" in capsys.readouterr().out
         assert main(["suite", "run", str(suite), "--runs-dir", str(runs), "--results-dir", ""]) == 0
     finally:
         sleeper.kill()

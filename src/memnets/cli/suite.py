@@ -568,10 +568,15 @@ def _run(args) -> int:
     print(f"suite {suite.name}: {len(runs)} runs in {runs_dir}{kept}{only} ({n_done} done, "
           f"{sum(run_status(r) == 'resume' for r in todo)} to resume, "
           f"{sum(run_status(r) == 'new' for r in todo)} to start)", flush=True)
+    from ..train.checkpoint import lock_holder
+
     if args.dry_run:
         for r in runs:
             st = run_status(r)
             extra = f" from step {_checkpoint_step(r.run_dir)}" if st == "resume" else ""
+            holder = lock_holder(r.run_dir) if st != "done" else None
+            if holder is not None:
+                extra += f" (running now, process {holder})"
             print(f"  {r.name:40s} {st}{extra}: memnets {' '.join(r.argv())}")
         text = _tables(suite, runs, args.metric)  # from what is finished: nothing trains
         print()
@@ -583,8 +588,6 @@ def _run(args) -> int:
 
     failed: list[str] = []
     active: dict[str, tuple[SuiteRun, subprocess.Popen, object, float]] = {}
-    from ..train.checkpoint import lock_holder
-
     queue = list(todo)
     n_total, n_started = len(todo), 0
     try:
