@@ -375,3 +375,34 @@ def test_a_checkpoint_from_a_gpu_optimiser_resumes_with_this_runs_flags():
     q.grad = torch.ones(3)
     opt.step()  # the loaded state steps on the CPU
     assert float(opt.state[q]["step"]) == 2.0
+
+
+def test_a_task_setting_the_step_reads_is_part_of_the_graph_key(tmp_path, monkeypatch, real_data_dir):
+    """MemN2N's linear start (no softmax in the memory) ends after an evaluation: a graph captured
+    during it must not replay after it, so the task's step signature (``linear_start``) is part
+    of every graphed step's key, and the run equals the eager one."""
+    import json
+
+    from memnets.train import load_config, train
+
+    monkeypatch.setenv("MEMNETS_DATA", str(real_data_dir))
+    keys = []
+    real_call = CUDAGraphStep.__call__
+
+    def spy(self, *inputs, key=None):
+        keys.append(key)
+        return real_call(self, *inputs, key=key)
+
+    monkeypatch.setattr(CUDAGraphStep, "__call__", spy)
+    over = ["epochs=3", "task.options.ls_max_epochs=1", "task.options.softmax_epochs=2", "task.options.anneal_every=1",
+            "log_every=5", "task.options.tasks=[1]", "optim.kind=adam", "optim.lr=0.005", "threads=1"]
+    eager = train(load_config("babi/memn2n-task1", [*over, "cuda_graph=off"]), tmp_path / "e", quiet=True)
+    assert not keys
+    with graph_step.stand_in():
+        graphed = train(load_config("babi/memn2n-task1", [*over, "cuda_graph=on"]), tmp_path / "g", quiet=True)
+    assert {k[-1] for k in keys} == {True, False}  # linear start, then softmax: other graphs
+    assert [k[-1] for k in keys] == sorted((k[-1] for k in keys), reverse=True)
+    losses = [[json.loads(x)["loss"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
+               if json.loads(x)["kind"] == "train"] for d in ("e", "g")]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    assert graphed["epochs"] == eager["epochs"] == 3

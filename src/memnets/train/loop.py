@@ -684,7 +684,7 @@ class Trainer:
         leaves, spec = torch.utils._pytree.tree_flatten(batch)
         tensors = [x.to(self.device, non_blocking=True) for x in leaves if isinstance(x, torch.Tensor)]
         others = tuple(x for x in leaves if not isinstance(x, torch.Tensor))
-        key = (str(spec), others)
+        key = (str(spec), others, self.task.step_signature(self.model, self.task_state))
         try:
             hash(key)
         except TypeError:  # an unhashable leaf: this batch's step runs eagerly

@@ -161,6 +161,13 @@ class Task:
     def restore(self, model: torch.nn.Module, state: dict) -> None:
         """Apply ``state`` to ``model`` (non-tensor settings) after it is built or resumed."""
 
+    def step_signature(self, model: torch.nn.Module, state: dict | None) -> Any:
+        """What else a training step depends on besides its batch's shapes: a hashable value
+        that changes when :meth:`restore` or :meth:`after_evaluation` changes how ``model``
+        computes (a Python setting its forward reads). A step replayed from a CUDA graph
+        (``cuda_graph``) is captured anew for each value; None (the default): nothing else."""
+        return None
+
     def lr_factor(self, cfg, epoch: int, step: int, state: dict) -> float | None:
         """The learning-rate factor of ``step`` in ``epoch`` from the task's state; None: the
         engine's schedule (``schedule.*``)."""

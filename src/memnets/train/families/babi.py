@@ -301,6 +301,9 @@ class MemN2NTask(Task):
     def restore(self, model, state) -> None:
         model.linear_start = bool(state["linear_start"])
 
+    def step_signature(self, model, state):
+        return bool(getattr(model, "linear_start", False))  # linear start drops the softmax
+
     def lr_factor(self, cfg, epoch, step, state) -> float:
         _, to = self.options(cfg)
         if state["linear_start"]:
