@@ -353,11 +353,8 @@ class RunLock:
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
-                try:
-                    pid = int(self.path.read_text().strip() or "0")
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and _alive(pid):
+                pid = lock_holder(self.path.parent)
+                if pid is not None:
                     raise RunLockedError(f"run directory {self.path.parent} is in use by process {pid} "
                                          f"(lock file {self.path})") from None
                 self.path.unlink(missing_ok=True)  # stale lock
