@@ -227,7 +227,11 @@ def test_table1_suites_train_every_model_of_a_task_alike():
         assert len(table.seeds_for[p]) >= 5 and not chose_fib & set(table.seeds_for[p])
     assert sorted(sweep.presets) == sorted(p for p in table.presets if "nam_tm" not in p)
     runs = suite_runs(sweep, "r")
-    assert len(runs) == 45 and runs[0].name == "cpu-palindrome-transformer-lr0.0003-s0"
+    base = sweep.sweep["optim.lr"]
+    extended = {p: g["optim.lr"] for p, g in sweep.sweep_for.items()}
+    for p, grid in extended.items():  # the base grid and one step past an edge
+        assert set(base) < set(grid) and len(grid) == len(base) + 1, p
+    assert len(runs) == 45 + len(extended) and runs[0].name == "cpu-palindrome-transformer-lr0.0001-s0"
 
 
 def _fake_run(d: Path, backbone: str, task: str, seed: int, accs: tuple[float, float, float], params=1000):
@@ -425,3 +429,67 @@ def test_suite_skips_a_run_another_process_holds_or_finished(tmp_path, capsys):
     # the holder is gone: its lock is stale, and the next invocation trains the run
     assert main(["suite", "run", str(suite), "--runs-dir", str(runs), "--results-dir", ""]) == 0
     assert (held / "results.json").is_file()
+
+
+def test_sweep_for_gives_a_preset_its_own_grid(tmp_path, capsys):
+    """``sweep_for`` replaces the suite's grid for one preset (e.g. one step past the edge its
+    choice fell on); the sweep table has a column per point of any grid, blank outside a grid."""
+    suite = _suite(tmp_path, ["cpu/reduce-transformer", "cpu/palindrome-transformer"], [0], ["epochs=1", *TINY],
+                   '[sweep]\n"optim.lr" = [0.001, 0.003]\n'
+                   '[sweep_for."cpu/palindrome-transformer"]\n"optim.lr" = [0.001, 0.003, 0.01]\n')
+    s = load_suite(str(suite))
+    assert s.sweep_of("cpu/reduce-transformer") == {"optim.lr": [0.001, 0.003]}
+    runs = suite_runs(s, tmp_path / "runs")
+    assert [r.name for r in runs] == ["cpu-reduce-transformer-lr0.001-s0", "cpu-reduce-transformer-lr0.003-s0",
+                                      "cpu-palindrome-transformer-lr0.001-s0", "cpu-palindrome-transformer-lr0.003-s0",
+                                      "cpu-palindrome-transformer-lr0.01-s0"]
+    assert load_config(runs[-1].preset, runs[-1].overrides).optim.lr == 0.01
+    assert main(["suite", "run", str(suite), "--runs-dir", str(tmp_path / "runs"), "--jobs", "2",
+                 "--only", "*-reduce-*", "--only", "*-lr0.01-*"]) == 0
+    sweep = capsys.readouterr().out.split("## Sweep", 1)[1].splitlines()
+    assert sweep[2] == "| preset | seed | lr0.001 | lr0.003 | lr0.01 | chosen |"
+    red = next(x for x in sweep if x.startswith("| cpu/reduce-transformer |")).split("|")[3:-1]
+    pal = next(x for x in sweep if x.startswith("| cpu/palindrome-transformer |")).split("|")[3:-1]
+    assert "(od_easy)" in red[0] and "(od_easy)" in red[1] and red[2].strip() == ""  # not in its grid
+    assert red[3].strip() in ("lr0.001", "lr0.003")
+    assert [c.strip() for c in pal[:2]] == ["–", "–"] and "(od_easy)" in pal[2]  # not yet run
+    assert pal[3].strip() == "(lr0.01 so far)"
+    bad = tmp_path / "bad.toml"
+    for text, msg in (('[sweep_for."cpu/fib-dnc"]\n"optim.lr" = [0.1]\n', "not in `presets`"),
+                      ('[sweep_for."cpu/fib-nam_tm"]\n"optim.lr" = []\n', "sweep_for.'cpu/fib-nam_tm'.optim.lr"),
+                      ('sweep_for = 3\n', "`sweep_for` expected")):
+        bad.write_text('presets = ["cpu/fib-nam_tm"]\n' + text)
+        with pytest.raises(ConfigError, match=re.escape(msg)):
+            load_suite(str(bad))
+
+
+def test_suite_finds_runs_made_with_another_config_stale(tmp_path, capsys):
+    """A kept result stands for its preset only while the preset still gives its config: after
+    the suite's overrides change, the run is stale, out of the tables, named with the key that
+    differs; the suite refuses to go on until --rerun-stale, which trains it afresh."""
+    from memnets.cli.suite import stale_keys
+
+    runs = tmp_path / "runs"
+    suite = _suite(tmp_path, ["cpu/reduce-transformer"], [0], ["epochs=1", *TINY])
+    argv = ["suite", "run", str(suite), "--runs-dir", str(runs)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    (r,) = suite_runs(load_suite(str(suite)), runs, results_dir=tmp_path / "results" / "tiny-suite")
+    assert stale_keys(r, load_config(r.preset, r.overrides)) == []
+    assert stale_keys(r, load_config(r.preset, [*r.overrides, "threads=3", "time_limit_min=9"])) == []  # free keys
+    suite = _suite(tmp_path, ["cpu/reduce-transformer"], [0], ["epochs=1", *TINY, "optim.lr=0.002"])
+    assert stale_keys(r, load_config(r.preset, [*r.overrides, "optim.lr=0.002"])) == ["optim.lr: 0.001 -> 0.002"]
+    assert main([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "(0 done, 0 to resume, 0 to start, 1 stale to run again)" in out
+    assert "stale (made with optim.lr: 0.001 -> 0.002)" in out
+    assert "| cpu-reduce-transformer-s0 | stale |" in out and "## Table 1" not in out  # out of the tables
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "another config than their preset gives now" in err and "--rerun-stale" in err
+    assert main([*argv, "--rerun-stale"]) == 0
+    assert "cpu-reduce-transformer-s0: starting" in capsys.readouterr().out
+    assert (runs / "cpu-reduce-transformer-s0.stale" / "results.json").is_file()  # set aside, not deleted
+    kept = tmp_path / "results" / "tiny-suite" / "cpu-reduce-transformer-s0" / "config.json"
+    assert json.loads(kept.read_text())["optim"]["lr"] == 0.002
+    assert main([*argv, "--dry-run"]) == 0 and "(1 done, 0 to resume, 0 to start)" in capsys.readouterr().out

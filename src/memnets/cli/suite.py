@@ -14,10 +14,20 @@ presets) or given as a path::
 
     [sweep]                                               # optional: a grid of overrides
     "optim.lr" = [3e-4, 1e-3, 3e-3]                       # every run once per value
+    [sweep_for."cpu/fib-transformer"]                     # optional, per-preset grids
+    "optim.lr" = [3e-4, 1e-3, 3e-3, 1e-2]                 # (replace `sweep` for that preset)
 
 Each run goes to ``<runs-dir>/<preset with / as ->[-<key><value>...]-s<seed>`` (default runs
 dir: ``runs/<suite name>``); a ``sweep`` adds one run per point of its grid, named by the last
-part of each key and its value (``cpu-fib-dnc-lr0.001-s0``).
+part of each key and its value (``cpu-fib-dnc-lr0.001-s0``); ``sweep_for`` gives a preset its own
+grid (e.g. a rate grid extended past the edge its choice fell on).
+
+**A finished run stands for its preset only while the preset still gives its config.** A run
+whose folder (results or run folder) holds a ``config.json`` that differs from what its preset
+and overrides give now, in any key that changes what is computed (``config_diff``: not
+``threads``, ``time_limit_min``, ...), is *stale*: it is left out of the tables, ``--dry-run``
+names the keys that differ, and ``run`` refuses to go on until ``--rerun-stale`` says to train it
+again (its run folder is then moved to ``<run name>.stale`` and its kept results removed).
 
 **Results that outlive the machine.** Each finished run's ``results.json``, ``config.json``,
 ``env.json``, ``metrics.jsonl`` and ``suite.log`` (not its checkpoints) are copied into
@@ -49,9 +59,9 @@ from pathlib import Path
 
 __all__ = ["add_parser", "Suite", "SuiteRun", "load_suite", "list_suites", "suite_runs", "run_status", "run_name",
            "runs_table", "family_tables", "sweep_table", "archive_run", "finished_dir", "choose_point",
-           "within_noise"]
+           "within_noise", "stale_keys"]
 
-SUITE_KEYS = ("description", "presets", "seeds", "overrides", "seeds_for", "overrides_for", "sweep")
+SUITE_KEYS = ("description", "presets", "seeds", "overrides", "seeds_for", "overrides_for", "sweep", "sweep_for")
 ARCHIVED = ("results.json", "config.json", "env.json", "metrics.jsonl", "suite.log")
 
 EPILOG = """examples:
@@ -77,6 +87,15 @@ class Suite:
     seeds_for: dict[str, list[int]] = field(default_factory=dict)
     overrides_for: dict[str, list[str]] = field(default_factory=dict)
     sweep: dict[str, list] = field(default_factory=dict)
+    sweep_for: dict[str, dict[str, list]] = field(default_factory=dict)
+
+    def sweep_of(self, preset: str) -> dict[str, list]:
+        """The grid of ``preset``: its ``sweep_for`` entry, else the suite's ``sweep``."""
+        return self.sweep_for.get(preset, self.sweep)
+
+    @property
+    def has_sweep(self) -> bool:
+        return bool(self.sweep or any(self.sweep_for.values()))
 
 
 @dataclass
@@ -89,6 +108,9 @@ class SuiteRun:
     run_dir: Path
     overrides: list[str]
     results_dir: Path | None = None
+    # the keys (``"key: old -> new"``) in which the config found in the run's folder differs from
+    # what its preset gives now (:func:`stale_keys`); a stale run counts as not finished
+    stale: list[str] = field(default_factory=list)
 
     def argv(self) -> list[str]:
         """The ``memnets train`` arguments of this run."""
@@ -147,18 +169,33 @@ def load_suite(source: str | Path) -> Suite:
             raise ConfigError(f"{path}: `overrides_for` names {k!r}, which is not in `presets`")
         if not isinstance(v, list) or not all(isinstance(o, str) for o in v):
             raise ConfigError(f"{path}: `overrides_for.{k}` expected a list of \"key=value\" strings, got {v!r}")
-    sweep = data.get("sweep", {})
-    if not isinstance(sweep, dict):
-        raise ConfigError(f"{path}: `sweep` expected a table of key = [values], got {sweep!r}")
-    for k, v in sweep.items():
-        if not isinstance(v, list) or not v or not all(isinstance(x, (int, float, str, bool)) for x in v):
-            raise ConfigError(f"{path}: `sweep.{k}` expected a non-empty list of values, got {v!r}")
-        if len({_fmt_value(x) for x in v}) != len(v):
-            raise ConfigError(f"{path}: `sweep.{k}` repeats a value: {v!r}")
+    sweep = _check_sweep(path, "sweep", data.get("sweep", {}))
+    sweep_for = data.get("sweep_for", {})
+    if not isinstance(sweep_for, dict):
+        raise ConfigError(f"{path}: `sweep_for` expected a table of preset = {{key = [values]}}, got {sweep_for!r}")
+    for k, v in sweep_for.items():
+        if k not in presets:
+            raise ConfigError(f"{path}: `sweep_for` names {k!r}, which is not in `presets`")
+        _check_sweep(path, f"sweep_for.{k!r}", v)
     return Suite(name=path.stem, path=path, presets=list(presets), seeds=list(seeds),
                  description=str(data.get("description", "")), overrides=list(overrides), seeds_for=dict(seeds_for),
                  overrides_for={k: list(v) for k, v in overrides_for.items()},
-                 sweep={k: list(v) for k, v in sweep.items()})
+                 sweep={k: list(v) for k, v in sweep.items()},
+                 sweep_for={p: {k: list(v) for k, v in g.items()} for p, g in sweep_for.items()})
+
+
+def _check_sweep(path: Path, where: str, sweep) -> dict:
+    """``sweep`` (a grid ``key = [values]``) checked; ConfigError naming ``where`` otherwise."""
+    from ..train.config import ConfigError
+
+    if not isinstance(sweep, dict):
+        raise ConfigError(f"{path}: `{where}` expected a table of key = [values], got {sweep!r}")
+    for k, v in sweep.items():
+        if not isinstance(v, list) or not v or not all(isinstance(x, (int, float, str, bool)) for x in v):
+            raise ConfigError(f"{path}: `{where}.{k}` expected a non-empty list of values, got {v!r}")
+        if len({_fmt_value(x) for x in v}) != len(v):
+            raise ConfigError(f"{path}: `{where}.{k}` repeats a value: {v!r}")
+    return sweep
 
 
 def _fmt_value(v) -> str:
@@ -197,7 +234,7 @@ def suite_runs(suite: Suite, runs_dir: str | Path, *, seeds: list[int] | None = 
     each run also has its archive folder ``<results_dir>/<run name>``."""
     out = []
     for p in suite.presets:
-        for suffix, point in _sweep_points(suite.sweep):
+        for suffix, point in _sweep_points(suite.sweep_of(p)):
             for s in (seeds if seeds is not None else suite.seeds_for.get(p, suite.seeds)):
                 ov = ([f"threads={threads}"] if threads is not None else []) + [f"seed={s}"] \
                     + suite.overrides + suite.overrides_for.get(p, []) + point + list(overrides or [])
@@ -236,17 +273,43 @@ def archive_run(run: SuiteRun) -> bool:
 
 def finished_dir(run: SuiteRun) -> Path | None:
     """Where the run's results are: its results folder if it holds them, else its run folder if
-    that does, else None."""
+    that does, else None (also for a stale run)."""
+    if run.stale:
+        return None
     for d in (run.results_dir, run.run_dir):
         if d is not None and (d / "results.json").is_file():
             return d
     return None
 
 
+def stale_keys(run: SuiteRun, cfg) -> list[str]:
+    """How the config kept with ``run`` (the ``config.json`` of its results folder when that holds
+    its results, else of its run folder) differs from ``cfg``, what its preset gives now: one
+    ``"key: old -> new"`` per key of :func:`~memnets.train.loop.config_diff`; empty when they agree
+    or nothing was kept. A ``config.json`` that cannot be read counts as differing."""
+    from ..train.config import config_from_dict, config_to_dict, flatten
+    from ..train.loop import config_diff
+
+    folders = [d for d in (run.results_dir, run.run_dir) if d is not None]
+    found = next((d for d in folders if (d / "results.json").is_file()), None) \
+        or next((d for d in folders if (d / "config.json").is_file()), None)
+    if found is None:
+        return []
+    try:
+        old = config_from_dict(json.loads((found / "config.json").read_text()))
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        return [f"{found / 'config.json'} unreadable ({e})"]
+    a, b = flatten(config_to_dict(old)), flatten(config_to_dict(cfg))
+    return [f"{k}: {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}" for k in config_diff(old, cfg)]
+
+
 def run_status(run_dir: str | Path | SuiteRun) -> str:
     """``done`` (results.json, in the run folder or, for a :class:`SuiteRun`, in its results
-    folder), ``resume`` (a checkpoint, no results) or ``new``."""
+    folder), ``stale`` (a :class:`SuiteRun` made with another config, :func:`stale_keys`),
+    ``resume`` (a checkpoint, no results) or ``new``."""
     if isinstance(run_dir, SuiteRun):
+        if run_dir.stale:
+            return "stale"
         if finished_dir(run_dir) is not None:
             return "done"
         run_dir = run_dir.run_dir
@@ -256,6 +319,21 @@ def run_status(run_dir: str | Path | SuiteRun) -> str:
     if (d / "checkpoints" / "last.json").is_file():
         return "resume"
     return "new"
+
+
+def _set_aside(run: SuiteRun) -> None:
+    """Make room to train a stale run again: its run folder moved to ``<run name>.stale``
+    (replacing an older one), its kept results removed; the run is then new."""
+    import shutil
+
+    if run.run_dir.exists():
+        old = run.run_dir.with_name(run.run_dir.name + ".stale")
+        if old.exists():
+            shutil.rmtree(old)
+        run.run_dir.rename(old)
+    if run.results_dir is not None and run.results_dir.exists():
+        shutil.rmtree(run.results_dir)
+    run.stale = []
 
 
 def _checkpoint_step(run_dir: Path) -> int | None:
@@ -289,6 +367,10 @@ def add_parser(sub) -> None:
                    help="run only the runs whose name matches this shell pattern (repeatable), e.g. "
                         "'*-nam_tm-*'; the tables still show every run of the suite")
     r.add_argument("--dry-run", action="store_true", help="print each run's status and command; train nothing")
+    r.add_argument("--rerun-stale", action="store_true",
+                   help="train again the runs made with another config than their preset gives now (moving "
+                        "their run folder to <run>.stale and removing their kept results); without it such "
+                        "runs stop the suite")
     r.add_argument("--metric", default=None, choices=("seq_acc", "tok_acc", "ans_acc"),
                    help="algorithmic tasks: the accuracy shown (default: sequence accuracy, the paper's); "
                         "the other families show their main metric")
@@ -447,10 +529,10 @@ def _tables(suite: Suite, runs: list[SuiteRun], metric: str | None) -> str:
     from .table import load_results
 
     text = "## Runs\n\n" + runs_table(runs, metric)
-    if suite.sweep:
+    if suite.has_sweep:
         text += "\n\n## Sweep: the point chosen by each run's selection split\n\n" + sweep_table(suite, runs, metric)
     results = load_results([d for r in runs if (d := finished_dir(r)) is not None], warn=False)
-    if results and not suite.sweep:
+    if results and not suite.has_sweep:
         text += "\n\n" + family_tables(results, metric)
     return text
 
@@ -460,22 +542,30 @@ def sweep_table(suite: Suite, runs: list[SuiteRun], metric: str | None = None) -
     run's selection split (its ``select_split``, at the reported evaluation) and the point
     chosen (:func:`choose_point`): the highest on the selection split, a difference within the
     evaluation's sampling noise counting as a tie; ties broken by ID (likewise), then by the
-    lower selection loss. The other splits (OD-hard) take no part. Empty for a suite without a
-    sweep."""
-    if not suite.sweep:
+    lower selection loss. The other splits (OD-hard) take no part. The columns are every point of
+    every preset's grid (``sweep_for``); a point outside a preset's grid is left blank, one not
+    yet finished is ``–``. Empty for a suite without a sweep."""
+    if not suite.has_sweep:
         return ""
-    points = _sweep_points(suite.sweep)
-    groups: dict[tuple[str, int], list[tuple[str, dict | None]]] = {}
+    groups: dict[tuple[str, int], dict[str, dict | None]] = {}
+    labels: list[str] = []
     for r in runs:
-        suffix = next(sfx for sfx, _ in points if r.name == run_name(r.preset, r.seed, sfx))
+        suffix = next(sfx for sfx, _ in _sweep_points(suite.sweep_of(r.preset))
+                      if r.name == run_name(r.preset, r.seed, sfx))
         d = finished_dir(r)
         res = json.loads((d / "results.json").read_text()) if d is not None else None
-        groups.setdefault((r.preset, r.seed), []).append((suffix.lstrip("-"), res))
-    labels = [sfx.lstrip("-") for sfx, _ in points]
+        label = suffix.lstrip("-")
+        groups.setdefault((r.preset, r.seed), {})[label] = res
+        if label not in labels:
+            labels.append(label)
     lines = ["| preset | seed | " + " | ".join(labels) + " | chosen |", "|---|---|" + "---|" * (len(labels) + 1)]
     for (preset, seed), cells in groups.items():
         figs, points = [], []
-        for label, res in cells:
+        for label in labels:
+            if label not in cells:
+                figs.append("")
+                continue
+            res = cells[label]
             if res is None:
                 figs.append("–")
                 continue
@@ -488,7 +578,7 @@ def sweep_table(suite: Suite, runs: list[SuiteRun], metric: str | None = None) -
             points.append({"label": label, "sel": (v if isinstance(v, (int, float)) else -1.0, s_sel.get("n")),
                            "id": (s_id.get(m) or 0.0, s_id.get("n")), "loss": s_sel.get("loss") or 0.0})
         best = choose_point(points)
-        done = all(res is not None for _, res in cells)
+        done = all(res is not None for res in cells.values())
         chosen = best if done else (f"({best} so far)" if best else "–")
         lines.append(f"| {preset} | {seed} | " + " | ".join(figs) + f" | {chosen} |")
     return "\n".join(lines)
@@ -546,12 +636,12 @@ def _run(args) -> int:
                       threads=args.threads, results_dir=results_dir)
     for r in runs:  # every config must resolve before anything trains
         try:
-            load_config(r.preset, r.overrides)
+            r.stale = stale_keys(r, load_config(r.preset, r.overrides))
         except ConfigError as e:
             raise UsageError(f"{r.name}: {e}") from e
     if not args.dry_run:  # runs finished in their run folder but not yet kept in the results folder
         for r in runs:
-            if r.results_dir is not None and not (r.results_dir / "results.json").is_file():
+            if r.results_dir is not None and not r.stale and not (r.results_dir / "results.json").is_file():
                 archive_run(r)
     todo = [r for r in runs if run_status(r) != "done"]
     n_done = len(runs) - len(todo)
@@ -563,17 +653,26 @@ def _run(args) -> int:
             raise UsageError(f"--only {unmatched[0]!r} matches no run of suite {suite.name} "
                              f"(names like {runs[0].name}; see --dry-run)")
         todo = [r for r in todo if any(fnmatch.fnmatch(r.name, g) for g in args.only)]
+    stale = [r for r in todo if r.stale]
+    if stale and not args.dry_run and not args.rerun_stale:
+        listed = "; ".join(f"{r.name} ({', '.join(r.stale)})" for r in stale[:5])
+        more = f" and {len(stale) - 5} more" if len(stale) > 5 else ""
+        raise UsageError(f"{len(stale)} run(s) of suite {suite.name} were made with another config than their "
+                         f"preset gives now: {listed}{more}. Pass --rerun-stale to train them again (their run "
+                         "folders are moved to <run>.stale, their kept results removed), or restore the presets")
     kept = f", results kept in {results_dir}" if results_dir is not None else ""
     only = f", {len(todo)} not done selected by --only" if args.only else ""
     print(f"suite {suite.name}: {len(runs)} runs in {runs_dir}{kept}{only} ({n_done} done, "
           f"{sum(run_status(r) == 'resume' for r in todo)} to resume, "
-          f"{sum(run_status(r) == 'new' for r in todo)} to start)", flush=True)
+          f"{sum(run_status(r) == 'new' for r in todo)} to start"
+          + (f", {len(stale)} stale to run again" if stale else "") + ")", flush=True)
     from ..train.checkpoint import lock_holder
 
     if args.dry_run:
         for r in runs:
             st = run_status(r)
-            extra = f" from step {_checkpoint_step(r.run_dir)}" if st == "resume" else ""
+            extra = f" from step {_checkpoint_step(r.run_dir)}" if st == "resume" else \
+                f" (made with {', '.join(r.stale)})" if st == "stale" else ""
             holder = lock_holder(r.run_dir) if st != "done" else None
             if holder is not None:
                 extra += f" (running now, process {holder})"
@@ -594,9 +693,11 @@ def _run(args) -> int:
         while queue or active:
             while queue and len(active) < args.jobs:
                 r = queue.pop(0)
-                st = run_status(r)
                 n_started += 1
                 holder = lock_holder(r.run_dir)
+                if r.stale and holder is None:
+                    _set_aside(r)
+                st = run_status(r)
                 if st == "done" or holder is not None:  # another suite's process finished or holds it
                     why = "finished meanwhile elsewhere" if st == "done" else f"running in process {holder}"
                     print(f"[{n_started}/{n_total}] {r.name}: {why}; skipped here", flush=True)

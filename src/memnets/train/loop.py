@@ -45,7 +45,7 @@ from .task import RunSummary, Task, get_task
 
 __all__ = ["train", "Trainer", "build_model", "evaluate", "lr_factor", "selects", "selection_key", "selection_rule",
            "update", "graph_steps", "load_optimizer_state", "RunExistsError", "model_config_error",
-           "resume_config", "FREE_ON_RESUME"]
+           "resume_config", "FREE_ON_RESUME", "config_diff"]
 
 
 class RunExistsError(ConfigError):
@@ -300,6 +300,13 @@ def model_config_error(cfg: RunConfig, e: Exception) -> ConfigError:
 FREE_ON_RESUME = ("time_limit_min", "tensorboard", "threads", "description", "compile", "cuda_graph")
 
 
+def config_diff(old: RunConfig, new: RunConfig) -> list[str]:
+    """The dotted keys (sorted) in which ``new`` computes something else than ``old``: every key
+    whose value differs, except those of :data:`FREE_ON_RESUME`."""
+    a, b = flatten(config_to_dict(old)), flatten(config_to_dict(new))
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in FREE_ON_RESUME)
+
+
 def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """The config to continue the run in ``run_dir`` with: its saved ``config.json`` and
     ``overrides`` (``key=value``). Only the keys of :data:`FREE_ON_RESUME` (``compile``,
@@ -316,9 +323,9 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ru
     except (ValueError, TypeError, AttributeError) as e:  # JSONDecodeError and ConfigError are ValueErrors
         raise ConfigError(f"cannot resume {run_dir}: {cfg_file} is malformed ({e})") from e
     cfg = apply_overrides(saved, list(overrides or []))
-    old, new = flatten(config_to_dict(saved)), flatten(config_to_dict(cfg))
-    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in FREE_ON_RESUME)
+    diff = config_diff(saved, cfg)
     if diff:
+        old = flatten(config_to_dict(saved))
         was = ", ".join(f"{k}={json.dumps(old.get(k))}" for k in diff)
         raise ConfigError(f"cannot change {', '.join(diff)} when resuming {run_dir} (it was started with {was}); "
                           f"on resume only {', '.join(FREE_ON_RESUME)} may change; leave the other overrides "
@@ -337,9 +344,7 @@ def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
             saved = config_from_dict(json.loads(cfg_file.read_text()))
         except (ValueError, TypeError, AttributeError) as e:  # JSONDecodeError and ConfigError are ValueErrors
             raise ConfigError(f"cannot resume {run_dir}: {cfg_file} is malformed ({e})") from e
-        old = flatten(config_to_dict(saved))
-        new = flatten(config_to_dict(cfg))
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in FREE_ON_RESUME)
+        diff = config_diff(saved, cfg)
         if diff:
             raise ConfigError(f"cannot resume {run_dir}: config differs in {', '.join(diff)}")
     return resume and ck.has_checkpoint(run_dir / "checkpoints")
