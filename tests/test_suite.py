@@ -436,24 +436,24 @@ def test_sweep_for_gives_a_preset_its_own_grid(tmp_path, capsys):
     choice fell on); the sweep table has a column per point of any grid, blank outside a grid."""
     suite = _suite(tmp_path, ["cpu/reduce-transformer", "cpu/palindrome-transformer"], [0], ["epochs=1", *TINY],
                    '[sweep]\n"optim.lr" = [0.001, 0.003]\n'
-                   '[sweep_for."cpu/palindrome-transformer"]\n"optim.lr" = [0.001, 0.003, 0.01]\n')
+                   '[sweep_for."cpu/palindrome-transformer"]\n"optim.lr" = [0.0003, 0.001, 0.003, 0.01]\n')
     s = load_suite(str(suite))
     assert s.sweep_of("cpu/reduce-transformer") == {"optim.lr": [0.001, 0.003]}
     runs = suite_runs(s, tmp_path / "runs")
     assert [r.name for r in runs] == ["cpu-reduce-transformer-lr0.001-s0", "cpu-reduce-transformer-lr0.003-s0",
-                                      "cpu-palindrome-transformer-lr0.001-s0", "cpu-palindrome-transformer-lr0.003-s0",
-                                      "cpu-palindrome-transformer-lr0.01-s0"]
+                                      "cpu-palindrome-transformer-lr0.0003-s0", "cpu-palindrome-transformer-lr0.001-s0",
+                                      "cpu-palindrome-transformer-lr0.003-s0", "cpu-palindrome-transformer-lr0.01-s0"]
     assert load_config(runs[-1].preset, runs[-1].overrides).optim.lr == 0.01
     assert main(["suite", "run", str(suite), "--runs-dir", str(tmp_path / "runs"), "--jobs", "2",
                  "--only", "*-reduce-*", "--only", "*-lr0.01-*"]) == 0
     sweep = capsys.readouterr().out.split("## Sweep", 1)[1].splitlines()
-    assert sweep[2] == "| preset | seed | lr0.001 | lr0.003 | lr0.01 | chosen |"
+    assert sweep[2] == "| preset | seed | lr0.0003 | lr0.001 | lr0.003 | lr0.01 | chosen |"  # in value order
     red = next(x for x in sweep if x.startswith("| cpu/reduce-transformer |")).split("|")[3:-1]
     pal = next(x for x in sweep if x.startswith("| cpu/palindrome-transformer |")).split("|")[3:-1]
-    assert "(od_easy)" in red[0] and "(od_easy)" in red[1] and red[2].strip() == ""  # not in its grid
-    assert red[3].strip() in ("lr0.001", "lr0.003")
-    assert [c.strip() for c in pal[:2]] == ["–", "–"] and "(od_easy)" in pal[2]  # not yet run
-    assert pal[3].strip() == "(lr0.01 so far)"
+    assert red[0].strip() == red[3].strip() == ""  # not in its grid
+    assert "(od_easy)" in red[1] and "(od_easy)" in red[2] and red[4].strip() in ("lr0.001", "lr0.003")
+    assert [c.strip() for c in pal[:3]] == ["–", "–", "–"] and "(od_easy)" in pal[3]  # not yet run
+    assert pal[4].strip() == "(lr0.01 so far)"
     bad = tmp_path / "bad.toml"
     for text, msg in (('[sweep_for."cpu/fib-dnc"]\n"optim.lr" = [0.1]\n', "not in `presets`"),
                       ('[sweep_for."cpu/fib-nam_tm"]\n"optim.lr" = []\n', "sweep_for.'cpu/fib-nam_tm'.optim.lr"),

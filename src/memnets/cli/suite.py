@@ -548,16 +548,16 @@ def sweep_table(suite: Suite, runs: list[SuiteRun], metric: str | None = None) -
     if not suite.has_sweep:
         return ""
     groups: dict[tuple[str, int], dict[str, dict | None]] = {}
-    labels: list[str] = []
+    labels: dict[str, list[str]] = {}  # label -> the point's overrides
     for r in runs:
-        suffix = next(sfx for sfx, _ in _sweep_points(suite.sweep_of(r.preset))
-                      if r.name == run_name(r.preset, r.seed, sfx))
+        suffix, point = next((sfx, pt) for sfx, pt in _sweep_points(suite.sweep_of(r.preset))
+                             if r.name == run_name(r.preset, r.seed, sfx))
         d = finished_dir(r)
         res = json.loads((d / "results.json").read_text()) if d is not None else None
         label = suffix.lstrip("-")
         groups.setdefault((r.preset, r.seed), {})[label] = res
-        if label not in labels:
-            labels.append(label)
+        labels.setdefault(label, point)
+    labels = _in_value_order(labels)
     lines = ["| preset | seed | " + " | ".join(labels) + " | chosen |", "|---|---|" + "---|" * (len(labels) + 1)]
     for (preset, seed), cells in groups.items():
         figs, points = [], []
@@ -582,6 +582,18 @@ def sweep_table(suite: Suite, runs: list[SuiteRun], metric: str | None = None) -
         chosen = best if done else (f"({best} so far)" if best else "–")
         lines.append(f"| {preset} | {seed} | " + " | ".join(figs) + f" | {chosen} |")
     return "\n".join(lines)
+
+
+def _in_value_order(points: dict[str, list[str]]) -> list[str]:
+    """The labels of ``points`` (label -> ``["key=value", ...]``) ordered by their values when
+    every value is a number (``lr0.0001`` before ``lr0.01``), else as given."""
+    def key(label):
+        return [(o.split("=", 1)[0], float(o.split("=", 1)[1])) for o in points[label]]
+
+    try:
+        return sorted(points, key=key)
+    except (ValueError, TypeError):
+        return list(points)
 
 
 def within_noise(a: float, na: int | None, b: float, nb: int | None, z: float = 2.0) -> bool:
