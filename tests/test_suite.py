@@ -495,3 +495,21 @@ def test_suite_finds_runs_made_with_another_config_stale(tmp_path, capsys):
     kept = tmp_path / "results" / "tiny-suite" / "cpu-reduce-transformer-s0" / "config.json"
     assert json.loads(kept.read_text())["optim"]["lr"] == 0.002
     assert main([*argv, "--dry-run"]) == 0 and "(1 done, 0 to resume, 0 to start)" in capsys.readouterr().out
+
+
+def test_kept_table1_results_match_the_shipped_presets():
+    """Every run kept in results/ for the Table 1 suites was made with the config its preset
+    gives now: a preset changed without its cells trained again fails here (and the suite would
+    call those runs stale)."""
+    from memnets.cli.suite import finished_dir, stale_keys
+
+    for name in ("table1-cpu", "table1-lr-sweep"):
+        suite = load_suite(name)
+        kept = 0
+        for r in suite_runs(suite, REPO / "runs" / name, results_dir=REPO / "results" / name):
+            r.run_dir = REPO / "no-such-run-folder"  # the kept results alone, as on a fresh clone
+            if finished_dir(r) is None:
+                continue
+            kept += 1
+            assert stale_keys(r, load_config(r.preset, r.overrides)) == [], r.name
+        assert kept >= (48 if name == "table1-cpu" else 45), name
