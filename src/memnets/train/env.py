@@ -95,11 +95,16 @@ def setup_distributed() -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def cleanup_distributed(info: DistInfo) -> None:
+def cleanup_distributed(info: DistInfo, barrier: bool = False) -> None:
+    """Leave the process group. ``barrier``: first wait until every process got here (after a
+    run that finished everywhere), so no process tears its connections down while another is
+    still using them; after an error the others may never come, so there is no wait then."""
     if info.enabled:
         import torch.distributed as dist
 
         if dist.is_initialized():
+            if barrier:
+                dist.barrier()
             dist.destroy_process_group()
 
 

@@ -231,10 +231,13 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = F
     lock = ck.RunLock(run_dir) if info.is_main else None
     # the folders this run would create: removed again (when still empty) if it cannot start
     new_dirs = [d for d in (run_dir, *run_dir.parents) if not d.exists()]
+    finished = False
     try:
         if lock:
             lock.acquire()
-        return Trainer(cfg, run_dir, info, quiet=quiet, on_epoch=on_epoch).run(resume)
+        res = Trainer(cfg, run_dir, info, quiet=quiet, on_epoch=on_epoch).run(resume)
+        finished = True
+        return res
     finally:
         if lock:
             lock.release()
@@ -243,7 +246,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = F
                     d.rmdir()
                 except OSError:
                     break
-        cleanup_distributed(info)
+        cleanup_distributed(info, barrier=finished)
 
 
 _UNEXPECTED = re.compile(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
