@@ -287,7 +287,7 @@ def stale_keys(run: SuiteRun, cfg) -> list[str]:
     its results, else of its run folder) differs from ``cfg``, what its preset gives now: one
     ``"key: old -> new"`` per key of :func:`~memnets.train.loop.config_diff`; empty when they agree
     or nothing was kept. A ``config.json`` that cannot be read counts as differing."""
-    from ..train.config import config_from_dict, config_to_dict, flatten
+    from ..train.config import config_from_dict
     from ..train.loop import config_diff
 
     folders = [d for d in (run.results_dir, run.run_dir) if d is not None]
@@ -299,8 +299,7 @@ def stale_keys(run: SuiteRun, cfg) -> list[str]:
         old = config_from_dict(json.loads((found / "config.json").read_text()))
     except (OSError, ValueError, TypeError, AttributeError) as e:
         return [f"{found / 'config.json'} unreadable ({e})"]
-    a, b = flatten(config_to_dict(old)), flatten(config_to_dict(cfg))
-    return [f"{k}: {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}" for k in config_diff(old, cfg)]
+    return [f"{k}: {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in config_diff(old, cfg).items()]
 
 
 def run_status(run_dir: str | Path | SuiteRun) -> str:

@@ -303,11 +303,13 @@ def model_config_error(cfg: RunConfig, e: Exception) -> ConfigError:
 FREE_ON_RESUME = ("time_limit_min", "tensorboard", "threads", "description", "compile", "cuda_graph")
 
 
-def config_diff(old: RunConfig, new: RunConfig) -> list[str]:
-    """The dotted keys (sorted) in which ``new`` computes something else than ``old``: every key
-    whose value differs, except those of :data:`FREE_ON_RESUME`."""
+def config_diff(old: RunConfig, new: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (old value, new value)}`` (keys sorted) for every key in which ``new``
+    computes something else than ``old``: each value that differs, except those of
+    :data:`FREE_ON_RESUME`."""
     a, b = flatten(config_to_dict(old)), flatten(config_to_dict(new))
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in FREE_ON_RESUME)
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) and k not in FREE_ON_RESUME}
 
 
 def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:
@@ -328,8 +330,7 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ru
     cfg = apply_overrides(saved, list(overrides or []))
     diff = config_diff(saved, cfg)
     if diff:
-        old = flatten(config_to_dict(saved))
-        was = ", ".join(f"{k}={json.dumps(old.get(k))}" for k in diff)
+        was = ", ".join(f"{k}={json.dumps(v[0])}" for k, v in diff.items())
         raise ConfigError(f"cannot change {', '.join(diff)} when resuming {run_dir} (it was started with {was}); "
                           f"on resume only {', '.join(FREE_ON_RESUME)} may change; leave the other overrides "
                           "out (the run's config.json is used) or train into a new --run-dir")
