@@ -333,6 +333,107 @@ def test_graphed_steps_name_the_non_finite_loss_or_gradient(tmp_path, monkeypatc
         train(_train_cfg(cuda_graph="on", epochs=1), tmp_path / "l", quiet=True)
 
 
+def test_graphed_steps_read_nothing_back_between_records(tmp_path):
+    """With graphed steps the training loop reads the loss, the gradient norm and the
+    statistics back once per record (``log_every`` steps), not at every step: no ``item()`` /
+    ``float()`` of a tensor is taken by the loop or the task's statistics outside a record.
+    The eager loop takes several per step. (On the CPU Adam reads its step counter and the data
+    are made on the host; neither happens on CUDA, where Adam is capturable, and neither is
+    counted here.)"""
+    import traceback
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from memnets.train import train
+
+    class Reads(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                ours = [f for f in traceback.extract_stack()[:-1] if "/memnets/" in f.filename.replace("\\", "/")]
+                if ours and (ours[-1].filename.endswith("loop.py") or ours[-1].name == "<lambda>") \
+                        and not any(f.name in ("log_train", "evaluate_and_select", "save") for f in ours):
+                    Reads.n += 1
+            return func(*args, **(kwargs or {}))
+
+    counts = {}
+    for how in ("off", "on"):
+        Reads.n = 0
+        with graph_step.stand_in(), Reads():
+            res = train(_train_cfg(cuda_graph=how, epochs=2, log_every=4), tmp_path / how, quiet=True)
+        counts[how] = Reads.n / res["steps"]
+    assert counts["off"] >= 2, counts  # the eager loop: the loss, the gradient norm, the statistic
+    assert counts["on"] == 0, counts
+    a, b = _train_records(tmp_path / "off"), _train_records(tmp_path / "on")
+    assert [r["step"] for r in a if r["kind"] == "train"] == [r["step"] for r in b if r["kind"] == "train"]
+    for ra, rb in zip(a, b):
+        if ra["kind"] == "train":
+            assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5)
+            assert rb["tok_acc"] == pytest.approx(ra["tok_acc"], abs=1e-6)
+
+
+@pytest.mark.parametrize("checkpoint_every", [0, 1])
+def test_a_non_finite_graphed_step_is_named_when_read_back_and_never_checkpointed(tmp_path, monkeypatch,
+                                                                                  checkpoint_every):
+    """A NaN gradient at step 2 of a run that records every 4 steps. With a checkpoint due
+    after every step the read-back before it finds the step at once and names the gradient;
+    without, the record at step 4 finds it and names the total gradient norm of step 2 (its
+    gradients are gone by then). Either way no checkpoint or record follows the bad step."""
+    import json
+
+    from memnets.train import loop, train
+    from memnets.train.nan_guard import NonFiniteError
+
+    real = loop.build_model
+    calls = {"n": 0}
+
+    def build(cfg):
+        model = real(cfg)
+        name, p = next(iter(model.named_parameters()))
+        calls["name"] = name
+
+        def hook(g):
+            calls["n"] += 1
+            return g * float("nan") if calls["n"] == 2 else g
+
+        p.register_hook(hook)
+        return model
+
+    monkeypatch.setattr(loop, "build_model", build)
+    run = tmp_path / "r"
+    cfg = _train_cfg(cuda_graph="on", epochs=2, log_every=4, checkpoint_every=checkpoint_every)
+    with graph_step.stand_in(), pytest.raises(NonFiniteError, match="at step 2:") as e:
+        train(cfg, run, quiet=True)
+    assert e.value.step == 2 and e.value.kind == "gradient" and e.value.n_nan > 0
+    if checkpoint_every:
+        assert e.value.name == calls["name"] + ".grad" and calls["n"] == 2
+        assert json.loads((run / "checkpoints" / "last.json").read_text())["step"] == 1
+    else:
+        assert e.value.name == "total gradient norm" and calls["n"] == 4
+        assert not (run / "checkpoints" / "last.json").exists()
+    assert not [r for r in _train_records(run) if r["kind"] == "train"]  # no record past the bad step
+
+
+def test_step_tally_sums_and_finds_the_first_bad_step():
+    from memnets.train.loop import StepTally
+
+    t = StepTally()
+    assert t.check() is None and t.take() == (0.0, {})
+    t.add(1, torch.tensor(0.5), {"acc": torch.tensor(0.25)}, torch.tensor(1.0))
+    t.add(2, torch.tensor(1.5), {"acc": 0.75}, None)
+    assert t.check() is None
+    t.add(3, torch.tensor(2.0), {"acc": torch.tensor(1.0)}, torch.tensor(3.0))
+    assert t.check() is None
+    assert t.take() == (4.0, {"acc": 2.0}) and t.take() == (0.0, {})
+    t.add(4, torch.tensor(1.0), {}, torch.tensor(2.0))
+    t.add(5, torch.tensor(1.0), {}, torch.tensor(float("inf")))
+    t.add(6, torch.tensor(float("nan")), {}, torch.tensor(1.0))
+    assert t.check() == (5, "gradient", 0, 1)
+    t.add(7, torch.tensor(float("nan")), {}, torch.tensor(float("nan")))
+    assert t.check() == (7, "loss", 1, 0)
+
+
 def test_cuda_graph_settings_it_cannot_take_are_refused():
     from memnets.train import ConfigError, OptimConfig
     from memnets.train.loop import graph_steps

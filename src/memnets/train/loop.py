@@ -375,6 +375,7 @@ class Trainer:
         self.graph_step = None  # a CUDAGraphStep when the steps replay from CUDA graphs
         self._leaves: list = []  # the batch of the graphed step being taken (its non-tensor leaves)
         self._holder: dict = {}  # where the graphed step's body leaves its gradient norm
+        self.tally: StepTally | None = None  # the graphed steps' losses, read back when logged
 
     # ------------------------------------------------------------------ phases
     def run(self, resume: bool) -> dict[str, Any]:
@@ -466,6 +467,7 @@ class Trainer:
             self.net = compile_module(self.net, cfg.compile)
         if graph_steps(cfg, self.device, info.world):
             self.graph_step = self._make_graph_step()
+            self.tally = StepTally()
         self.splits = self.task.eval_splits(cfg)
         self.nb = self.task.steps_per_epoch(cfg)
         self.total = self.nb * cfg.epochs
@@ -535,8 +537,10 @@ class Trainer:
             if task.time_steps:
                 self._sync()
                 w0, c0 = time.perf_counter(), time.process_time()
-            if self.graph_step is not None:
-                loss, stats, applied = self.graph_update(batch)
+            if self.graph_step is not None:  # no read-back: the tally keeps the step's loss on the device
+                loss, stats, norm = self.graph_update(batch)
+                self.tally.add(self.step + 1, loss, stats() if callable(stats) else stats, norm)
+                applied = True
             else:
                 loss, stats = task.train_step(self.net, batch, cfg, self.device, self._autocast)
                 applied = update(cfg, self.model, self.opt, loss, self.step + 1)
@@ -545,9 +549,10 @@ class Trainer:
                     self._sync()
                     self.timing = [self.timing[0] + time.perf_counter() - w0,
                                    self.timing[1] + time.process_time() - c0, self.timing[2] + 1]
-                acc_loss += float(loss.detach())
-                for k, v in (stats() if callable(stats) else stats).items():
-                    acc_stats[k] = acc_stats.get(k, 0.0) + float(v)
+                if self.tally is None:
+                    acc_loss += float(loss.detach())
+                    for k, v in (stats() if callable(stats) else stats).items():
+                        acc_stats[k] = acc_stats.get(k, 0.0) + float(v)
                 acc_n += 1
             else:  # nan_policy = "skip": the update was dropped, keep the batch position
                 self.skipped += 1
@@ -571,6 +576,9 @@ class Trainer:
 
     def log_train(self, epoch, lr, acc_loss, acc_stats, acc_n, t_log, bar) -> None:
         """One ``"train"`` record: the mean loss and statistics since the last one, over every process."""
+        if self.tally is not None:  # the graphed steps': read back now (raises on a non-finite one)
+            self.check_tally()
+            acc_loss, acc_stats = self.tally.take()
         keys = list(acc_stats)
         vals = torch.tensor([acc_loss] + [acc_stats[k] for k in keys], dtype=torch.float64, device=self.device)
         vals = (_all_reduce(vals, self.info).cpu() / (max(acc_n, 1) * self.info.world)).tolist()
@@ -589,6 +597,7 @@ class Trainer:
 
     def evaluate_and_select(self, ep: float) -> None:
         """Score every split, record it, and keep the model if the task's selection key prefers it."""
+        self.check_tally()
         cfg, task = self.cfg, self.task
         res = {name: task.evaluate(self.model, s, cfg, device=self.device, info=self.info,
                                    autocast=self._autocast) for name, s in self.splits.items()}
@@ -681,15 +690,18 @@ class Trainer:
 
         return CUDAGraphStep(loss_fn, self.opt, before_step=before_step)
 
-    def graph_update(self, batch) -> tuple[torch.Tensor, Any, bool]:
+    def graph_update(self, batch) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
         """One training step of ``batch`` through :attr:`graph_step` (replayed from a CUDA graph
-        once its signature was captured): ``(loss, stats, True)``, as :func:`update` would give.
+        once its signature was captured): ``(loss, stats, norm)``, the step's loss, statistics
+        and total gradient norm, on the device and unread.
 
-        The non-finite check reads the loss and the gradient norm after the step (the one sync
-        a step has, which the logged loss needs anyway): a replayed step cannot stop half-way, so
-        with a non-finite loss or gradient the parameters were already updated when
-        :class:`~memnets.train.nan_guard.NonFiniteError` is raised; the last checkpoint is
-        untouched."""
+        Nothing is read back here: :attr:`tally` keeps them, and :meth:`check_tally` reads the
+        steps since the last record at once (at every ``log_every`` steps, and before every
+        checkpoint and evaluation), so the CPU runs ahead of the GPU. A replayed step cannot stop
+        half-way, and the next ones are already queued when a non-finite loss or gradient is
+        read: :class:`~memnets.train.nan_guard.NonFiniteError` names the first such step, and no
+        checkpoint was written after it. A batch whose step runs eagerly (an unhashable leaf) is
+        checked at once, as :func:`update` does (its norm is then None)."""
         leaves, spec = torch.utils._pytree.tree_flatten(batch)
         tensors = [x.to(self.device, non_blocking=True) for x in leaves if isinstance(x, torch.Tensor)]
         others = tuple(x for x in leaves if not isinstance(x, torch.Tensor))
@@ -699,20 +711,34 @@ class Trainer:
         except TypeError:  # an unhashable leaf: this batch's step runs eagerly
             tensors = []
         if not tensors:
+            self.check_tally()
             loss, stats = self.task.train_step(self.net, batch, self.cfg, self.device, self._autocast)
-            return loss, stats, update(self.cfg, self.model, self.opt, loss, self.step + 1)
+            update(self.cfg, self.model, self.opt, loss, self.step + 1)  # nan_policy is "raise" here
+            return loss, stats, None
         self._leaves = [leaves, spec]
         loss, stats, holder = self.graph_step(*tensors, key=key)
-        if not bool(torch.isfinite(loss) & torch.isfinite(holder["norm"])):
-            step = self.step + 1
-            if not bool(torch.isfinite(loss)):
-                check_finite(loss, None, step, policy="raise")
-            for name, p in self.model.named_parameters():  # the gradients: the parameters were updated
-                bad = first_non_finite(p.grad) if p.grad is not None else None
-                if bad is not None:
-                    raise NonFiniteError(step, f"{name}.grad", "gradient", *bad[2:])
-            raise NonFiniteError(step, "total gradient norm", "gradient", 0, 1)
-        return loss, stats, True
+        return loss, stats, holder["norm"]
+
+    def check_tally(self) -> None:
+        """Read the graphed steps taken since the last check back from the device (one
+        transfer; :class:`StepTally`).
+
+        Raises :class:`~memnets.train.nan_guard.NonFiniteError` for the first of them whose loss
+        or total gradient norm is not finite. The offending gradient is named when that step is
+        the last one taken (its gradients are still there), else the error names the total
+        gradient norm."""
+        bad = self.tally.check() if self.tally is not None else None
+        if bad is None:
+            return
+        step, what, n_nan, n_inf = bad
+        if what == "loss":
+            raise NonFiniteError(step, "loss", "loss", n_nan, n_inf)
+        if step == self.step:  # the gradients of that step are still in place
+            for name, p in self.model.named_parameters():
+                found = first_non_finite(p.grad) if p.grad is not None else None
+                if found is not None:
+                    raise NonFiniteError(step, f"{name}.grad", "gradient", *found[2:])
+        raise NonFiniteError(step, "total gradient norm", "gradient", n_nan, n_inf)
 
     # ------------------------------------------------------------------ helpers
     def _autocast(self):
@@ -730,6 +756,7 @@ class Trainer:
         return self.wall_before + time.perf_counter() - self.t_start
 
     def save(self, ep: int, b: int) -> None:
+        self.check_tally()  # no checkpoint after a non-finite step
         if self.info.is_main:
             device = self.device
             state = {"step": self.step, "epoch": ep, "batch": b, "optimizer": _float_lr(self.opt.state_dict()),
@@ -762,6 +789,52 @@ class Trainer:
         model.zero_grad(set_to_none=True)
         torch.set_rng_state(rng)
         return unused
+
+
+class StepTally:
+    """The losses, statistics and gradient norms of training steps, kept on the device until
+    they are read back together (:meth:`check`), so that a step costs no device-to-host sync.
+
+    :meth:`add` stacks the step's scalars into one small tensor (a copy: a replayed CUDA
+    graph overwrites its outputs at the next replay); :meth:`check` moves those kept since its
+    last call to the host in one transfer, finds the first step whose loss or gradient norm is
+    not finite and adds the others to the sums that :meth:`take` hands over."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, tuple[str, ...], torch.Tensor]] = []
+        self.sums: dict[str, float] = {}
+
+    def add(self, step: int, loss: torch.Tensor, stats: dict[str, Any], norm: torch.Tensor | None) -> None:
+        """Keep step ``step``'s (1-based) ``loss``, ``stats`` (name → scalar tensor or number)
+        and total gradient ``norm`` (None: not checked)."""
+        dev = loss.device
+        vals = [loss.detach(), norm.detach() if norm is not None else torch.zeros((), device=dev)]
+        vals += [v.detach() if isinstance(v, torch.Tensor) else torch.tensor(float(v), device=dev)
+                 for v in stats.values()]
+        self.rows.append((step, tuple(stats), torch.stack([v.reshape(()).to(dev, torch.float32) for v in vals])))
+
+    def check(self) -> tuple[int, str, int, int] | None:
+        """Read the steps kept since the last call back: ``(step, "loss" | "gradient", n_nan,
+        n_inf)`` for the first whose loss or gradient norm is not finite, else None (their
+        values are then added to the sums)."""
+        rows, self.rows = self.rows, []
+        if not rows:
+            return None
+        flat = torch.cat([r[2] for r in rows]).double().cpu().tolist()  # the one sync
+        at = 0
+        for step, keys, t in rows:
+            row, at = flat[at:at + t.numel()], at + t.numel()
+            for what, v in (("loss", row[0]), ("gradient", row[1])):
+                if not math.isfinite(v):
+                    return step, what, int(math.isnan(v)), int(math.isinf(v))
+            for k, v in zip(("loss", *keys), (row[0], *row[2:])):
+                self.sums[k] = self.sums.get(k, 0.0) + v
+        return None
+
+    def take(self) -> tuple[float, dict[str, float]]:
+        """The sums of the checked steps since the last call, ``(loss, {stat: sum})``, and forget them."""
+        sums, self.sums = self.sums, {}
+        return sums.pop("loss", 0.0), sums
 
 
 def update(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, step: int) -> bool:

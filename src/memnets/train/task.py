@@ -127,7 +127,9 @@ class Task:
                    autocast: Callable[[], Any] = contextlib.nullcontext) -> tuple[torch.Tensor, dict[str, float]]:
         """``(loss, stats)``: the training loss of ``batch`` (a scalar tensor) and per-step
         statistics logged, averaged, beside it in ``metrics.jsonl`` (e.g. ``{"tok_acc": ...}``):
-        a dict, or a callable returning one (called only for updates that are applied)."""
+        a dict, or a callable returning one (called only for updates that are applied). Its
+        values are numbers or scalar tensors; tensors are best, as a graphed step (CUDA) reads
+        them back only when it logs, not at every step."""
         raise NotImplementedError
 
     def evaluate(self, model: torch.nn.Module, data: Any, cfg, *, device, info,

@@ -254,7 +254,7 @@ class MemN2NTask(Task):
             loss = F.cross_entropy(logits, answers, reduction="sum") * world
         else:
             loss = F.cross_entropy(logits, answers)
-        return loss, lambda: {"acc": float((logits.detach().argmax(-1) == answers).float().mean())}
+        return loss, lambda: {"acc": (logits.detach().argmax(-1) == answers).float().mean()}
 
     def eval_splits(self, cfg) -> dict[str, Any]:
         return {"valid": self.data(cfg)[2]}
@@ -606,7 +606,7 @@ class SeqTask(MemN2NTask):
             logits = net(tokens, lengths)
         logits = logits.float()
         loss = F.cross_entropy(logits, answers)
-        return loss, lambda: {"acc": float((logits.detach().argmax(-1) == answers).float().mean())}
+        return loss, lambda: {"acc": (logits.detach().argmax(-1) == answers).float().mean()}
 
     def eval_splits(self, cfg) -> dict[str, Any]:
         return {"valid": self.data(cfg)[3]}

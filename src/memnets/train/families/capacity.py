@@ -108,7 +108,7 @@ class RetrievalTask(Task):
 
     def train_step(self, net, batch, cfg, device, autocast=contextlib.nullcontext):
         loss, acc = self.forward(net, batch, cfg, device, autocast)
-        return loss, lambda: {"acc": float(acc)}
+        return loss, lambda: {"acc": acc}
 
     def eval_splits(self, cfg) -> dict[str, Any]:
         return {"heldout": self.batch(cfg, cfg.task.eval_size, torch.Generator().manual_seed(derive_seed("eval", self.name)))}

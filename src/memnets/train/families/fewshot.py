@@ -166,7 +166,7 @@ class PretrainTask(Task):
                 logits = net(og.to_float(images).to(device)).float()
                 y = extra.to(device)
         loss = F.cross_entropy(logits, y)
-        return loss, lambda: {"acc": float((logits.detach().argmax(-1) == y).float().mean())}
+        return loss, lambda: {"acc": (logits.detach().argmax(-1) == y).float().mean()}
 
     def eval_splits(self, cfg) -> dict[str, Any]:
         from ...recipes.fewshot import BASE_TEST_DRAWERS
@@ -319,7 +319,7 @@ class FewShotTask(Task):
 
         o = self.options(cfg)
         loss, p_w, p_e = gate_loss(getattr(net, "module", net), self.feats(cfg), batch, o["way"], o["gate_queries"])
-        return loss, lambda: {"p_w": float(p_w.detach().mean()), "p_e": float(p_e.detach().mean())}
+        return loss, lambda: {"p_w": p_w.detach().mean(), "p_e": p_e.detach().mean()}
 
     def eval_splits(self, cfg) -> dict[str, Any]:
         return {"test": None}

@@ -161,7 +161,7 @@ class LRATask(Task):
         with autocast():
             logits = net(x)
         loss = F.cross_entropy(logits.float(), y)
-        return loss, lambda: {"acc": float((logits.detach().argmax(-1) == y).float().mean())}
+        return loss, lambda: {"acc": (logits.detach().argmax(-1) == y).float().mean()}
 
     def eval_splits(self, cfg) -> dict[str, Any]:
         _, _, xte, yte, *_ = self.data(cfg)

@@ -179,7 +179,7 @@ class NSPTask(Task):
         with autocast():
             logits = net(x)
         loss = F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), y.reshape(-1))  # [B*W, V]
-        return loss, lambda: {"tok_acc": float((logits.detach().argmax(-1) == y).float().mean())}
+        return loss, lambda: {"tok_acc": (logits.detach().argmax(-1) == y).float().mean()}
 
     def eval_splits(self, cfg) -> dict[str, NSPBatch]:
         return eval_splits(cfg)

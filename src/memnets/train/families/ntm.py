@@ -136,7 +136,7 @@ class NTMTask(Task):
             out = net(x)[0]
         out = out.float()
         loss = bits_per_sequence(out, y, m)
-        return loss, lambda: {"bit_errors": float(bit_errors(out.detach(), y, m))}
+        return loss, lambda: {"bit_errors": bit_errors(out.detach(), y, m)}
 
     def eval_splits(self, cfg) -> dict[str, Any]:
         out = {}
