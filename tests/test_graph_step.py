@@ -333,50 +333,65 @@ def test_graphed_steps_name_the_non_finite_loss_or_gradient(tmp_path, monkeypatc
         train(_train_cfg(cuda_graph="on", epochs=1), tmp_path / "l", quiet=True)
 
 
-def test_graphed_steps_read_nothing_back_between_records(tmp_path):
+def test_graphed_steps_read_nothing_back_between_records(tmp_path, monkeypatch):
     """With graphed steps the training loop reads the loss, the gradient norm and the
     statistics back once per record (``log_every`` steps), not at every step: no ``item()`` /
     ``float()`` of a tensor is taken by the loop or the task's statistics outside a record.
-    The eager loop takes several per step. (On the CPU Adam reads its step counter and the data
+    The eager loop takes several per step, unless its checks are deferred too (as on CUDA with
+    ``nan_policy = "raise"``; the same records either way). (On the CPU Adam reads its step counter and the data
     are made on the host; neither happens on CUDA, where Adam is capturable, and neither is
     counted here.)"""
     import traceback
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from memnets.train import train
+    from memnets.train import loop, train
 
     class Reads(TorchDispatchMode):
         n = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten._local_scalar_dense.default:
-                ours = [f for f in traceback.extract_stack()[:-1] if "/memnets/" in f.filename.replace("\\", "/")]
-                if ours and (ours[-1].filename.endswith("loop.py") or ours[-1].name == "<lambda>") \
+                stack = traceback.extract_stack()[:-1]
+                ours = [f for f in stack if "/memnets/" in f.filename.replace("\\", "/")]
+                adam = any("/torch/optim/" in f.filename.replace("\\", "/") for f in stack)
+                if ours and not adam and (ours[-1].filename.endswith("loop.py") or ours[-1].name == "<lambda>") \
                         and not any(f.name in ("log_train", "evaluate_and_select", "save") for f in ours):
                     Reads.n += 1
             return func(*args, **(kwargs or {}))
 
     counts = {}
-    for how in ("off", "on"):
+    real = loop.deferred_checks
+    for how in ("off", "on", "deferred"):  # eager steps checked at once; graphed; eager, deferred as on CUDA
         Reads.n = 0
+        monkeypatch.setattr(loop, "deferred_checks", (lambda *a: True) if how == "deferred" else real)
         with graph_step.stand_in(), Reads():
-            res = train(_train_cfg(cuda_graph=how, epochs=2, log_every=4), tmp_path / how, quiet=True)
+            cfg = _train_cfg(cuda_graph="on" if how == "on" else "off", epochs=2, log_every=4)
+            res = train(cfg, tmp_path / how, quiet=True)
         counts[how] = Reads.n / res["steps"]
     assert counts["off"] >= 2, counts  # the eager loop: the loss, the gradient norm, the statistic
-    assert counts["on"] == 0, counts
-    a, b = _train_records(tmp_path / "off"), _train_records(tmp_path / "on")
-    assert [r["step"] for r in a if r["kind"] == "train"] == [r["step"] for r in b if r["kind"] == "train"]
-    for ra, rb in zip(a, b):
-        if ra["kind"] == "train":
-            assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5)
-            assert rb["tok_acc"] == pytest.approx(ra["tok_acc"], abs=1e-6)
+    assert counts["on"] == 0 and counts["deferred"] == 0, counts
+    a = _train_records(tmp_path / "off")
+    for other in ("on", "deferred"):
+        b = _train_records(tmp_path / other)
+        assert [r["step"] for r in a if r["kind"] == "train"] == [r["step"] for r in b if r["kind"] == "train"]
+        for ra, rb in zip(a, b):
+            if ra["kind"] == "train":
+                assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5)
+                assert rb["tok_acc"] == pytest.approx(ra["tok_acc"], abs=1e-6)
+    assert loop.deferred_checks(_train_cfg(), torch.device("cuda"), False)
+    assert not real(_train_cfg(), torch.device("cpu"), False) and real(_train_cfg(), torch.device("cpu"), True)
+    from memnets.train import OptimConfig
+
+    assert not real(_train_cfg(optim=OptimConfig(nan_policy="skip")), torch.device("cuda"), False)
 
 
+@pytest.mark.parametrize("graphed", [True, False])
 @pytest.mark.parametrize("checkpoint_every", [0, 1])
 def test_a_non_finite_graphed_step_is_named_when_read_back_and_never_checkpointed(tmp_path, monkeypatch,
-                                                                                  checkpoint_every):
-    """A NaN gradient at step 2 of a run that records every 4 steps. With a checkpoint due
+                                                                                  checkpoint_every, graphed):
+    """A NaN gradient at step 2 of a run that records every 4 steps, graphed or eager with the
+    checks deferred (as on CUDA). With a checkpoint due
     after every step the read-back before it finds the step at once and names the gradient;
     without, the record at step 4 finds it and names the total gradient norm of step 2 (its
     gradients are gone by then). Either way no checkpoint or record follows the bad step."""
@@ -401,8 +416,10 @@ def test_a_non_finite_graphed_step_is_named_when_read_back_and_never_checkpointe
         return model
 
     monkeypatch.setattr(loop, "build_model", build)
+    monkeypatch.setattr(loop, "deferred_checks", lambda *a: True)  # the eager steps too, as on CUDA
     run = tmp_path / "r"
-    cfg = _train_cfg(cuda_graph="on", epochs=2, log_every=4, checkpoint_every=checkpoint_every)
+    cfg = _train_cfg(cuda_graph="on" if graphed else "off", epochs=2, log_every=4,
+                     checkpoint_every=checkpoint_every)
     with graph_step.stand_in(), pytest.raises(NonFiniteError, match="at step 2:") as e:
         train(cfg, run, quiet=True)
     assert e.value.step == 2 and e.value.kind == "gradient" and e.value.n_nan > 0

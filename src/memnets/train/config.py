@@ -105,7 +105,9 @@ class OptimConfig:
     betas: tuple[float, float] = _field((0.9, 0.999), help="Adam's [beta1, beta2]")
     grad_clip: float = _field(0.5, help="bound on the global gradient norm (0: no clipping)")
     nan_policy: str = _field("raise", help="a non-finite loss or gradient: raise (stop, naming the step and "
-                             "the tensor; the last checkpoint stays) or skip (drop that update and go on)")
+                             "the tensor; the last checkpoint stays; on CUDA found at the next record, "
+                             "checkpoint or evaluation, so that no step waits on a read-back) or skip (drop "
+                             "that update and go on)")
 
 
 @dataclass(frozen=True)

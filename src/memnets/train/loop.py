@@ -45,7 +45,7 @@ from .task import RunSummary, Task, get_task
 
 __all__ = ["train", "Trainer", "build_model", "evaluate", "lr_factor", "selects", "selection_key", "selection_rule",
            "update", "graph_steps", "load_optimizer_state", "RunExistsError", "model_config_error",
-           "resume_config", "FREE_ON_RESUME", "config_diff"]
+           "resume_config", "FREE_ON_RESUME", "config_diff", "StepTally", "deferred_checks", "update_unchecked"]
 
 
 class RunExistsError(ConfigError):
@@ -133,6 +133,15 @@ def graph_steps(cfg: RunConfig, device: torch.device, world: int = 1) -> bool:
 
     return (device.type == "cuda" or graphs.standing_in()) and cfg.optim.kind in ("adam", "adamw") \
         and cfg.compile == "none" and cfg.optim.nan_policy == "raise"
+
+
+def deferred_checks(cfg: RunConfig, device: torch.device, graphed: bool) -> bool:
+    """Whether the training steps' loss, statistics and gradient norm stay on the device until
+    the next record, checkpoint or evaluation (:class:`StepTally`) instead of being read back
+    at every step: with graphed steps, and on CUDA with ``optim.nan_policy = "raise"`` (a
+    ``"skip"`` must decide at each step). Elsewhere a read-back costs nothing, and checking
+    each step as it is taken names the tensor and leaves the weights clean."""
+    return graphed or (device.type == "cuda" and cfg.optim.nan_policy == "raise")
 
 
 def _set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
@@ -375,7 +384,7 @@ class Trainer:
         self.graph_step = None  # a CUDAGraphStep when the steps replay from CUDA graphs
         self._leaves: list = []  # the batch of the graphed step being taken (its non-tensor leaves)
         self._holder: dict = {}  # where the graphed step's body leaves its gradient norm
-        self.tally: StepTally | None = None  # the graphed steps' losses, read back when logged
+        self.tally: StepTally | None = None  # the steps' losses, read back when logged (deferred_checks)
 
     # ------------------------------------------------------------------ phases
     def run(self, resume: bool) -> dict[str, Any]:
@@ -467,6 +476,7 @@ class Trainer:
             self.net = compile_module(self.net, cfg.compile)
         if graph_steps(cfg, self.device, info.world):
             self.graph_step = self._make_graph_step()
+        if deferred_checks(cfg, self.device, self.graph_step is not None):
             self.tally = StepTally()
         self.splits = self.task.eval_splits(cfg)
         self.nb = self.task.steps_per_epoch(cfg)
@@ -537,8 +547,12 @@ class Trainer:
             if task.time_steps:
                 self._sync()
                 w0, c0 = time.perf_counter(), time.process_time()
-            if self.graph_step is not None:  # no read-back: the tally keeps the step's loss on the device
-                loss, stats, norm = self.graph_update(batch)
+            if self.tally is not None:  # no read-back: the tally keeps the step's loss on the device
+                if self.graph_step is not None:
+                    loss, stats, norm = self.graph_update(batch)
+                else:
+                    loss, stats = task.train_step(self.net, batch, cfg, self.device, self._autocast)
+                    norm = update_unchecked(cfg, self.model, self.opt, loss)
                 self.tally.add(self.step + 1, loss, stats() if callable(stats) else stats, norm)
                 applied = True
             else:
@@ -576,7 +590,7 @@ class Trainer:
 
     def log_train(self, epoch, lr, acc_loss, acc_stats, acc_n, t_log, bar) -> None:
         """One ``"train"`` record: the mean loss and statistics since the last one, over every process."""
-        if self.tally is not None:  # the graphed steps': read back now (raises on a non-finite one)
+        if self.tally is not None:  # the steps' losses: read back now (raises on a non-finite one)
             self.check_tally()
             acc_loss, acc_stats = self.tally.take()
         keys = list(acc_stats)
@@ -848,6 +862,22 @@ def update(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, l
         return True
     opt.zero_grad(set_to_none=True)
     return False
+
+
+def update_unchecked(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                     loss: torch.Tensor) -> torch.Tensor:
+    """:func:`update` without reading anything back: zero the gradients, backward, clip them
+    (``optim.grad_clip``) with their total norm, step ``opt``, and return that norm (a tensor)
+    for the caller to check later (:class:`StepTally`). A non-finite loss or gradient reaches
+    the weights; the caller stops the run before the next checkpoint."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if cfg.optim.grad_clip > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, cfg.optim.grad_clip, norm)
+    opt.step()
+    return norm
 
 
 def _finite_step(cfg: RunConfig, model: torch.nn.Module, loss: torch.Tensor, step: int) -> bool:
