@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from memnets.cli.main import main
 
@@ -85,6 +86,21 @@ def test_train_eval_table(tmp_path, capsys):
         pytest.approx(ev["od_hard"]["ans_acc"])
     assert main(["eval", str(run), "--by-slot"]) == 0
     assert "Answer-slot accuracy" in capsys.readouterr().out
+    # --draw N: splits of the same digit ranges drawn independently of the run's own
+    from memnets.train.families.nsp import eval_splits
+    from memnets.train.runs import load_run
+
+    cfg_run = load_run(run, "best").config
+    own, other, again = eval_splits(cfg_run), eval_splits(cfg_run, 1), eval_splits(cfg_run, 1)
+    assert torch.equal(other["od_hard"].inputs, again["od_hard"].inputs)
+    assert not torch.equal(own["od_hard"].inputs, other["od_hard"].inputs)
+    assert torch.equal(own["od_hard"].digits.sort().values, other["od_hard"].digits.sort().values)
+    assert main(["eval", str(run), "--json", "--draw", "0"]) == 0
+    assert json.loads(capsys.readouterr().out) == ev
+    assert main(["eval", str(run), "--json", "--draw", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["od_hard"]["n"] == 16
+    assert main(["eval", str(run), "--draw", "-1"]) == 2
+    assert "--draw" in capsys.readouterr().err
 
     out_md = tmp_path / "t.md"
     assert main(["table", str(run), str(tmp_path / "missing"), "--out", str(out_md)]) == 0

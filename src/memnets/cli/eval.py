@@ -14,6 +14,9 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint", choices=("best", "last"), default="best",
                    help="weights to load: best (selected by the OD-easy accuracy) or last")
     p.add_argument("--eval-size", type=int, default=None, help="samples per split (default: the run's)")
+    p.add_argument("--draw", type=int, default=0, metavar="N",
+                   help="algorithmic tasks: score on splits drawn independently of the ones the run was "
+                        "evaluated and selected on (N >= 1; 0, the default: those same splits)")
     p.add_argument("--by-digits", action="store_true",
                    help="also score each digit count of every split (rows 'split/n')")
     p.add_argument("--by-slot", action="store_true",
@@ -24,12 +27,14 @@ def add_parser(sub) -> None:
 
 
 def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int | None = None,
-                 by_digits: bool = False, by_slot: bool = False) -> dict:
+                 by_digits: bool = False, by_slot: bool = False, draw: int = 0) -> dict:
     """``{split: metrics}`` for the run's saved weights (the metrics of its task: for the
     algorithmic tasks ``{"seq_acc", "tok_acc", "ans_acc", "loss", "n"}``); with ``by_digits``
     (algorithmic tasks only) also ``"split/n"`` for the samples of each digit count ``n``; with
     ``by_slot`` (algorithmic tasks only) ``"split/slots"``: ``{"slot_acc": [...], "slot_n": [...]}``
-    (:func:`memnets.train.families.nsp.slot_accuracy`)."""
+    (:func:`memnets.train.families.nsp.slot_accuracy`). ``draw`` (algorithmic tasks only): score
+    on splits drawn independently of the run's own (:func:`memnets.train.families.nsp.eval_splits`),
+    so that the model selected on the run's splits is scored on samples that did not select it."""
     import dataclasses
 
     from ..train.runs import RunError, load_run
@@ -40,9 +45,11 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int |
         run = load_run(run_dir, checkpoint)
     except RunError as e:
         raise UsageError(str(e)) from e
+    if draw < 0:
+        raise UsageError(f"--draw expected an integer >= 0, got {draw}")
     if run.family != "nsp":
-        if by_digits or by_slot:
-            flag = "--by-digits" if by_digits else "--by-slot"
+        if by_digits or by_slot or draw:
+            flag = "--by-digits" if by_digits else "--by-slot" if by_slot else "--draw"
             raise UsageError(f"{flag} needs an algorithmic-task run; {run_dir} is a {run.task.name!r} run")
         return run.evaluate(eval_size)
     from ..train.families.nsp import eval_splits, evaluate, slot_accuracy
@@ -52,7 +59,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int |
         cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, eval_size=eval_size))
     model = run.model
     out = {}
-    for name, s in eval_splits(cfg).items():
+    for name, s in eval_splits(cfg, draw).items():
         out[name] = evaluate(model, s, batch_size=256)
         if by_digits:
             for n in s.digits.unique().tolist():
@@ -65,7 +72,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int |
 
 
 def _run(args) -> int:
-    res = evaluate_run(args.run_dir, args.checkpoint, args.eval_size, args.by_digits, args.by_slot)
+    res = evaluate_run(args.run_dir, args.checkpoint, args.eval_size, args.by_digits, args.by_slot, args.draw)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0

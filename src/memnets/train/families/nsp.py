@@ -41,9 +41,16 @@ def train_epoch_data(cfg, epoch: int) -> NSPBatch:
                       window_width(cfg.task.name, hi))
 
 
-def eval_splits(cfg) -> dict[str, NSPBatch]:
-    """Every split of ``task.splits`` with ``task.eval_size`` samples (independent of ``seed``)."""
-    return {name: make_split(cfg.task.name, lo, hi, cfg.task.eval_size, derive_seed("eval", cfg.task.name, name))
+def eval_splits(cfg, draw: int = 0) -> dict[str, NSPBatch]:
+    """Every split of ``task.splits`` with ``task.eval_size`` samples (independent of ``seed``).
+
+    ``draw`` 0 is the draw every run is evaluated (and its model selected) on; another ``draw``
+    gives splits of the same digit ranges drawn independently of it, to score a selected model
+    on samples that took no part in selecting it (``memnets eval --draw``)."""
+    if not isinstance(draw, int) or isinstance(draw, bool) or draw < 0:
+        raise ValueError(f"`draw` expected an integer >= 0, got {draw!r}")
+    salt = () if draw == 0 else ("draw", draw)
+    return {name: make_split(cfg.task.name, lo, hi, cfg.task.eval_size, derive_seed("eval", cfg.task.name, name, *salt))
             for name, (lo, hi) in cfg.task.splits.items()}
 
 
