@@ -101,6 +101,25 @@ def test_train_eval_table(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["od_hard"]["n"] == 16
     assert main(["eval", str(run), "--draw", "-1"]) == 2
     assert "--draw" in capsys.readouterr().err
+    # --save keeps the scores; `table --eval` shows them instead of results.json's
+    assert main(["eval", str(run), "--json", "--draw", "3", "--eval-size", "24", "--save",
+                 str(run / "eval-heldout.json")]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    saved = json.loads((run / "eval-heldout.json").read_text())
+    assert saved["splits"] == shown and saved["draw"] == 3 and saved["eval_size"] == 24
+    assert saved["checkpoint"] == "best" and shown["id"]["n"] == 24
+    from memnets.cli.table import load_results, with_evaluation
+
+    [r] = with_evaluation(load_results([run]), "eval-heldout.json")
+    assert r["splits"] == shown and r["evaluated"] == {"checkpoint": "best", "draw": 3, "eval_size": 24}
+    assert main(["table", str(run), "--eval", "eval-heldout.json", "--metric", "tok_acc"]) == 0
+    tab = capsys.readouterr().out
+    assert f"{100 * shown['od_hard']['tok_acc']:.1f}" in tab, tab
+    assert main(["table", str(run), "--eval", "nothing.json"]) == 2
+    assert "none of the runs has nothing.json" in capsys.readouterr().err
+    (run / "bad.json").write_text("[1]")
+    assert main(["table", str(run), "--eval", "bad.json"]) == 2
+    assert "not a saved evaluation" in capsys.readouterr().err
 
     out_md = tmp_path / "t.md"
     assert main(["table", str(run), str(tmp_path / "missing"), "--out", str(out_md)]) == 0

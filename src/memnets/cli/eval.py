@@ -23,6 +23,10 @@ def add_parser(sub) -> None:
                    help="also the accuracy of each answer slot k (the k-th MASK; for Fib the k-th least "
                         "significant digit of the sum) per split, as 'split/slots'")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--save", default=None, metavar="FILE",
+                   help="also write the scores, with the checkpoint, draw and size they were made with, to this "
+                        "JSON file (e.g. beside the run's kept results.json; `memnets table --eval FILENAME` "
+                        "reads it there)")
     p.set_defaults(func=_run)
 
 
@@ -73,6 +77,15 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "best", eval_size: int |
 
 def _run(args) -> int:
     res = evaluate_run(args.run_dir, args.checkpoint, args.eval_size, args.by_digits, args.by_slot, args.draw)
+    if args.save:
+        from ..train.checkpoint import atomic_write_text
+        from ..train.runs import load_run
+
+        size = args.eval_size or load_run(args.run_dir, args.checkpoint).config.task.eval_size
+        record = {"run_dir": str(args.run_dir), "checkpoint": args.checkpoint, "draw": args.draw,
+                  "eval_size": size, "splits": res}
+        Path(args.save).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(args.save), json.dumps(record, indent=1) + "\n")
     if args.json:
         print(json.dumps(res, indent=2))
         return 0

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 __all__ = ["add_parser", "family_tables", "format_table1", "format_table1_vs_paper", "load_results", "paper_cell",
-           "PAPER_TABLE1", "MODEL_ORDER"]
+           "with_evaluation", "PAPER_TABLE1", "MODEL_ORDER"]
 
 MODEL_ORDER = ["TF", "LSTM", "UT", "DNC", "LSAM", "NAM-TM", "No Jmp", "NTM", "LSAM (stack)", "biLSTM"]
 TASK_LABEL = {"palindrome": "Palin", "fib": "Fib", "addition": "Fib", "reduce": "Reduce"}
@@ -49,6 +49,10 @@ def add_parser(sub) -> None:
     p.add_argument("--paper", action="store_true",
                    help="alone: print the paper's Table 1; with run directories: the paper's figures beside "
                         "ours (mean over seeds, per-seed values)")
+    p.add_argument("--eval", default=None, metavar="FILENAME",
+                   help="score each run by the file of this name in its directory, written by `memnets eval "
+                        "--save` (e.g. on splits drawn independently of those that selected the model), "
+                        "instead of its results.json's evaluation; runs without it are left out")
     p.add_argument("--out", default=None, help="also write the table to this file")
     p.set_defaults(func=_run)
 
@@ -260,6 +264,30 @@ def _task_run_problem(res: dict, metric: str) -> str | None:
     return None
 
 
+def with_evaluation(results: list[dict], name: str) -> list[dict]:
+    """``results`` (from :func:`load_results`) scored by the file ``name`` in each run's
+    directory (written by ``memnets eval --save``): its ``"splits"`` replace the run's, and
+    ``"evaluated"`` says with what (checkpoint, draw, size). Runs without the file are left
+    out, with a note on stderr; ValueError when none has it or one is malformed."""
+    out = []
+    for r in results:
+        f = Path(r["run_dir"]) / name
+        if not f.is_file():
+            print(f"memnets table: leaving out {r['run_dir']}: no {name}", file=sys.stderr)
+            continue
+        try:
+            ev = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read {f}: {e}") from e
+        if not isinstance(ev, dict) or not isinstance(ev.get("splits"), dict):
+            raise ValueError(f'{f} is not a saved evaluation (expected a JSON object with "splits", '
+                             "as `memnets eval --save` writes)")
+        out.append(dict(r, splits=ev["splits"], evaluated={k: ev.get(k) for k in ("checkpoint", "draw", "eval_size")}))
+    if not out:
+        raise ValueError(f"none of the runs has {name} (written by `memnets eval RUN --save RUN/{name}`)")
+    return out
+
+
 def _run(args) -> int:
     from ..train.task import family_of
     from .main import UsageError
@@ -276,6 +304,11 @@ def _run(args) -> int:
         if not results:
             raise UsageError(f"no results.json in {', '.join(map(str, args.run_dirs))} (expected run "
                              "directories of finished `memnets train` runs)")
+        if args.eval:
+            try:
+                results = with_evaluation(results, args.eval)
+            except ValueError as e:
+                raise UsageError(str(e)) from e
         for r in results:
             if family_of(r) in (None, "nsp"):
                 if args.metric not in (None, "seq_acc", "tok_acc", "ans_acc"):
