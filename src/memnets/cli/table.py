@@ -325,6 +325,11 @@ def _run(args) -> int:
             text = family_tables(results, args.metric, other_metric=args.metric, paper=args.paper)
         except ValueError as e:
             raise UsageError(str(e)) from e
+        if args.eval:
+            how = sorted({(r["evaluated"]["checkpoint"], r["evaluated"]["draw"], r["evaluated"]["eval_size"])
+                          for r in results}, key=str)
+            text += (f"\n\nScored from `{args.eval}` in each run's folder (`memnets eval --save`): "
+                     + "; ".join(f"{c} weights, draw {d}, {n} samples per split" for c, d, n in how) + ".")
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
