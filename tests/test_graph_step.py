@@ -295,10 +295,11 @@ def test_graphed_training_resumes_and_checkpoints_float_rates(tmp_path):
     assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)  # the optimiser's own state is left alone
 
 
-@pytest.mark.parametrize("at", [2, 6])  # an eager warm-up step, a replayed one
-def test_graphed_steps_name_the_non_finite_loss_or_gradient(tmp_path, monkeypatch, at):
-    from memnets.train import loop, train
-    from memnets.train.nan_guard import NonFiniteError
+def _nan_gradient_at(monkeypatch, at: int) -> dict:
+    """Models built by the training loop whose first parameter's gradient turns NaN at its
+    ``at``-th backward (the loss stays finite); returns ``{"n": backwards so far, "name": the
+    parameter's name}``."""
+    from memnets.train import loop
 
     real = loop.build_model
     calls = {"n": 0}
@@ -308,7 +309,7 @@ def test_graphed_steps_name_the_non_finite_loss_or_gradient(tmp_path, monkeypatc
         name, p = next(iter(model.named_parameters()))
         calls["name"] = name
 
-        def hook(g):  # a finite loss whose gradient turns NaN in one parameter at step `at`
+        def hook(g):
             calls["n"] += 1
             return g * float("nan") if calls["n"] == at else g
 
@@ -316,6 +317,16 @@ def test_graphed_steps_name_the_non_finite_loss_or_gradient(tmp_path, monkeypatc
         return model
 
     monkeypatch.setattr(loop, "build_model", build)
+    return calls
+
+
+@pytest.mark.parametrize("at", [2, 6])  # an eager warm-up step, a replayed one
+def test_graphed_steps_name_the_non_finite_loss_or_gradient(tmp_path, monkeypatch, at):
+    from memnets.train import loop, train
+    from memnets.train.nan_guard import NonFiniteError
+
+    real = loop.build_model
+    calls = _nan_gradient_at(monkeypatch, at)
     with graph_step.stand_in(), pytest.raises(NonFiniteError, match=f"at step {at}") as e:
         train(_train_cfg(cuda_graph="on", epochs=3), tmp_path / "g", quiet=True)
     assert e.value.kind == "gradient" and e.value.name == calls["name"] + ".grad" and e.value.n_nan > 0
@@ -400,22 +411,7 @@ def test_a_non_finite_graphed_step_is_named_when_read_back_and_never_checkpointe
     from memnets.train import loop, train
     from memnets.train.nan_guard import NonFiniteError
 
-    real = loop.build_model
-    calls = {"n": 0}
-
-    def build(cfg):
-        model = real(cfg)
-        name, p = next(iter(model.named_parameters()))
-        calls["name"] = name
-
-        def hook(g):
-            calls["n"] += 1
-            return g * float("nan") if calls["n"] == 2 else g
-
-        p.register_hook(hook)
-        return model
-
-    monkeypatch.setattr(loop, "build_model", build)
+    calls = _nan_gradient_at(monkeypatch, 2)
     monkeypatch.setattr(loop, "deferred_checks", lambda *a: True)  # the eager steps too, as on CUDA
     run = tmp_path / "r"
     cfg = _train_cfg(cuda_graph="on" if graphed else "off", epochs=2, log_every=4,

@@ -177,6 +177,17 @@ def format_table1_vs_paper(results: list[dict], metric: str = "seq_acc") -> str:
     return "\n".join(lines)
 
 
+def _json_object(f: Path, what: str) -> dict:
+    """The JSON object in ``f``; ValueError naming ``f`` when it cannot be read or is not ``what``."""
+    try:
+        obj = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {f}: {e}") from e
+    if not isinstance(obj, dict):
+        raise ValueError(f"{f} is not {what}")
+    return obj
+
+
 def load_results(run_dirs, warn: bool = True) -> list[dict]:
     """The ``results.json`` of each of ``run_dirs`` that has one, with ``seed`` (from
     ``config.json``) and ``run_dir`` added; the others are skipped (with a note on stderr).
@@ -188,12 +199,7 @@ def load_results(run_dirs, warn: bool = True) -> list[dict]:
             if warn:
                 print(f"memnets table: skipping {d}: no results.json (unfinished run?)", file=sys.stderr)
             continue
-        try:
-            r = json.loads(f.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read {f}: {e}") from e
-        if not isinstance(r, dict):
-            raise ValueError(f"{f} is not a results table (expected a JSON object)")
+        r = _json_object(f, "a results table (expected a JSON object)")
         try:
             r.setdefault("seed", json.loads((Path(d) / "config.json").read_text()).get("seed", 0))
         except (OSError, ValueError):
@@ -275,13 +281,10 @@ def with_evaluation(results: list[dict], name: str) -> list[dict]:
         if not f.is_file():
             print(f"memnets table: leaving out {r['run_dir']}: no {name}", file=sys.stderr)
             continue
-        try:
-            ev = json.loads(f.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read {f}: {e}") from e
-        if not isinstance(ev, dict) or not isinstance(ev.get("splits"), dict):
-            raise ValueError(f'{f} is not a saved evaluation (expected a JSON object with "splits", '
-                             "as `memnets eval --save` writes)")
+        what = 'a saved evaluation (expected a JSON object with "splits", as `memnets eval --save` writes)'
+        ev = _json_object(f, what)
+        if not isinstance(ev.get("splits"), dict):
+            raise ValueError(f"{f} is not {what}")
         out.append(dict(r, splits=ev["splits"], evaluated={k: ev.get(k) for k in ("checkpoint", "draw", "eval_size")}))
     if not out:
         raise ValueError(f"none of the runs has {name} (written by `memnets eval RUN --save RUN/{name}`)")
