@@ -71,17 +71,20 @@ gpu-check:
 
 # Paper-scale runs on a GPU (the Fib presets the paper trains for 40,000 steps of 128): each of
 # PAPER_PRESETS trains for PAPER_MIN minutes of wall time and is scored where it stops, in
-# out/paper/<preset> (resumed when that folder is there). Their records (metrics.jsonl, config,
-# env, results; not the checkpoints, some 280 MB each) go to out/paper-runs.tar.gz and, when OUT
-# is set, to $OUT/paper-runs.tar.gz. `make gpu-check gpu-paper PAPER_MIN=2` fits one lease.
+# $(PAPER_OUT)/paper/<preset> (resumed when that folder is there). Their records (metrics.jsonl,
+# config, env, results; not the checkpoints, some 280 MB each) go to
+# $(PAPER_OUT)/paper-runs.tar.gz and, when OUT is set, to $OUT/paper-runs.tar.gz.
+# `make gpu-check gpu-paper PAPER_MIN=2` fits one lease.
 PAPER_MIN     ?= 2
 PAPER_PRESETS ?= paper/fib-nam_tm paper/fib-transformer
+PAPER_OUT     ?= out
 .PHONY: gpu-paper
 gpu-paper:
 	@set -e; for p in $(PAPER_PRESETS); do n=$$(basename $$p); \
 	  PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m memnets.cli.main train $$p \
-	    time_limit_min=$(PAPER_MIN) --run-dir out/paper/$$n --resume --quiet || echo "$$p: exit $$?"; \
+	    time_limit_min=$(PAPER_MIN) --run-dir "$(PAPER_OUT)/paper/$$n" --resume --quiet || echo "$$p: exit $$?"; \
 	done; \
-	cd out && tar czf paper-runs.tar.gz $$(ls -d paper/*/metrics.jsonl paper/*/config.json paper/*/env.json \
-	  paper/*/results.json 2>/dev/null); cd ..; \
-	if [ -n "$$OUT" ]; then cp out/paper-runs.tar.gz "$$OUT/"; fi; echo "written: out/paper-runs.tar.gz"
+	(cd "$(PAPER_OUT)" && tar czf paper-runs.tar.gz $$(ls -d paper/*/metrics.jsonl paper/*/config.json \
+	  paper/*/env.json paper/*/results.json 2>/dev/null)); \
+	if [ -n "$$OUT" ]; then cp "$(PAPER_OUT)/paper-runs.tar.gz" "$$OUT/"; fi; \
+	echo "written: $(PAPER_OUT)/paper-runs.tar.gz"

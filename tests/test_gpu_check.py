@@ -210,3 +210,32 @@ def test_gpu_profile_step_on_the_cpu():
     assert all(t["kernel"].startswith("aten::") for t in r["top"])
     if not torch.cuda.is_available():
         assert main([]) == 2  # nothing to profile without CUDA, said so
+
+
+def test_make_gpu_paper_trains_each_preset_for_its_minutes_and_packs_the_records(tmp_path):
+    """``make gpu-paper`` (the paper-scale runs of a GPU lease) on a small preset for a second:
+    the run stops at its time limit, is scored, and its records, not its checkpoints, are packed
+    into one file, copied to $OUT too; a second call resumes the finished run."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tarfile
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "OUT"
+    out.mkdir()
+    cmd = ["make", "-s", "gpu-paper", f"PYTHON={sys.executable}", "PAPER_MIN=0.01",
+           "PAPER_PRESETS=cpu/reduce-lstm", f"PAPER_OUT={tmp_path / 'o'}"]
+    env = dict(os.environ, OUT=str(out), OMP_NUM_THREADS="1")
+    for _ in range(2):
+        r = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((tmp_path / "o" / "paper" / "reduce-lstm" / "results.json").read_text())
+    assert res["stopped_by_time_limit"] and res["steps"] >= 1
+    with tarfile.open(out / "paper-runs.tar.gz") as tar:
+        names = sorted(tar.getnames())
+    assert names == [f"paper/reduce-lstm/{f}" for f in ("config.json", "env.json", "metrics.jsonl", "results.json")]
