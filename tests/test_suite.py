@@ -408,6 +408,39 @@ def test_sweep_choice_counts_differences_within_sampling_noise_as_ties():
     assert choose_point([]) is None
 
 
+def test_a_sweep_on_several_seeds_chooses_over_them_pooled(tmp_path, capsys):
+    """Several seeds in a sweep: each seed's row, and a pooled row whose points are the seeds'
+    mean over their pooled evaluations, whose choice is the preset's. Fib DNC's figures (OD-easy
+    at 3e-3 and 1e-2 on seeds 0, 3, 4): seed 0 alone chooses 1e-2, the three pooled 3e-3."""
+    from memnets.cli.suite import choose_point, pool_points
+
+    def pt(label, sel, idv, loss, n=512):
+        return {"label": label, "sel": (sel, n), "id": (idv, n), "loss": loss}
+
+    a = [pt("lr0.003", 0.045, 0.268, 0.9), pt("lr0.003", 0.832, 0.998, 0.3), pt("lr0.003", 0.834, 0.994, 0.3)]
+    b = [pt("lr0.01", 0.289, 0.486, 0.6), pt("lr0.01", 0.260, 0.426, 0.6), pt("lr0.01", 0.238, 0.387, 0.6)]
+    assert choose_point([a[0], b[0]]) == "lr0.01"
+    pa, pb = pool_points(a), pool_points(b)
+    assert pa["sel"] == (pytest.approx(0.5703, abs=1e-4), 1536) and pa["loss"] == pytest.approx(0.5)
+    assert choose_point([pa, pb]) == "lr0.003"
+    assert pool_points([pt("x", 0.5, 0.5, 1.0, n=None), pt("x", 0.7, 0.5, 1.0)])["sel"] == (pytest.approx(0.6), None)
+
+    suite = _suite(tmp_path, ["cpu/reduce-transformer"], [0, 1], ["epochs=1", *TINY],
+                   '[sweep]\n"optim.lr" = [0.001, 0.003]\n')
+    argv = ["suite", "run", str(suite), "--runs-dir", str(tmp_path / "runs"), "--results-dir", ""]
+    assert main([*argv, "--jobs", "2", "--only", "*-s0"]) == 0
+    sweep = capsys.readouterr().out.split("## Sweep", 1)[1].splitlines()
+    pooled = next(x for x in sweep if x.startswith("| cpu/reduce-transformer | 0, 1 pooled |"))
+    assert [c.strip() for c in pooled.split("|")[3:5]] == ["–", "–"]  # seed 1 not yet run
+    assert main([*argv, "--jobs", "2"]) == 0
+    sweep = capsys.readouterr().out.split("## Sweep", 1)[1].splitlines()
+    rows = [x for x in sweep if x.startswith("| cpu/reduce-transformer |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["0", "1", "0, 1 pooled"]
+    figs = [[float(c.split()[0].rstrip("%")) for c in r.split("|")[3:5]] for r in rows]
+    assert figs[2] == [pytest.approx((figs[0][k] + figs[1][k]) / 2, abs=0.11) for k in range(2)]
+    assert rows[2].split("|")[-2].strip() in ("lr0.001", "lr0.003")
+
+
 def test_suite_skips_a_run_another_process_holds_or_finished(tmp_path, capsys):
     """Two suites may share a runs folder (e.g. one per core, each with its own --only): a run
     that another live process holds, or that finished after this suite listed it, is skipped

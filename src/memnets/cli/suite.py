@@ -543,7 +543,9 @@ def sweep_table(suite: Suite, runs: list[SuiteRun], metric: str | None = None) -
     evaluation's sampling noise counting as a tie; ties broken by ID (likewise), then by the
     lower selection loss. The other splits (OD-hard) take no part. The columns are every point of
     every preset's grid (``sweep_for``); a point outside a preset's grid is left blank, one not
-    yet finished is ``–``. Empty for a suite without a sweep."""
+    yet finished is ``–``. A preset swept on several seeds gets one more row, ``pooled``: each
+    point's figures averaged over the seeds and their evaluations pooled (:func:`pool_points`),
+    and the choice among those, which is the preset's. Empty for a suite without a sweep."""
     if not suite.has_sweep:
         return ""
     groups: dict[tuple[str, int], dict[str, dict | None]] = {}
@@ -558,13 +560,16 @@ def sweep_table(suite: Suite, runs: list[SuiteRun], metric: str | None = None) -
         labels.setdefault(label, point)
     labels = _in_value_order(labels)
     lines = ["| preset | seed | " + " | ".join(labels) + " | chosen |", "|---|---|" + "---|" * (len(labels) + 1)]
+    pooled: dict[str, dict[int, dict[str, dict | None]]] = {}  # preset -> seed -> label -> point
     for (preset, seed), cells in groups.items():
         figs, points = [], []
+        mine = pooled.setdefault(preset, {}).setdefault(seed, {})
         for label in labels:
             if label not in cells:
                 figs.append("")
                 continue
             res = cells[label]
+            mine[label] = None
             if res is None:
                 figs.append("–")
                 continue
@@ -575,12 +580,56 @@ def sweep_table(suite: Suite, runs: list[SuiteRun], metric: str | None = None) -
             figs.append(f"{_value(m, v)} ({sel})")
             s_sel, s_id = sp.get(sel) or {}, sp.get("id") or {}
             points.append({"label": label, "sel": (v if isinstance(v, (int, float)) else -1.0, s_sel.get("n")),
-                           "id": (s_id.get(m) or 0.0, s_id.get("n")), "loss": s_sel.get("loss") or 0.0})
-        best = choose_point(points)
-        done = all(res is not None for res in cells.values())
-        chosen = best if done else (f"({best} so far)" if best else "–")
-        lines.append(f"| {preset} | {seed} | " + " | ".join(figs) + f" | {chosen} |")
+                           "id": (s_id.get(m) or 0.0, s_id.get("n")), "loss": s_sel.get("loss") or 0.0,
+                           "metric": m, "split": sel})
+            mine[label] = points[-1]
+        lines.append(f"| {preset} | {seed} | " + " | ".join(figs) + f" | {_chosen(points, cells)} |")
+    for preset, seeds in pooled.items():  # several seeds: the choice over all of them
+        if len(seeds) > 1:
+            lines.append(_pooled_row(preset, seeds, labels))
     return "\n".join(lines)
+
+
+def _chosen(points: list[dict], cells: dict) -> str:
+    best = choose_point(points)
+    if all(res is not None for res in cells.values()):
+        return best or "–"
+    return f"({best} so far)" if best else "–"
+
+
+def pool_points(points: list[dict]) -> dict:
+    """One sweep point from the same point's runs on several seeds: the mean of their
+    figures, over the sum of their evaluation sizes (a pooled sample, as :func:`within_noise`
+    takes it), and the mean selection loss."""
+    def mean_n(key):
+        ns = [q[key][1] for q in points]
+        return (sum(q[key][0] for q in points) / len(points), sum(ns) if all(ns) else None)
+
+    return {"label": points[0]["label"], "sel": mean_n("sel"), "id": mean_n("id"),
+            "loss": sum(q["loss"] for q in points) / len(points), "metric": points[0].get("metric"),
+            "split": points[0].get("split")}
+
+
+def _pooled_row(preset: str, seeds: dict[int, dict[str, dict | None]], labels: list[str]) -> str:
+    """The sweep row of ``preset`` over all its seeds: each point pooled (:func:`pool_points`)
+    once every seed has it, and the choice among the pooled points."""
+    figs, points, done = [], [], True
+    for label in labels:
+        runs = [pts.get(label, False) for pts in seeds.values()]
+        if all(r is False for r in runs):
+            figs.append("")
+            continue
+        if any(r is None or r is False for r in runs):
+            figs.append("–")
+            done = False
+            continue
+        q = pool_points(runs)
+        points.append(q)
+        figs.append(f"{_value(q['metric'], q['sel'][0])} ({q['split']})")
+    best = choose_point(points)
+    chosen = (best or "–") if done else (f"({best} so far)" if best else "–")
+    who = ", ".join(str(s) for s in sorted(seeds))
+    return f"| {preset} | {who} pooled | " + " | ".join(figs) + f" | {chosen} |"
 
 
 def _in_value_order(points: dict[str, list[str]]) -> list[str]:
