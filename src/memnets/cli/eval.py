@@ -79,9 +79,9 @@ def _run(args) -> int:
     res = evaluate_run(args.run_dir, args.checkpoint, args.eval_size, args.by_digits, args.by_slot, args.draw)
     if args.save:
         from ..train.checkpoint import atomic_write_text
-        from ..train.runs import load_run
+        from ..train.loop import resume_config
 
-        size = args.eval_size or load_run(args.run_dir, args.checkpoint).config.task.eval_size
+        size = args.eval_size or resume_config(args.run_dir).task.eval_size  # the run's config.json alone
         record = {"run_dir": str(args.run_dir), "checkpoint": args.checkpoint, "draw": args.draw,
                   "eval_size": size, "splits": res}
         Path(args.save).parent.mkdir(parents=True, exist_ok=True)

@@ -583,16 +583,19 @@ def sweep_table(suite: Suite, runs: list[SuiteRun], metric: str | None = None) -
                            "id": (s_id.get(m) or 0.0, s_id.get("n")), "loss": s_sel.get("loss") or 0.0,
                            "metric": m, "split": sel})
             mine[label] = points[-1]
-        lines.append(f"| {preset} | {seed} | " + " | ".join(figs) + f" | {_chosen(points, cells)} |")
+        done = all(res is not None for res in cells.values())
+        lines.append(f"| {preset} | {seed} | " + " | ".join(figs) + f" | {_chosen(points, done)} |")
     for preset, seeds in pooled.items():  # several seeds: the choice over all of them
         if len(seeds) > 1:
             lines.append(_pooled_row(preset, seeds, labels))
     return "\n".join(lines)
 
 
-def _chosen(points: list[dict], cells: dict) -> str:
+def _chosen(points: list[dict], done: bool) -> str:
+    """The "chosen" cell of a sweep row: :func:`choose_point` of ``points``, marked "so far"
+    while some of the row's runs are not ``done``."""
     best = choose_point(points)
-    if all(res is not None for res in cells.values()):
+    if done:
         return best or "–"
     return f"({best} so far)" if best else "–"
 
@@ -626,10 +629,8 @@ def _pooled_row(preset: str, seeds: dict[int, dict[str, dict | None]], labels: l
         q = pool_points(runs)
         points.append(q)
         figs.append(f"{_value(q['metric'], q['sel'][0])} ({q['split']})")
-    best = choose_point(points)
-    chosen = (best or "–") if done else (f"({best} so far)" if best else "–")
     who = ", ".join(str(s) for s in sorted(seeds))
-    return f"| {preset} | {who} pooled | " + " | ".join(figs) + f" | {chosen} |"
+    return f"| {preset} | {who} pooled | " + " | ".join(figs) + f" | {_chosen(points, done)} |"
 
 
 def _in_value_order(points: dict[str, list[str]]) -> list[str]:

@@ -696,11 +696,7 @@ class Trainer:
             return loss, stats, holder
 
         def before_step():
-            params = [p for p in model.parameters() if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-            self._holder["norm"] = norm
-            if cfg.optim.grad_clip > 0:
-                torch.nn.utils.clip_grads_with_norm_(params, cfg.optim.grad_clip, norm)
+            self._holder["norm"] = _clip_gradients(cfg, model)
 
         return CUDAGraphStep(loss_fn, self.opt, before_step=before_step)
 
@@ -734,8 +730,8 @@ class Trainer:
         return loss, stats, holder["norm"]
 
     def check_tally(self) -> None:
-        """Read the graphed steps taken since the last check back from the device (one
-        transfer; :class:`StepTally`).
+        """Read the steps taken since the last check (graphed, or eager with
+        :func:`deferred_checks`) back from the device in one transfer (:class:`StepTally`).
 
         Raises :class:`~memnets.train.nan_guard.NonFiniteError` for the first of them whose loss
         or total gradient norm is not finite. The offending gradient is named when that step is
@@ -872,11 +868,23 @@ def update_unchecked(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Op
     the weights; the caller stops the run before the next checkpoint."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    norm = _clip_gradients(cfg, model)
+    opt.step()
+    return norm
+
+
+def _gradient_norm(model: torch.nn.Module) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The parameters that have a gradient, and the total norm of their gradients (a tensor)."""
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    return params, torch.nn.utils.get_total_norm([p.grad for p in params])
+
+
+def _clip_gradients(cfg: RunConfig, model: torch.nn.Module) -> torch.Tensor:
+    """Clip the gradients to ``optim.grad_clip`` (0: leave them) by their total norm, which is
+    returned unread."""
+    params, norm = _gradient_norm(model)
     if cfg.optim.grad_clip > 0:
         torch.nn.utils.clip_grads_with_norm_(params, cfg.optim.grad_clip, norm)
-    opt.step()
     return norm
 
 
@@ -893,8 +901,7 @@ def _finite_step(cfg: RunConfig, model: torch.nn.Module, loss: torch.Tensor, ste
     policy = cfg.optim.nan_policy
     if not bool(torch.isfinite(loss.detach())):
         return check_finite(loss, None, step, policy=policy)
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    params, norm = _gradient_norm(model)
     if not bool(torch.isfinite(norm)):
         found = first_non_finite(None, ((n, p) for n, p in model.named_parameters() if p.grad is not None))
         if policy == "skip":
