@@ -42,3 +42,13 @@ def test_every_triton_kernel_compiles_for_sm90(tmp_path):
     for r in res["records"]:
         assert r["ok"] and r["shared"] <= 232448, r
         assert r.get("registers", 0) <= 255, r  # ptxas -v read (the cap per thread)
+    # the NTM's kernels at gpu-check's width (LSTM 100, memory 128x20): one program per sequence
+    # holds the step, so a spill or a barrier is paid on every time step. Their counts after the
+    # heads' parameters moved to one pass over W_h and the backward stopped recomputing softmaxes
+    # (spills were 12 / 940 bytes, barriers 87 / 219)
+    ntm = {r["kernel"].rsplit(".", 1)[-1]: r for r in res["records"]
+           if r["case"].startswith("NTM LSTM 100") and r["kernel"].rsplit(".", 2)[-2] == "ntm"}
+    assert set(ntm) == {"forward_step", "backward_step"}, sorted(ntm)
+    for name, r in ntm.items():
+        assert r.get("spill_stores", 0) == 0, r
+        assert r["barriers"] <= {"forward_step": 60, "backward_step": 100}[name], r

@@ -103,3 +103,13 @@ def test_triton_ntm_checks_its_arguments():
     P2 = (R + Hw) * (W + 3 + 2) + 2 * Hw * W  # an even shift count
     with pytest.raises(ValueError, match="odd shift count"):
         tl_ntm.NTMScanTriton.apply(*args[:2], z(P2, C, device=DEV), z(P2, device=DEV), *args[4:], 2, True)
+
+
+def test_triton_ntm_warps_follow_the_memory_tile_or_the_environment(monkeypatch):
+    monkeypatch.delenv(tl_ntm.WARPS_ENV, raising=False)
+    assert tl_ntm._warps(16, 16) == 2 and tl_ntm._warps(32, 32) == 4 and tl_ntm._warps(128, 32) == 8
+    monkeypatch.setenv(tl_ntm.WARPS_ENV, "16")
+    assert tl_ntm._warps(16, 16) == 16
+    monkeypatch.setenv(tl_ntm.WARPS_ENV, "3")
+    with pytest.raises(ValueError, match="MEMNETS_NTM_WARPS expected one of"):
+        tl_ntm._warps(16, 16)

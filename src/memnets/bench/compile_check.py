@@ -81,6 +81,9 @@ def _ptx_usage(ptx: str, arch: int) -> dict[str, Any]:
     m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
     if m:
         out["spill_stores"], out["spill_loads"] = int(m.group(1)), int(m.group(2))
+    # the block-wide barriers in the code (each reduction across warps costs one or two; a
+    # loop's body counts once): with one program per sequence, a step waits on each in turn
+    out["barriers"] = len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx))
     return out
 
 
@@ -241,7 +244,7 @@ def run(arches: tuple[int, ...] = (90,), *, only: str | None = None, usage: bool
 
 
 def format_table(result: dict[str, Any]) -> str:
-    cols = ["case", "kernel", "arch", "num_warps", "registers", "spill_stores", "shared", "seconds", "ok"]
+    cols = ["case", "kernel", "arch", "num_warps", "registers", "spill_stores", "barriers", "shared", "seconds", "ok"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for r in result["records"]:
         lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")

@@ -40,7 +40,8 @@ install needed):
      8 tapes), T=50; the DNC (LSTM 64, memory 16x20, 4 reads; LSTM 256, memory 32x64), T=41;
      the NTM (LSTM 100, memory 128x20), T=41. Target: at most 2.0x the LSTM's time. LSAM, the
      DNC and the NTM also once more with ``MEMNETS_CUDA_GRAPHS=0`` ("no graph replay"), the
-     loops launched one by one. Every model and its LSTM once more with the whole training
+     loops launched one by one. The NTM also at 4 and 16 warps per program
+     (``MEMNETS_NTM_WARPS``; 8 by default at this size), a comparison. Every model and its LSTM once more with the whole training
      step replayed from one CUDA graph each ("whole step graphed",
      :class:`memnets.train.graph_step.CUDAGraphStep`), the pair's ratio against the same target.
    - ``attention``: ``nam_attention`` forward+backward, bf16, B=1 H=8 d=64, S=32K, non-causal
@@ -409,6 +410,17 @@ def _models_rows(bench, tiny: bool) -> None:
         row["meets"], row["target"] = None, "comparison (MEMNETS_CUDA_GRAPHS=0)"
         return row
 
+    def warps(cfg, build, B, T, base):
+        """The NTM's kernels run one program per sequence, so its warps per program set how a
+        step's work spreads: the same step at other counts (``MEMNETS_NTM_WARPS``), a comparison."""
+        from ..ops.gpu import env_var
+        from ..ops.gpu.ntm import WARPS_ENV
+        for nw in (4, 16):
+            with env_var(WARPS_ENV, str(nw)):
+                row = case(f"NTM ({WARPS_ENV}={nw})", cfg, build, B, T, 9)
+            _pair(row, base, 2.0, "LSTM")
+            row["meets"], row["target"] = None, f"comparison ({WARPS_ENV})"
+
     def lstm_build(Fi, D, bi=False):
         name = ("nn.LSTM (cuDNN)" if cuda else "nn.LSTM (CPU)") + (" bi" if bi else "")
         return name, lambda: torch.nn.LSTM(Fi, D // 2 if bi else D, batch_first=True, bidirectional=bi)
@@ -452,6 +464,8 @@ def _models_rows(bench, tiny: bool) -> None:
         _pair(case("NTM", cfg, build, B, T_dnc, 9), base, 2.0, "LSTM")
         eager("NTM", cfg, build, B, T_dnc, 9, base)
         whole("NTM", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
+        if cuda:
+            warps(cfg, build, B, T_dnc, base)
 
 
 def _attention_rows(bench, tiny: bool) -> None:

@@ -11,12 +11,16 @@ Forward, per step ``t`` (one program per sequence ``b`` of the batch)::
 
 Addressing is the NTM's (content → interpolation → circular shift → sharpening,
 :mod:`memnets.ops.addressing`), with the same eps and the same softplus threshold as the
-PyTorch path. Saved for the backward: every step's memory, weightings, cell state, ``[r ; h]``
-and controller pre-activations (the step's intermediates are recomputed). Backward, per step in
-reverse: one program per sequence recomputes the step and walks it back (reads, read
-addressing, write, write addressing, the heads' linear layer, the controller) writing
-``dz_t`` and ``dp_t``; one matmul ``d[r ; h]_{t-1} = dz_t W_rh`` follows. The weight
-gradients are matmuls after the loop.
+PyTorch path. The heads' linear layer is one pass over ``W_h`` in tiles of rows, its output
+``p_t`` stored in the step's row of a buffer that the heads then read their parameters from; the
+circular shift is one gather from a scratch row per program (no ``N × N`` matrix). Saved for
+the backward: every step's memory, weightings, cell state, ``[r ; h]``, controller
+pre-activations, ``p_t``, and each head's content weighting ``w^c`` and shifted weighting
+``w̃`` (so the backward recomputes no softmax over the slots). Backward, per step in reverse:
+one program per sequence walks the step back (reads, read addressing, write, write
+addressing) writing ``dp_t``, then ``dh_t = W_hᵀ dp_t`` in one pass over ``W_h`` and the
+controller's backward, writing ``dz_t``; one matmul ``d[r ; h]_{t-1} = dz_t W_rh`` follows. The
+weight gradients are matmuls after the loop.
 
 :func:`ntm_scan_triton` runs it for :class:`memnets.memories.ntm.NTM` where
 :func:`memnets.ops.gpu.use_triton` says so (CUDA); the tests run it on the CPU through Triton's
@@ -25,17 +29,18 @@ interpreter against the NTM's step-by-step PyTorch path, float32 and float64.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 from . import lazy_kernels
 from .graphs import graphed
 
-__all__ = ["NTMScanTriton", "ntm_scan_triton", "applies", "MAX_SLOTS"]
+__all__ = ["NTMScanTriton", "ntm_scan_triton", "applies", "MAX_SLOTS", "WARPS_ENV"]
 
 EPS = 1e-6  # cosine's eps (memnets.ops.addressing)
 SHARP_EPS = 1e-12  # sharpening's eps
-MAX_SLOTS = 256  # one program holds the [N, W] memory and an [N, N] shift matrix in registers
+MAX_SLOTS = 256  # one program holds the [N, W] memory, its gradient and [N, shifts] gathers in registers
 MAX_WIDTH = 256  # word size and controller width
 
 
@@ -67,59 +72,42 @@ def kernels():
         return tl.where(x > 20.0, 1.0, _sig(x))
 
     @triton.jit
-    def _rows(w_ptr, b_ptr, row0, n, C, h, ci, cm, BR: tl.constexpr):
-        """``y[r] = W[row0 + r] · h + b[row0 + r]`` for r < n, and the rows ``W[row0 : row0+n]``."""
-        r = tl.arange(0, BR)
-        rm = r < n
-        Wt = tl.load(w_ptr + (row0 + r)[:, None] * C + ci[None, :], mask=rm[:, None] & cm[None, :], other=0.0)
-        y = tl.sum(Wt * h[None, :], 1) + tl.load(b_ptr + row0 + r, mask=rm, other=0.0)
-        return y, Wt
+    def _linear(w_ptr, b_ptr, h, out_ptr, P, C, ci, cm, RB: tl.constexpr):
+        """``out[p] = W[p] · h + b[p]`` for every ``p < P``, ``RB`` rows of ``W`` at a time."""
+        r = tl.arange(0, RB)
+        for r0 in range(0, P, RB):
+            rows = r0 + r
+            rm = rows < P
+            Wt = tl.load(w_ptr + rows[:, None] * C + ci[None, :], mask=rm[:, None] & cm[None, :], other=0.0)
+            y = tl.sum(Wt * h[None, :], 1) + tl.load(b_ptr + rows, mask=rm, other=0.0)
+            tl.store(out_ptr + rows, y, mask=rm)
 
     @triton.jit
-    def _row(w_ptr, b_ptr, row, C, h, ci, cm):
-        w = tl.load(w_ptr + row * C + ci, mask=cm, other=0.0)
-        return tl.sum(w * h, 0) + tl.load(b_ptr + row), w
+    def _linear_t(w_ptr, d_ptr, P, C, ci, cm, RB: tl.constexpr, BC: tl.constexpr):
+        """``Σ_p d[p] W[p, :]`` over every ``p < P``, ``RB`` rows of ``W`` at a time."""
+        r = tl.arange(0, RB)
+        acc = tl.zeros((RB, BC), dtype=d_ptr.dtype.element_ty)
+        for r0 in range(0, P, RB):
+            rows = r0 + r
+            rm = rows < P
+            Wt = tl.load(w_ptr + rows[:, None] * C + ci[None, :], mask=rm[:, None] & cm[None, :], other=0.0)
+            acc += Wt * tl.load(d_ptr + rows, mask=rm, other=0.0)[:, None]
+        return tl.sum(acc, 0)
 
     @triton.jit
-    def _params(w_ptr, b_ptr, off, W, C, h, ci, cm, S: tl.constexpr, BW: tl.constexpr, BS: tl.constexpr):
-        """One head's raw parameters (key, β, g, γ, shift logits) from ``h``, and their rows."""
-        kr, Wk = _rows(w_ptr, b_ptr, off, W, C, h, ci, cm, BW)
-        br, Wb = _row(w_ptr, b_ptr, off + W, C, h, ci, cm)
-        gr, Wg = _row(w_ptr, b_ptr, off + W + 1, C, h, ci, cm)
-        yr, Wy = _row(w_ptr, b_ptr, off + W + 2, C, h, ci, cm)
-        sr, Ws = _rows(w_ptr, b_ptr, off + W + 3, S, C, h, ci, cm, BS)
-        return kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws
+    def _params(pb, off, W, wi, wm, js, S: tl.constexpr):
+        """One head's raw parameters (key, β, g, γ, shift logits) from the step's ``p`` row."""
+        kr = tl.load(pb + off + wi, mask=wm, other=0.0)
+        br = tl.load(pb + off + W)
+        gr = tl.load(pb + off + W + 1)
+        yr = tl.load(pb + off + W + 2)
+        sr = tl.load(pb + off + W + 3 + js, mask=js < S, other=0.0)
+        return kr, br, gr, yr, sr
 
     @triton.jit
-    def _rolled(scr_ptr, x, ni, nm, N, delta):
-        """``x[(i − delta) mod N]`` for every i: ``x`` goes through the program's scratch row
-        (``scr_ptr``, ``N`` cells; a barrier before the store, so earlier reads are done, and
-        after it, so every thread sees it)."""
-        tl.debug_barrier()
-        tl.store(scr_ptr + ni, x, mask=nm)
-        tl.debug_barrier()
-        return tl.load(scr_ptr + (ni - delta + N) % N, mask=nm, other=0.0)
-
-    @triton.jit
-    def _shift(scr_ptr, x, s, ni, nm, js, N, S: tl.constexpr, sign: tl.constexpr):
-        """The circular shift by the distribution ``s`` over ``−S//2 … S//2``:
-        ``sign = 1``: ``y[i] = Σ_j s_j x[(i − j + S//2) mod N]`` (``w̃ = A w``);
-        ``sign = −1``: ``y[m] = Σ_j s_j x[(m + j − S//2) mod N]`` (``Aᵀ x``). One scratch store
-        and S loads, no N × N matrix."""
-        tl.debug_barrier()
-        tl.store(scr_ptr + ni, x, mask=nm)
-        tl.debug_barrier()
-        y = tl.zeros_like(x)
-        for j in tl.static_range(S):
-            sj = tl.sum(tl.where(js == j, s, 0.0), 0)
-            y += sj * tl.load(scr_ptr + (ni - sign * (j - S // 2) + N) % N, mask=nm, other=0.0)
-        return y
-
-    @triton.jit
-    def _address(M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr_ptr, S: tl.constexpr, BS: tl.constexpr):
-        """The weighting of one head on memory ``M [BN, BW]`` and the intermediates."""
-        key = _tanh(kr)
-        key = tl.where(wm, key, 0.0)
+    def _content(M, kr, br, gr, yr, sr, wm, js, S: tl.constexpr):
+        """The head's parameters squashed, and the cosine of its key with every row of ``M``."""
+        key = tl.where(wm, _tanh(kr), 0.0)
         beta = _softplus(br)
         g = _sig(gr)
         gamma = 1.0 + _softplus(yr)
@@ -129,34 +117,51 @@ def kernels():
         s = se / tl.sum(se, 0)
         kn = tl.sqrt(tl.sum(key * key, 0) + 1e-6)
         mn = tl.sqrt(tl.sum(M * M, 1) + 1e-6)
-        dot = tl.sum(M * key[None, :], 1)
-        cos = dot / (kn * mn)
+        cos = tl.sum(M * key[None, :], 1) / (kn * mn)
+        return key, beta, g, gamma, s, kn, mn, cos
+
+    @triton.jit
+    def _gather(scr_ptr, ni, nm, js, N, S: tl.constexpr, sign: tl.constexpr):
+        """``X[i, j] = x[(i − sign·(j − S//2)) mod N]`` for the row ``x`` in the scratch row."""
+        idx = (ni[:, None] - sign * (js[None, :] - S // 2) + 2 * N) % N
+        return tl.load(scr_ptr + idx, mask=nm[:, None] & (js[None, :] < S), other=0.0)
+
+    @triton.jit
+    def _address(M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr_ptr, S: tl.constexpr):
+        """The weighting of one head on memory ``M [BN, BW]``, with its content weighting ``wc``
+        and its shifted weighting ``w̃`` (kept for the backward)."""
+        key, beta, g, gamma, s, kn, mn, cos = _content(M, kr, br, gr, yr, sr, wm, js, S)
         a = tl.where(nm, beta * cos, float("-inf"))
         ae = tl.where(nm, tl.exp(a - tl.max(a, 0)), 0.0)
         wc = ae / tl.sum(ae, 0)
         wg = g * wc + (1.0 - g) * wprev
-        wt = _shift(scr_ptr, wg, s, ni, nm, js, N, S, 1)
-        lw = tl.log(tl.maximum(wt, 0.0) + 1e-12)
-        b = tl.where(nm, gamma * lw, float("-inf"))
+        # the circular shift w̃_i = Σ_j s_j wg[(i − j + S//2) mod N], through the scratch row
+        tl.debug_barrier()
+        tl.store(scr_ptr + ni, wg, mask=nm)
+        tl.debug_barrier()
+        wt = tl.sum(_gather(scr_ptr, ni, nm, js, N, S, 1) * s[None, :], 1)
+        b = tl.where(nm, gamma * tl.log(tl.maximum(wt, 0.0) + 1e-12), float("-inf"))
         be = tl.where(nm, tl.exp(b - tl.max(b, 0)), 0.0)
-        w = be / tl.sum(be, 0)
-        return w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, wt, lw
+        return be / tl.sum(be, 0), wc, wt
 
     @triton.jit
-    def _address_bwd(dw, M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr_ptr, S: tl.constexpr,
-                     BS: tl.constexpr):
-        """Gradients of one head's weighting: ``(dM, d key_raw, dβ_raw, dg_raw, dγ_raw, ds_raw, dw_prev)``."""
-        w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, wt, lw = _address(
-            M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr_ptr, S, BS)
+    def _address_bwd(dw, w, wc, wt, M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr_ptr, BN: tl.constexpr,
+                     S: tl.constexpr):
+        """Gradients of one head's weighting ``w`` (with its forward's ``wc`` and ``w̃``):
+        ``(dM, d key_raw, dβ_raw, dg_raw, dγ_raw, ds_raw, dw_prev)``."""
+        key, beta, g, gamma, s, kn, mn, cos = _content(M, kr, br, gr, yr, sr, wm, js, S)
+        wg = g * wc + (1.0 - g) * wprev
         dw = tl.where(nm, dw, 0.0)
         db = w * (dw - tl.sum(w * dw, 0))  # sharpening's softmax
-        dgamma = tl.sum(tl.where(nm, db * lw, 0.0), 0)
+        dgamma = tl.sum(tl.where(nm, db * tl.log(tl.maximum(wt, 0.0) + 1e-12), 0.0), 0)
         dwt = tl.where(nm & (wt >= 0.0), db * gamma / (tl.maximum(wt, 0.0) + 1e-12), 0.0)
-        dwg = _shift(scr_ptr, dwt, s, ni, nm, js, N, S, -1)  # Aᵀ dw̃
-        ds = tl.zeros_like(s)  # ds_j = Σ_i dw̃_i wg[(i − j + S//2) mod N]
-        for j in tl.static_range(S):
-            dsj = tl.sum(dwt * _rolled(scr_ptr, wg, ni, nm, N, j - S // 2), 0)
-            ds += tl.where(js == j, dsj, 0.0)
+        tl.debug_barrier()
+        tl.store(scr_ptr + ni, dwt, mask=nm)
+        tl.store(scr_ptr + BN + ni, wg, mask=nm)
+        tl.debug_barrier()
+        dwg = tl.sum(_gather(scr_ptr, ni, nm, js, N, S, -1) * s[None, :], 1)  # Aᵀ dw̃
+        # ds_j = Σ_i dw̃_i wg[(i − j + S//2) mod N]
+        ds = tl.sum(_gather(scr_ptr + BN, ni, nm, js, N, S, 1) * dwt[:, None], 0)
         dg = tl.sum(dwg * (wc - wprev), 0)
         dwc = g * dwg
         dwprev = (1.0 - g) * dwg
@@ -196,9 +201,9 @@ def kernels():
 
     @triton.jit
     def forward_step(z_ptr, cprev_ptr, c_ptr, mprev_ptr, m_ptr, wrprev_ptr, wr_ptr, wwprev_ptr, ww_ptr, rh_ptr,
-                     wh_ptr, bh_ptr, scr_ptr, N, W, C, RHW,
+                     wh_ptr, bh_ptr, p_ptr, aux_ptr, scr_ptr, N, W, C, RHW, PT,
                      R: tl.constexpr, HW: tl.constexpr, S: tl.constexpr, LSTM: tl.constexpr,
-                     BN: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr):
+                     BN: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr, RB: tl.constexpr):
         b = tl.program_id(0)
         ci = tl.arange(0, BC)
         cm = ci < C
@@ -207,10 +212,15 @@ def kernels():
         wi = tl.arange(0, BW)
         wm = wi < W
         js = tl.arange(0, BS)
+        scr = scr_ptr + b * 2 * BN
         h, c, si, sf, tg, so, cprev, tc = _controller(z_ptr, cprev_ptr, b, C, ci, cm, LSTM)
         if LSTM:
             tl.store(c_ptr + b * C + ci, c, mask=cm)
         tl.store(rh_ptr + b * RHW + R * W + ci, h, mask=cm)
+        # every head's parameters p = W_h h + b_h at once, into the step's row (kept for the backward)
+        pb = p_ptr + b * PT
+        _linear(wh_ptr, bh_ptr, h, pb, PT, C, ci, cm, RB)
+        tl.debug_barrier()
         P = W + 3 + S
         moffs = b * N * W + ni[:, None] * W + wi[None, :]
         mmask = nm[:, None] & wm[None, :]
@@ -218,24 +228,28 @@ def kernels():
         keep = tl.zeros_like(M) + 1.0
         add = tl.zeros_like(M)
         for hw in tl.static_range(HW):
-            kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws = _params(wh_ptr, bh_ptr, (R + hw) * P, W, C, h, ci, cm, S, BW, BS)
+            kr, br, gr, yr, sr = _params(pb, (R + hw) * P, W, wi, wm, js, S)
             wprev = tl.load(wwprev_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
-            w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, wt, lw = _address(
-                M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr_ptr + b * BN, S, BS)
+            w, wc, wt = _address(M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr, S)
             tl.store(ww_ptr + (b * HW + hw) * N + ni, w, mask=nm)
+            ab = aux_ptr + ((b * (R + HW) + R + hw) * 2) * N
+            tl.store(ab + ni, wc, mask=nm)
+            tl.store(ab + N + ni, wt, mask=nm)
             eo = (R + HW) * P + hw * 2 * W
-            er, We = _rows(wh_ptr, bh_ptr, eo, W, C, h, ci, cm, BW)
-            ad, Wa = _rows(wh_ptr, bh_ptr, eo + W, W, C, h, ci, cm, BW)
-            keep = keep * (1.0 - w[:, None] * _sig(er)[None, :])
+            e = _sig(tl.load(pb + eo + wi, mask=wm, other=0.0))
+            ad = tl.load(pb + eo + W + wi, mask=wm, other=0.0)
+            keep = keep * (1.0 - w[:, None] * e[None, :])
             add += w[:, None] * ad[None, :]
         Mn = tl.where(mmask, M * keep + add, 0.0)
         tl.store(m_ptr + moffs, Mn, mask=mmask)
         for rr in tl.static_range(R):
-            kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws = _params(wh_ptr, bh_ptr, rr * P, W, C, h, ci, cm, S, BW, BS)
+            kr, br, gr, yr, sr = _params(pb, rr * P, W, wi, wm, js, S)
             wprev = tl.load(wrprev_ptr + (b * R + rr) * N + ni, mask=nm, other=0.0)
-            w, key, beta, g, gamma, s, kn, mn, cos, wc, wg, wt, lw = _address(
-                Mn, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr_ptr + b * BN, S, BS)
+            w, wc, wt = _address(Mn, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr, S)
             tl.store(wr_ptr + (b * R + rr) * N + ni, w, mask=nm)
+            ab = aux_ptr + ((b * (R + HW) + rr) * 2) * N
+            tl.store(ab + ni, wc, mask=nm)
+            tl.store(ab + N + ni, wt, mask=nm)
             tl.store(rh_ptr + b * RHW + rr * W + wi, tl.sum(Mn * w[:, None], 0), mask=wm)
 
     @triton.jit
@@ -247,15 +261,11 @@ def kernels():
         tl.store(dp_ptr + off + W + 3 + js, dsr, mask=js < S)
 
     @triton.jit
-    def _dh_params(dkr, dbr, dgr, dyr, dsr, Wk, Wb, Wg, Wy, Ws):
-        return tl.sum(Wk * dkr[:, None], 0) + dbr * Wb + dgr * Wg + dyr * Wy + tl.sum(Ws * dsr[:, None], 0)
-
-    @triton.jit
-    def backward_step(z_ptr, cprev_ptr, mprev_ptr, m_ptr, wrprev_ptr, wr_ptr, wwprev_ptr, ww_ptr, rh_ptr,
-                      wh_ptr, bh_ptr, drh_ptr, drhc_ptr, dm_ptr, dmprev_ptr, dwr_ptr, dwrprev_ptr, dww_ptr,
+    def backward_step(z_ptr, cprev_ptr, mprev_ptr, m_ptr, wrprev_ptr, wr_ptr, wwprev_ptr, ww_ptr, p_ptr, aux_ptr,
+                      wh_ptr, drh_ptr, drhc_ptr, dm_ptr, dmprev_ptr, dwr_ptr, dwrprev_ptr, dww_ptr,
                       dwwprev_ptr, dc_ptr, dcprev_ptr, dz_ptr, dp_ptr, scr_ptr, N, W, C, RHW, KIN, PT,
                       R: tl.constexpr, HW: tl.constexpr, S: tl.constexpr, LSTM: tl.constexpr,
-                      BN: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr):
+                      BN: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr, RB: tl.constexpr):
         b = tl.program_id(0)
         ci = tl.arange(0, BC)
         cm = ci < C
@@ -264,14 +274,15 @@ def kernels():
         wi = tl.arange(0, BW)
         wm = wi < W
         js = tl.arange(0, BS)
-        h, c, si, sf, tg, so, cprev, tc = _controller(z_ptr, cprev_ptr, b, C, ci, cm, LSTM)
+        scr = scr_ptr + b * 2 * BN
+        pb = p_ptr + b * PT
+        db_ = dp_ptr + b * PT
         P = W + 3 + S
         moffs = b * N * W + ni[:, None] * W + wi[None, :]
         mmask = nm[:, None] & wm[None, :]
         M = tl.load(mprev_ptr + moffs, mask=mmask, other=0.0)
         Mn = tl.load(m_ptr + moffs, mask=mmask, other=0.0)
         dMn = tl.load(dm_ptr + moffs, mask=mmask, other=0.0)
-        dh = tl.zeros_like(h)
         # reads, then the read heads' addressing on M_t
         for rr in tl.static_range(R):
             dr = tl.load(drh_ptr + b * RHW + rr * W + wi, mask=wm, other=0.0) \
@@ -279,54 +290,56 @@ def kernels():
             w = tl.load(wr_ptr + (b * R + rr) * N + ni, mask=nm, other=0.0)
             dMn += w[:, None] * dr[None, :]
             dw = tl.sum(Mn * dr[None, :], 1) + tl.load(dwr_ptr + (b * R + rr) * N + ni, mask=nm, other=0.0)
-            kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws = _params(wh_ptr, bh_ptr, rr * P, W, C, h, ci, cm, S, BW, BS)
+            kr, br, gr, yr, sr = _params(pb, rr * P, W, wi, wm, js, S)
             wprev = tl.load(wrprev_ptr + (b * R + rr) * N + ni, mask=nm, other=0.0)
-            dMa, dkr, dbr, dgr, dyr, dsr, dwprev = _address_bwd(dw, Mn, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js,
-                                                                scr_ptr + b * BN, S, BS)
+            ab = aux_ptr + ((b * (R + HW) + rr) * 2) * N
+            wc = tl.load(ab + ni, mask=nm, other=0.0)
+            wt = tl.load(ab + N + ni, mask=nm, other=0.0)
+            dMa, dkr, dbr, dgr, dyr, dsr, dwprev = _address_bwd(dw, w, wc, wt, Mn, kr, br, gr, yr, sr, wprev, N, wm,
+                                                                ni, nm, js, scr, BN, S)
             dMn += tl.where(mmask, dMa, 0.0)
             tl.store(dwrprev_ptr + (b * R + rr) * N + ni, dwprev, mask=nm)
-            _store_params(dp_ptr + b * PT, rr * P, W, dkr, dbr, dgr, dyr, dsr, wi, wm, js, S)
-            dh += _dh_params(dkr, dbr, dgr, dyr, dsr, Wk, Wb, Wg, Wy, Ws)
+            _store_params(db_, rr * P, W, dkr, dbr, dgr, dyr, dsr, wi, wm, js, S)
         # the write: M_t = M_{t-1} ∘ Π_h (1 − w_h e_hᵀ) + Σ_h w_h a_hᵀ
         keep = tl.zeros_like(M) + 1.0
         for hw in tl.static_range(HW):
             w = tl.load(ww_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
-            er, We = _rows(wh_ptr, bh_ptr, (R + HW) * P + hw * 2 * W, W, C, h, ci, cm, BW)
-            keep = keep * (1.0 - w[:, None] * _sig(er)[None, :])
+            e = _sig(tl.load(pb + (R + HW) * P + hw * 2 * W + wi, mask=wm, other=0.0))
+            keep = keep * (1.0 - w[:, None] * e[None, :])
         dM = dMn * keep
         for hw in tl.static_range(HW):
             w = tl.load(ww_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
             eo = (R + HW) * P + hw * 2 * W
-            er, We = _rows(wh_ptr, bh_ptr, eo, W, C, h, ci, cm, BW)
-            ad, Wa = _rows(wh_ptr, bh_ptr, eo + W, W, C, h, ci, cm, BW)
-            e = _sig(er)
+            e = _sig(tl.load(pb + eo + wi, mask=wm, other=0.0))
+            ad = tl.load(pb + eo + W + wi, mask=wm, other=0.0)
             other = tl.zeros_like(M) + 1.0
             for h2 in tl.static_range(HW):
                 if h2 != hw:
                     w2 = tl.load(ww_ptr + (b * HW + h2) * N + ni, mask=nm, other=0.0)
-                    er2, We2 = _rows(wh_ptr, bh_ptr, (R + HW) * P + h2 * 2 * W, W, C, h, ci, cm, BW)
-                    other = other * (1.0 - w2[:, None] * _sig(er2)[None, :])
+                    e2 = _sig(tl.load(pb + (R + HW) * P + h2 * 2 * W + wi, mask=wm, other=0.0))
+                    other = other * (1.0 - w2[:, None] * e2[None, :])
             g_e = dMn * M * other  # d(keep_h) · M, per cell
             dw = tl.sum(dMn * ad[None, :], 1) - tl.sum(g_e * e[None, :], 1) \
                 + tl.load(dww_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
             de = -tl.sum(g_e * w[:, None], 0)
             dad = tl.sum(dMn * w[:, None], 0)
-            der = tl.where(wm, de * e * (1.0 - e), 0.0)
-            dad = tl.where(wm, dad, 0.0)
-            tl.store(dp_ptr + b * PT + eo + wi, der, mask=wm)
-            tl.store(dp_ptr + b * PT + eo + W + wi, dad, mask=wm)
-            dh += tl.sum(We * der[:, None], 0) + tl.sum(Wa * dad[:, None], 0)
-            kr, br, gr, yr, sr, Wk, Wb, Wg, Wy, Ws = _params(wh_ptr, bh_ptr, (R + hw) * P, W, C, h, ci, cm, S, BW, BS)
+            tl.store(db_ + eo + wi, tl.where(wm, de * e * (1.0 - e), 0.0), mask=wm)
+            tl.store(db_ + eo + W + wi, tl.where(wm, dad, 0.0), mask=wm)
+            kr, br, gr, yr, sr = _params(pb, (R + hw) * P, W, wi, wm, js, S)
             wprev = tl.load(wwprev_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
-            dMa, dkr, dbr, dgr, dyr, dsr, dwprev = _address_bwd(dw, M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js,
-                                                                scr_ptr + b * BN, S, BS)
+            ab = aux_ptr + ((b * (R + HW) + R + hw) * 2) * N
+            wc = tl.load(ab + ni, mask=nm, other=0.0)
+            wt = tl.load(ab + N + ni, mask=nm, other=0.0)
+            dMa, dkr, dbr, dgr, dyr, dsr, dwprev = _address_bwd(dw, w, wc, wt, M, kr, br, gr, yr, sr, wprev, N, wm,
+                                                                ni, nm, js, scr, BN, S)
             dM += tl.where(mmask, dMa, 0.0)
             tl.store(dwwprev_ptr + (b * HW + hw) * N + ni, dwprev, mask=nm)
-            _store_params(dp_ptr + b * PT, (R + hw) * P, W, dkr, dbr, dgr, dyr, dsr, wi, wm, js, S)
-            dh += _dh_params(dkr, dbr, dgr, dyr, dsr, Wk, Wb, Wg, Wy, Ws)
+            _store_params(db_, (R + hw) * P, W, dkr, dbr, dgr, dyr, dsr, wi, wm, js, S)
         tl.store(dmprev_ptr + moffs, dM, mask=mmask)
-        # the controller
-        dh += tl.load(drh_ptr + b * RHW + R * W + ci, mask=cm, other=0.0)
+        # the controller: dh = W_hᵀ dp (every head's dp stored above), plus h's own gradients
+        h, c, si, sf, tg, so, cprev, tc = _controller(z_ptr, cprev_ptr, b, C, ci, cm, LSTM)
+        tl.debug_barrier()
+        dh = _linear_t(wh_ptr, db_, PT, C, ci, cm, RB, BC) + tl.load(drh_ptr + b * RHW + R * W + ci, mask=cm, other=0.0)
         if LSTM:
             dh += tl.load(drhc_ptr + b * KIN + R * W + ci, mask=cm, other=0.0)
             dc = tl.load(dc_ptr + b * C + ci, mask=cm, other=0.0) + dh * so * (1.0 - tc * tc)
@@ -342,10 +355,10 @@ def kernels():
     # the kernels call these helpers by name: Triton (compiler and interpreter alike) looks a
     # called function up in the kernel's module globals, and the compiler resolves the helpers'
     # ``tl.constexpr`` annotations (strings here: ``from __future__ import annotations``) there too
-    globals().update(triton=triton, tl=tl, _sig=_sig, _tanh=_tanh, _softplus=_softplus, _softplus_grad=_softplus_grad, _rows=_rows,
-                     _row=_row, _params=_params, _rolled=_rolled, _shift=_shift, _address=_address,
-                     _address_bwd=_address_bwd, _controller=_controller, _store_params=_store_params,
-                     _dh_params=_dh_params)
+    globals().update(triton=triton, tl=tl, _sig=_sig, _tanh=_tanh, _softplus=_softplus, _softplus_grad=_softplus_grad,
+                     _linear=_linear, _linear_t=_linear_t, _params=_params, _content=_content, _gather=_gather,
+                     _address=_address, _address_bwd=_address_bwd, _controller=_controller,
+                     _store_params=_store_params)
     return forward_step, backward_step
 
 
@@ -354,37 +367,54 @@ def applies(memory_slots: int, word_size: int, controller_size: int) -> bool:
     return memory_slots <= MAX_SLOTS and word_size <= MAX_WIDTH and controller_size <= MAX_WIDTH
 
 
+WARPS_ENV = "MEMNETS_NTM_WARPS"
+
+
 def _warps(BN: int, BW: int) -> int:
-    n = BN * max(BN, BW)
-    return 2 if n <= 512 else 4 if n <= 4096 else 8 if n <= 16384 else 16
+    """Warps per program: by the memory tile ``[BN, BW]``, the largest a program holds, unless
+    ``MEMNETS_NTM_WARPS`` names a count (``memnets bench gpu`` times the NTM at several)."""
+    env = os.environ.get(WARPS_ENV, "").strip()
+    if env:
+        if env not in ("1", "2", "4", "8", "16", "32"):
+            raise ValueError(f"{WARPS_ENV} expected one of 1, 2, 4, 8, 16, 32, got {env!r}")
+        return int(env)
+    n = BN * BW
+    return 2 if n <= 512 else 4 if n <= 2048 else 8
+
+
+def _row_block(BC: int) -> int:
+    """Rows of ``W_h`` per tile of the heads' linear layer: tiles of at most 4,096 entries."""
+    return max(1, min(32, 4096 // BC))
 
 
 def _forward_loop(gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0, *, meta):
     """The forward time loop on its arguments alone (what :func:`graphed` captures):
-    ``(Ms, Wr, Ww, Cs, RH, Z)``, every step's state, all buffers of its own."""
+    ``(Ms, Wr, Ww, Cs, RH, Z, Pp, Aux)``, every step's state, the heads' parameters ``Pp`` and
+    each head's content and shifted weightings ``Aux``, all buffers of its own."""
     fwd, _ = kernels()
     T, B, G = gx.shape
     N, W = M0.shape[1:]
     R, Hw, C = wr0.shape[1], ww0.shape[1], h0.shape[1]
+    Pt = w_h.shape[0]
     lstm = meta["LSTM"]
     K = R * W + (C if lstm else 0)
     gx, w_rh, w_h, b_h = (t.contiguous() for t in (gx, w_rh, w_h, b_h))
     new = gx.new_empty
     Ms, Wr, Ww, Cs = new(T + 1, B, N, W), new(T + 1, B, R, N), new(T + 1, B, Hw, N), new(T + 1, B, C)
-    RH, Z = new(T + 1, B, R * W + C), new(T, B, G)
+    RH, Z, Pp, Aux = new(T + 1, B, R * W + C), new(T, B, G), new(T, B, Pt), new(T, B, R + Hw, 2, N)
     Ms[0], Wr[0], Ww[0], Cs[0] = M0, wr0, ww0, c0
     RH[0, :, : R * W], RH[0, :, R * W:] = r0.reshape(B, R * W), h0
-    scratch = new(B, meta["BN"])  # each program's row for the circular shift
+    scratch = new(B, 2 * meta["BN"])  # each program's rows for the circular shift
     for t in range(T):
         torch.addmm(gx[t], RH[t, :, :K], w_rh.t(), out=Z[t])
         fwd[(B,)](Z[t], Cs[t], Cs[t + 1], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], RH[t + 1],
-                  w_h, b_h, scratch, N, W, C, R * W + C, **meta)
+                  w_h, b_h, Pp[t], Aux[t], scratch, N, W, C, R * W + C, Pt, **meta)
     if not lstm:
         Cs[1:] = c0
-    return Ms, Wr, Ww, Cs, RH, Z
+    return Ms, Wr, Ww, Cs, RH, Z, Pp, Aux
 
 
-def _backward_loop(Z, Cs, Ms, Wr, Ww, RH, w_rh, w_h, b_h, d_rh, dM, dwr, dww, dc, *, meta, K):
+def _backward_loop(Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, dM, dwr, dww, dc, *, meta, K):
     """The backward time loop on its arguments alone: ``(dZ, DP, drhc, dM_0, dwr_0, dww_0,
     dc_0)``, all buffers of its own."""
     _, bwd = kernels()
@@ -392,14 +422,14 @@ def _backward_loop(Z, Cs, Ms, Wr, Ww, RH, w_rh, w_h, b_h, d_rh, dM, dwr, dww, dc
     N, W = Ms.shape[2:]
     R, C = Wr.shape[2], Cs.shape[2]
     Pt = w_h.shape[0]
-    w_rh, w_h, b_h = w_rh.contiguous(), w_h.contiguous(), b_h.contiguous()
+    w_rh, w_h = w_rh.contiguous(), w_h.contiguous()
     dMs, dWr, dWw, dCs = (torch.zeros_like(x) for x in (Ms, Wr, Ww, Cs))
     dMs[T], dWr[T], dWw[T], dCs[T] = dM, dwr, dww, dc
     dZ, DP = torch.empty_like(Z), Z.new_zeros(T, B, Pt)
     drhc = Z.new_zeros(B, K)  # d[r ; h]_t through the next step's z
-    scratch = Z.new_empty(B, meta["BN"])  # each program's row for the circular shift
+    scratch = Z.new_empty(B, 2 * meta["BN"])  # each program's rows for the circular shift
     for t in range(T - 1, -1, -1):
-        bwd[(B,)](Z[t], Cs[t], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], RH[t + 1], w_h, b_h,
+        bwd[(B,)](Z[t], Cs[t], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], Pp[t], Aux[t], w_h,
                   d_rh[t], drhc, dMs[t + 1], dMs[t], dWr[t + 1], dWr[t], dWw[t + 1], dWw[t], dCs[t + 1], dCs[t],
                   dZ[t], DP[t], scratch, N, W, C, R * W + C, K, Pt, **meta)
         torch.mm(dZ[t], w_rh, out=drhc)
@@ -438,17 +468,18 @@ class NTMScanTriton(torch.autograd.Function):
             raise ValueError(f"NTM recurrence: T={T} >= 1, an odd shift count <= N={N} (got {S}), "
                              f"N <= {MAX_SLOTS}, W and C <= {MAX_WIDTH} expected")
         BN, BW, BC, BS = _p2(N), _p2(W), _p2(C), _p2(S)
-        meta = dict(R=R, HW=Hw, S=S, LSTM=bool(lstm), BN=BN, BW=BW, BC=BC, BS=BS, num_warps=_warps(BN, BW))
-        Ms, Wr, Ww, Cs, RH, Z = graphed(("ntm.forward", tuple(sorted(meta.items()))),
+        meta = dict(R=R, HW=Hw, S=S, LSTM=bool(lstm), BN=BN, BW=BW, BC=BC, BS=BS, RB=_row_block(BC),
+                    num_warps=_warps(BN, BW))
+        Ms, Wr, Ww, Cs, RH, Z, Pp, Aux = graphed(("ntm.forward", tuple(sorted(meta.items()))),
                                         functools.partial(_forward_loop, meta=meta),
                                         gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0)
-        ctx.save_for_backward(w_rh, w_h, b_h, Ms, Wr, Ww, Cs, RH, Z)
+        ctx.save_for_backward(w_rh, w_h, Ms, Wr, Ww, Cs, RH, Z, Pp, Aux)
         ctx.meta, ctx.K = meta, K
         return RH[1:].clone(), Ms[T].clone(), Wr[T].clone(), Ww[T].clone(), Cs[T].clone()
 
     @staticmethod
     def backward(ctx, d_rh, dM, dwr, dww, dc):
-        w_rh, w_h, b_h, Ms, Wr, Ww, Cs, RH, Z = ctx.saved_tensors
+        w_rh, w_h, Ms, Wr, Ww, Cs, RH, Z, Pp, Aux = ctx.saved_tensors
         meta, K = ctx.meta, ctx.K
         T, B, G = Z.shape
         W = Ms.shape[3]
@@ -461,7 +492,7 @@ class NTMScanTriton(torch.autograd.Function):
         d_rh = grad(d_rh, RH[1:])
         dZ, DP, drhc, dMs0, dWr0, dWw0, dCs0 = graphed(
             ("ntm.backward", tuple(sorted(meta.items())), K), functools.partial(_backward_loop, meta=meta, K=K),
-            Z, Cs, Ms, Wr, Ww, RH, w_rh, w_h, b_h, d_rh, grad(dM, Ms[T]), grad(dwr, Wr[T]), grad(dww, Ww[T]),
+            Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, grad(dM, Ms[T]), grad(dwr, Wr[T]), grad(dww, Ww[T]),
             grad(dc, Cs[T]))
         lstm = meta["LSTM"]
         rh_in = RH[:T, :, :K].reshape(T * B, K)
