@@ -249,10 +249,20 @@ def test_encoder_decoder_shapes_state_and_training():
     y, s = m(x)
     assert y.shape == (3, 6, 16) and isinstance(s, LSAMEncDecState)
     assert s.decoder.memory.shape == (1, 3, 4, 4, 4)
-    # the decoder starts from the encoder's final memories: changing them changes the output
+    # the decoder starts from the encoder's final memories and h_0 = 0, and its reads go
+    # through the output block Linear → ReLU → LayerNorm (dropout 0 here)
     e, enc = m.encode(x)
-    y0, _ = m.decoder(e)
-    assert not torch.allclose(y0, y)
+    mem0 = enc.memory.transpose(0, 1).flatten(1, 2).unsqueeze(0)
+    u, _ = m.decoder(e, LSAMState(mem0, torch.zeros(1, 3, 16)))
+    torch.testing.assert_close(y, m.dec_norm(torch.relu(m.dec_out(u))))
+    u0, _ = m.decoder(e)  # from zero memories: another output
+    assert not torch.allclose(m.dec_norm(torch.relu(m.dec_out(u0))), y)
+    bare = LSAMEncoderDecoder(16, 4, 32, dropout=0.0, output_block=False)
+    assert sum(p.numel() for p in m.parameters()) - sum(p.numel() for p in bare.parameters()) == 16 * 16 + 16 + 2 * 16
+    bare.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("dec_")})
+    torch.testing.assert_close(bare(x)[0], u)
+    with pytest.raises(TypeError, match="output_block"):
+        LSAMEncoderDecoder(16, 4, 32, output_block="yes")
     with pytest.raises(ValueError, match="`x`"):
         m(torch.randn(3, 6, 8))
     # echo the tokens: the output is a read of the decoder's memory, so it must learn to write
