@@ -107,7 +107,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     }),
     "paper": _BySize({  # the paper/* presets: docs/maths.md §12 sizes, free widths set to Table 1's counts (memnets.paper)
         "lsam_stack": {"d_model": 1024, "num_heads": 8, "num_layers": 2, "bidirectional": True},
-        "lsam_encdec": {"d_model": 1024, "num_heads": 8, "dim_feedforward": 6656},
+        "lsam_encdec": {"d_model": 1024, "num_heads": 8, "dim_feedforward": 6144},
         "nam_tm": {"d_model": 1200, "num_tapes": 8, "tape_length": 32, "num_layers": 2},
         "nam_tm_nojmp": {"d_model": 1344, "num_tapes": 8, "tape_length": 32, "num_layers": 2},
         "transformer": {"d_model": 512, "num_layers": 8, "num_heads": 8, "dim_feedforward": 2560, "max_len": 64},
