@@ -181,6 +181,17 @@ def kernels():
         return dM, dkr, dbr, dgr, dyr, dsr, dwprev
 
     @triton.jit
+    def _store_aux(aux_ptr, row, N, wc, wt, ni, nm):
+        """Keep a head's content weighting and shifted weighting (row ``row`` of ``[B·heads, 2, N]``)."""
+        tl.store(aux_ptr + row * 2 * N + ni, wc, mask=nm)
+        tl.store(aux_ptr + row * 2 * N + N + ni, wt, mask=nm)
+
+    @triton.jit
+    def _load_aux(aux_ptr, row, N, ni, nm):
+        return (tl.load(aux_ptr + row * 2 * N + ni, mask=nm, other=0.0),
+                tl.load(aux_ptr + row * 2 * N + N + ni, mask=nm, other=0.0))
+
+    @triton.jit
     def _controller(z_ptr, cprev_ptr, b, C, ci, cm, LSTM: tl.constexpr):
         if LSTM:
             base = z_ptr + b * 4 * C
@@ -232,9 +243,7 @@ def kernels():
             wprev = tl.load(wwprev_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
             w, wc, wt = _address(M, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr, S)
             tl.store(ww_ptr + (b * HW + hw) * N + ni, w, mask=nm)
-            ab = aux_ptr + ((b * (R + HW) + R + hw) * 2) * N
-            tl.store(ab + ni, wc, mask=nm)
-            tl.store(ab + N + ni, wt, mask=nm)
+            _store_aux(aux_ptr, b * (R + HW) + R + hw, N, wc, wt, ni, nm)
             eo = (R + HW) * P + hw * 2 * W
             e = _sig(tl.load(pb + eo + wi, mask=wm, other=0.0))
             ad = tl.load(pb + eo + W + wi, mask=wm, other=0.0)
@@ -247,9 +256,7 @@ def kernels():
             wprev = tl.load(wrprev_ptr + (b * R + rr) * N + ni, mask=nm, other=0.0)
             w, wc, wt = _address(Mn, kr, br, gr, yr, sr, wprev, N, wm, ni, nm, js, scr, S)
             tl.store(wr_ptr + (b * R + rr) * N + ni, w, mask=nm)
-            ab = aux_ptr + ((b * (R + HW) + rr) * 2) * N
-            tl.store(ab + ni, wc, mask=nm)
-            tl.store(ab + N + ni, wt, mask=nm)
+            _store_aux(aux_ptr, b * (R + HW) + rr, N, wc, wt, ni, nm)
             tl.store(rh_ptr + b * RHW + rr * W + wi, tl.sum(Mn * w[:, None], 0), mask=wm)
 
     @triton.jit
@@ -292,9 +299,7 @@ def kernels():
             dw = tl.sum(Mn * dr[None, :], 1) + tl.load(dwr_ptr + (b * R + rr) * N + ni, mask=nm, other=0.0)
             kr, br, gr, yr, sr = _params(pb, rr * P, W, wi, wm, js, S)
             wprev = tl.load(wrprev_ptr + (b * R + rr) * N + ni, mask=nm, other=0.0)
-            ab = aux_ptr + ((b * (R + HW) + rr) * 2) * N
-            wc = tl.load(ab + ni, mask=nm, other=0.0)
-            wt = tl.load(ab + N + ni, mask=nm, other=0.0)
+            wc, wt = _load_aux(aux_ptr, b * (R + HW) + rr, N, ni, nm)
             dMa, dkr, dbr, dgr, dyr, dsr, dwprev = _address_bwd(dw, w, wc, wt, Mn, kr, br, gr, yr, sr, wprev, N, wm,
                                                                 ni, nm, js, scr, BN, S)
             dMn += tl.where(mmask, dMa, 0.0)
@@ -327,9 +332,7 @@ def kernels():
             tl.store(db_ + eo + W + wi, tl.where(wm, dad, 0.0), mask=wm)
             kr, br, gr, yr, sr = _params(pb, (R + hw) * P, W, wi, wm, js, S)
             wprev = tl.load(wwprev_ptr + (b * HW + hw) * N + ni, mask=nm, other=0.0)
-            ab = aux_ptr + ((b * (R + HW) + R + hw) * 2) * N
-            wc = tl.load(ab + ni, mask=nm, other=0.0)
-            wt = tl.load(ab + N + ni, mask=nm, other=0.0)
+            wc, wt = _load_aux(aux_ptr, b * (R + HW) + R + hw, N, ni, nm)
             dMa, dkr, dbr, dgr, dyr, dsr, dwprev = _address_bwd(dw, w, wc, wt, M, kr, br, gr, yr, sr, wprev, N, wm,
                                                                 ni, nm, js, scr, BN, S)
             dM += tl.where(mmask, dMa, 0.0)
@@ -358,7 +361,7 @@ def kernels():
     globals().update(triton=triton, tl=tl, _sig=_sig, _tanh=_tanh, _softplus=_softplus, _softplus_grad=_softplus_grad,
                      _linear=_linear, _linear_t=_linear_t, _params=_params, _content=_content, _gather=_gather,
                      _address=_address, _address_bwd=_address_bwd, _controller=_controller,
-                     _store_params=_store_params)
+                     _store_params=_store_params, _store_aux=_store_aux, _load_aux=_load_aux)
     return forward_step, backward_step
 
 
