@@ -106,6 +106,31 @@ FAILED tests/test_cuda.py::test_dnc_matches_cpu[cuda-fused] - AssertionError: x
     assert gpu_check.parse_test_results("") == {}
 
 
+def test_failure_messages_and_an_interrupted_pytest_still_says_why(tmp_path):
+    """The short summary's messages are kept per test; a pytest cut short at its time limit gets
+    SIGINT first, so that it prints that summary (the tracebacks) before it is killed."""
+    import subprocess
+    import sys
+
+    assert gpu_check.failure_messages("FAILED tests/a.py::t[x] - AssertionError: 'torch' == 'triton'\n"
+                                      "ERROR tests/b.py::u\nPASSED tests/a.py::v") == {
+        "tests/a.py::t[x]": "AssertionError: 'torch' == 'triton'", "tests/b.py::u": ""}
+    if sys.platform == "win32":
+        return
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_cut.py").write_text(
+        "import time\n\ndef test_a_fails():\n    assert 1 == 2, 'one is not two'\n\n"
+        "def test_b_hangs():\n    time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "tests/test_cut.py"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        p.communicate(timeout=8)
+    gpu_check._interrupt_group(p)
+    out, _ = p.communicate(timeout=30)
+    assert "one is not two" in gpu_check.failure_messages(out)["tests/test_cut.py::test_a_fails"], out
+
+
 def test_xdist_workers(monkeypatch):
     import importlib.util
 

@@ -58,8 +58,10 @@ def test_triton_nam_attention_matches_the_reference(causal, B, H, L, S, dk, dv, 
     q, k, v = _inputs((B, H, L, dk), (B, H, S, dk), dv, dtype)
     k[0, 0, min(3, S - 1)] = 0  # a zero key: μ keeps it zero (and its gradient takes μ's other branch)
     with gpu.cuda_path():
-        assert resolve_attention_impl("auto", q, k, v, causal=causal) == "triton"
-        got = _grads(lambda a, b, c: nam_attention(a, b, c, is_causal=causal, scale=scale), q, k, v)
+        # "auto" takes the kernels on the interpreter's CPU tensors; on CUDA only for half inputs
+        # (ca.fast_on_cuda), so float32/float64 ask for them by name there
+        assert resolve_attention_impl("auto", q, k, v, causal=causal) == ("torch" if CUDA else "triton")
+        got = _grads(lambda a, b, c: nam_attention(a, b, c, is_causal=causal, scale=scale, impl="triton"), q, k, v)
     ref = _grads(lambda a, b, c: nam_attention_quadratic(a, b, c, is_causal=causal, scale=scale), q, k, v)
     _close(got, ref, tol)
 
@@ -133,15 +135,23 @@ def test_impl_choice_and_refusals():
     with pytest.raises(ValueError, match="unknown impl 'cuda'"):
         nam_attention(q, q, q, impl="cuda")
     big = torch.randn(1, 1, 8, ca.MAX_HEAD_DIM + 1)
+    if CUDA:  # on CUDA "auto" takes the kernels for bfloat16/float16 with head dims up to 64 only
+        qc, qh = q.cuda(), q.cuda().bfloat16()
+        assert resolve_attention_impl("auto", qh, qh, qh, causal=False) == "triton"
+        assert resolve_attention_impl("auto", qc, qc, qc, causal=False) != "triton"  # float32: exact products spill
+        wide = torch.randn(1, 1, 8, ca.FAST_HEAD_DIM + 1, device="cuda", dtype=torch.bfloat16)
+        assert resolve_attention_impl("auto", wide, wide, wide, causal=False) == "torch"
+        q = qc
     with gpu.cuda_path():
-        assert resolve_attention_impl("auto", q, q, q, causal=False) == "triton"
+        if not CUDA:
+            assert resolve_attention_impl("auto", q, q, q, causal=False) == "triton"
         assert resolve_attention_impl("auto", big, big, big, causal=False) == "torch"  # head dim too large
-        off = torch.tensor([0, 3, 8])
+        off = torch.tensor([0, 3, 8], device=q.device)
         assert resolve_attention_impl("auto", q, q, q, causal=True, packed=True) == "torch"
         torch.testing.assert_close(nam_attention(q, q, q, is_causal=True, cu_seqlens=off),
                                    nam_attention(q, q, q, is_causal=True, cu_seqlens=off, impl="torch"))
         with pytest.raises(ValueError, match="causal=True expects query and key of the same length"):
-            nam_attention(q, torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), is_causal=True)
+            nam_attention(q, torch.randn(1, 2, 9, 4).to(q), torch.randn(1, 2, 9, 4).to(q), is_causal=True)
 
 
 def test_kernel_entry_checks_its_inputs():

@@ -107,7 +107,7 @@ def test_triton_ntm_checks_its_arguments():
 
 def test_triton_ntm_warps_follow_the_memory_tile_or_the_environment(monkeypatch):
     monkeypatch.delenv(tl_ntm.WARPS_ENV, raising=False)
-    assert tl_ntm._warps(16, 16) == 2 and tl_ntm._warps(32, 32) == 4 and tl_ntm._warps(128, 32) == 8
+    assert tl_ntm._warps(16, 16) == 2 and tl_ntm._warps(32, 32) == 4 and tl_ntm._warps(128, 32) == 16
     monkeypatch.setenv(tl_ntm.WARPS_ENV, "16")
     assert tl_ntm._warps(16, 16) == 16
     monkeypatch.setenv(tl_ntm.WARPS_ENV, "3")

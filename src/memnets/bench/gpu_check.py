@@ -40,8 +40,8 @@ install needed):
      8 tapes), T=50; the DNC (LSTM 64, memory 16x20, 4 reads; LSTM 256, memory 32x64), T=41;
      the NTM (LSTM 100, memory 128x20), T=41. Target: at most 2.0x the LSTM's time. LSAM, the
      DNC and the NTM also once more with ``MEMNETS_CUDA_GRAPHS=0`` ("no graph replay"), the
-     loops launched one by one. The NTM also at 4 and 16 warps per program
-     (``MEMNETS_NTM_WARPS``; 8 by default at this size), a comparison. Every model and its LSTM once more with the whole training
+     loops launched one by one. The NTM also at 4 and 8 warps per program
+     (``MEMNETS_NTM_WARPS``; 16 by default at this size), a comparison. Every model and its LSTM once more with the whole training
      step replayed from one CUDA graph each ("whole step graphed",
      :class:`memnets.train.graph_step.CUDAGraphStep`), the pair's ratio against the same target.
    - ``attention``: ``nam_attention`` forward+backward, bf16, B=1 H=8 d=64, S=32K, non-causal
@@ -122,6 +122,19 @@ def install_wheels(folder: str | Path, python: str = sys.executable) -> list[dic
     return done
 
 
+def _interrupt_group(p: subprocess.Popen, wait: float = 20.0) -> None:
+    """Send SIGINT to a child started with ``start_new_session=True`` and its group (pytest then
+    stops and prints its summary, the failures' tracebacks included), wait up to ``wait``
+    seconds, then :func:`_kill_group`."""
+    if os.name == "posix" and p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGINT)
+            p.wait(timeout=wait)
+        except (ProcessLookupError, PermissionError, OSError, subprocess.TimeoutExpired):
+            pass
+    _kill_group(p)
+
+
 def _kill_group(p: subprocess.Popen) -> None:
     """Kill a child started with ``start_new_session=True`` and everything it started (pytest's
     xdist workers, a compiler), then reap it."""
@@ -187,6 +200,20 @@ def parse_test_results(text: str) -> dict[str, str]:
     return results
 
 
+_SUMMARY = re.compile(r"^(FAILED|ERROR) (tests/\S+::\S+|tests/\S+)(?: - (.*))?$")
+
+
+def failure_messages(text: str, width: int = 300) -> dict[str, str]:
+    """``{test id: message}`` from the short summary that ``pytest -rfE`` prints at its end (also
+    after an interrupt): each failed test's exception line, cut to ``width`` characters."""
+    out = {}
+    for line in text.splitlines():
+        m = _SUMMARY.match(line.strip())
+        if m:
+            out[m.group(2)] = (m.group(3) or "").strip()[:width]
+    return out
+
+
 def xdist_workers(cpu_count: int | None = None) -> int:
     """How many pytest-xdist workers the tests get: min(8, CPU count // 2), at least 2; 0 when
     pytest-xdist is not installed (one process, as without it)."""
@@ -197,13 +224,16 @@ def xdist_workers(cpu_count: int | None = None) -> int:
 
 
 def run_tests(*, cuda: bool, timeout: float, k: str | None = None, with_compile: bool = False,
-              log_path: Path | None = None, python: str = sys.executable, workers: int | None = None) -> dict[str, Any]:
+              log_path: Path | None = None, python: str = sys.executable, workers: int | None = None,
+              fla: bool | None = None) -> dict[str, Any]:
     """Run the CUDA test files in a child pytest (``-m "not slow"``), at most ``timeout`` seconds.
 
     On CUDA only the CUDA variants run (``-k "not cuda_path"``; the ``compile`` tests only with
     ``with_compile``); ``k`` overrides the selection. ``workers``: pytest-xdist's ``-n`` (``None``:
-    :func:`xdist_workers`; 0: one process). Returns the counts, the failed tests, the wall time
-    and whether the limit cut the run short (the child and its workers are then killed)."""
+    :func:`xdist_workers`; 0: one process). ``fla``: True, only the tests of fla's kernels (names
+    holding "fla"); False, all but those; None, all. Returns the counts, the failed tests with
+    their messages (``-rfE``), the wall time and whether the limit cut the run short (pytest then
+    gets SIGINT, prints its summary, and is killed with its workers)."""
     files = [f for f in TEST_FILES if (REPO / f).is_file()]
     if not files:
         return {"status": "not run: tests/ not found beside the package", "passed": 0, "failed": 0,
@@ -212,11 +242,14 @@ def run_tests(*, cuda: bool, timeout: float, k: str | None = None, with_compile:
         return {"status": "not run: pytest is not installed", "passed": 0, "failed": 0, "skipped": 0, "errors": 0}
     if k is None:
         k = "not cuda_path" + ("" if with_compile else " and not train_compile") if cuda else "cuda_path"
+        if fla is not None:  # the tests of fla's kernels apart (their first calls compile for minutes)
+            k = f"({k}) and " + ("fla" if fla else "not fla")
     if workers is None:
         workers = xdist_workers()
     elif workers and importlib.util.find_spec("xdist") is None:
         workers = 0
-    cmd = [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "not slow", "-k", k, *files]
+    cmd = [python, "-m", "pytest", "-v", "--tb=short", "-rfE", "-p", "no:cacheprovider", "-m", "not slow",
+           "-k", k, *files]
     if workers:
         cmd += ["-n", str(workers)]
     if importlib.util.find_spec("pytest_timeout") is not None:
@@ -231,7 +264,7 @@ def run_tests(*, cuda: bool, timeout: float, k: str | None = None, with_compile:
         code = p.returncode
     except subprocess.TimeoutExpired:
         timed_out, code = True, None
-        _kill_group(p)  # pytest and its xdist workers
+        _interrupt_group(p)  # pytest prints its summary (the tracebacks), then it and its workers go
         try:
             out, _ = p.communicate(timeout=30)
         except subprocess.TimeoutExpired:
@@ -252,6 +285,9 @@ def run_tests(*, cuda: bool, timeout: float, k: str | None = None, with_compile:
            "exit_code": code, "passed": count("PASSED", "XPASS"), "failed": count("FAILED"),
            "skipped": count("SKIPPED", "XFAIL"), "errors": count("ERROR"),
            "failures": sorted(t for t, s in results.items() if s in ("FAILED", "ERROR"))}
+    messages = failure_messages(out)
+    if messages:
+        res["failure_messages"] = messages
     if timed_out:
         res["status"] = f"cut short after {timeout:.0f} s"
     elif code == 5:
@@ -415,7 +451,7 @@ def _models_rows(bench, tiny: bool) -> None:
         step's work spreads: the same step at other counts (``MEMNETS_NTM_WARPS``), a comparison."""
         from ..ops.gpu import env_var
         from ..ops.gpu.ntm import WARPS_ENV
-        for nw in (4, 16):
+        for nw in (4, 8):
             with env_var(WARPS_ENV, str(nw)):
                 row = case(f"NTM ({WARPS_ENV}={nw})", cfg, build, B, T, 9)
             _pair(row, base, 2.0, "LSTM")
@@ -875,7 +911,8 @@ def _warmup_line(w: dict[str, Any] | None) -> str:
 
 
 # -------------------------------------------------------------------------------- time plan
-_PHASES = ("wheels", "tests", "warmup", "warmup_wait", "models", "attention", "scan", "profile", "launches", "total")
+_PHASES = ("wheels", "tests", "warmup", "warmup_wait", "models", "attention", "scan", "profile", "launches",
+           "tests_fla", "total")
 
 
 def _plan_lines(plan: dict[str, Any]) -> list[str]:
@@ -936,12 +973,15 @@ def format_markdown(result: dict[str, Any]) -> str:
                 out += [f"| {g} | {_fmt(c['name'])} | {_fmt(c.get('seconds'))} | "
                         f"{'yes' if c.get('ok') else _fmt(c.get('error'))} |" for g, c in calls]
         out.append("")
-    t = result.get("tests")
-    out.append("## CUDA tests")
-    out.append("")
-    if not t:
-        out.append("not run")
-    else:
+    for key, title in (("tests", "CUDA tests"), ("tests_fla", "CUDA tests of fla's kernels (after the bench)")):
+        t = result.get(key)
+        if key == "tests_fla" and not t:
+            continue
+        out += [f"## {title}", ""]
+        if not t:
+            out.append("not run")
+            out.append("")
+            continue
         line = f"{t.get('status')}: {t.get('passed', 0)} passed, {t.get('failed', 0)} failed, " \
                f"{t.get('skipped', 0)} skipped, {t.get('errors', 0)} errors"
         if t.get("seconds") is not None:
@@ -951,9 +991,12 @@ def format_markdown(result: dict[str, Any]) -> str:
         out.append(line)
         if t.get("command"):
             out.append(f"\n`python {t['command']}`")
+        messages = t.get("failure_messages", {})
         for name in t.get("failures", []):
-            out.append(f"- failed: `{name}`")
-    out += ["", "## Bench rows", "",
+            why = messages.get(name)
+            out.append(f"- failed: `{name}`" + (f": {_fmt(why)}" if why else ""))
+        out.append("")
+    out += ["## Bench rows", "",
             "first_ms: the row's first call (JIT compilation, autotuning), outside the time budget; ms: median "
             "after warm-up; ratio: ms over the baseline's ms.", ""]
     cols = ROW_COLUMNS
@@ -1114,6 +1157,9 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
             warm = None
 
     workers = _tests_workers(tests_workers) if tests else 0
+    # on CUDA the tests of fla's kernels run after the bench: their first calls compile and
+    # autotune fla's kernels for minutes, which the warm-up does beside the first tests
+    split_fla = bool(tests and cuda and tests_k is None and importlib.util.find_spec("fla") is not None)
     result["plan"] = {"limit_s": TIME_LIMIT_S, "tests_timeout_s": tests_timeout if tests else 0,
                       "tests_workers": workers, "warmup": list(groups) if warm is not None else None,
                       "warmup_status": None if warm is not None else result["warmup"]["status"],
@@ -1148,7 +1194,7 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
             s0 = time.perf_counter()
             log = folders[-1] / "gpu-check-tests.log"
             result["tests"] = run_tests(cuda=cuda, timeout=tests_timeout, k=tests_k, with_compile=with_compile,
-                                        log_path=log, workers=workers)
+                                        log_path=log, workers=workers, fla=split_fla and False)
             phases["tests"] = round(time.perf_counter() - s0, 1)
             t = result["tests"]
             say(f"tests: {t['status']}: {t['passed']} passed, {t['failed']} failed, "
@@ -1197,6 +1243,21 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
                 result["launches"] = {"note": f"error: {type(e).__name__}: {str(e)[:200]}", "rows": []}
             phases["launches"] = round(time.perf_counter() - s0, 1)
             say(f"launches: {phases['launches']:.1f} s")
+    if split_fla:  # fla's kernels' tests last, with the time left, their compilations alone
+        left = min(tests_timeout, TIME_LIMIT_S - 15 - (time.perf_counter() - t0))
+        if left < 30:
+            result["tests_fla"] = {"status": f"not run: {max(left, 0):.0f} s left of {TIME_LIMIT_S:.0f} s",
+                                   "passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+        else:
+            say(f"CUDA tests of fla's kernels (limit {left:.0f} s) ...")
+            s0 = time.perf_counter()
+            result["tests_fla"] = run_tests(cuda=cuda, timeout=left, with_compile=with_compile, workers=workers,
+                                            log_path=folders[-1] / "gpu-check-tests-fla.log", fla=True)
+            phases["tests_fla"] = round(time.perf_counter() - s0, 1)
+        t = result["tests_fla"]
+        say(f"tests of fla's kernels: {t['status']}: {t['passed']} passed, {t['failed']} failed, "
+            f"{t['skipped']} skipped, {t['errors']} errors")
+        _write(result, folders)
     if not cuda:  # a dry run measures nothing: no target is met or missed
         for r in result["rows"]:
             r["meets"] = None
@@ -1268,8 +1329,8 @@ def main(argv: list[str] | None = None) -> int:
               sections=tuple(a.sections), wheels=a.wheels or None, launch_counts=not a.no_launches,
               profile=not a.no_profile, warmup=not a.no_warmup, warmup_timeout=a.warmup_timeout,
               tests_workers=a.tests_workers)
-    t = res.get("tests") or {}
-    return 1 if t.get("failed") or t.get("errors") else 0
+    bad = [t for t in (res.get("tests") or {}, res.get("tests_fla") or {}) if t.get("failed") or t.get("errors")]
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

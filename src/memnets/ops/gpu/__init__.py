@@ -19,12 +19,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import inspect
 import os
 import sys
 
 import torch
 
-__all__ = ["triton_ok", "interpreting", "decorating", "lazy_kernels", "use_triton", "on_cuda_path", "cuda_path",
+__all__ = ["triton_ok", "interpreting", "decorating", "fix_interpreter", "lazy_kernels", "use_triton", "on_cuda_path", "cuda_path",
            "cuda_code_path", "env_var"]
 
 _FORCED = [0]
@@ -101,6 +102,36 @@ def use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda or interpreting() or _COMPILE_ONLY[0] > 0
 
 
+def fix_interpreter() -> bool:
+    """Triton's interpreter up to 3.6 reads a scalar kernel argument (held as a one-element
+    array) with ``int(array)``, which NumPy 2.4 and later refuse, so a kernel's
+    ``for t in range(T)`` fails there with "only 0-dimensional arrays can be converted to Python
+    scalars"; later Triton flattens the array first. This gives an older interpreter that
+    behaviour (compiled kernels are not concerned). Called where kernels are defined in
+    interpreted mode; returns whether it patched (once per process)."""
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+    except Exception:  # noqa: BLE001 - no interpreter to fix
+        return False
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "memnets_fixed_index", False):
+        return False
+    try:
+        if "squeeze" in inspect.getsource(original):
+            return False
+    except (OSError, TypeError):
+        return False
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    patched.memnets_fixed_index = True
+    interpreter._patch_lang_tensor = patched
+    return True
+
+
 def lazy_kernels(define):
     """Decorator for a module's ``kernels()`` function that defines its Triton kernels: they are
     defined on first use, inside :func:`decorating`, once per Triton mode (so a process that
@@ -111,6 +142,8 @@ def lazy_kernels(define):
     def kernels():
         mode = interpreting()
         if mode not in cache:
+            if mode:
+                fix_interpreter()
             with decorating():
                 cache[mode] = define()
         return cache[mode]

@@ -48,7 +48,7 @@ from typing import List, Optional
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import decorating, interpreting
+from . import decorating, fix_interpreter, interpreting
 
 __all__ = ["nam_tape_scan_triton", "nam_tm_heads_triton", "kernels", "SEGMENT"]
 
@@ -464,6 +464,8 @@ def kernels(interpret: bool):
 
 def _kernels():
     mode = interpreting()
+    if mode:
+        fix_interpreter()
     with decorating():
         return kernels(mode)
 

@@ -382,7 +382,9 @@ def _warps(BN: int, BW: int) -> int:
             raise ValueError(f"{WARPS_ENV} expected one of 1, 2, 4, 8, 16, 32, got {env!r}")
         return int(env)
     n = BN * BW
-    return 2 if n <= 512 else 4 if n <= 2048 else 8
+    # past 2,048 entries, 16: at 128x20 (tile 128x32) on an H100, 16 warps 3.97 ms a training
+    # step, 8 warps 4.23, 4 warps 5.33 (make gpu-check, results/gpu-check/2026-11-27-h100.json)
+    return 2 if n <= 512 else 4 if n <= 2048 else 16
 
 
 def _row_block(BC: int) -> int:
