@@ -521,3 +521,32 @@ def test_a_task_setting_the_step_reads_is_part_of_the_graph_key(tmp_path, monkey
                if json.loads(x)["kind"] == "train"] for d in ("e", "g")]
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
     assert graphed["epochs"] == eager["epochs"] == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="graph memory pools are CUDA's; make gpu-check runs this")
+def test_graphs_of_many_shapes_share_one_memory_pool():
+    """Six input shapes of one size, six graphs: with one pool for all, the graphs after the
+    first reserve next to nothing more (each would reserve its own peak, the activations its
+    backward saves, with a pool of its own); and each graph still replays its own step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[m for _ in range(6) for m in (torch.nn.Linear(2048, 2048), torch.nn.Tanh())]).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    step = graph_step.CUDAGraphStep(lambda x: model(x).square().mean(), opt, warmup=1)
+    xs = [torch.randn(2 ** i, 1024 // 2 ** i, 2048, device="cuda") for i in range(6)]  # same numel
+    step(xs[0])  # eager: Adam's moments, the eager step's own cached blocks
+    torch.cuda.synchronize()
+    r0 = torch.cuda.memory_reserved()
+    step(xs[0])  # the first capture: its pool
+    torch.cuda.synchronize()
+    r1 = torch.cuda.memory_reserved()
+    for x in xs[1:]:
+        for _ in range(3):  # eager, capture, replay
+            step(x)
+    torch.cuda.synchronize()
+    r6 = torch.cuda.memory_reserved()
+    assert step.stats["captured"] == 6 and step.stats["replayed"] >= 5, step.stats
+    assert r1 > r0 and r6 - r1 < 0.5 * (r1 - r0), (r0, r1, r6)  # own pools: about 5 * (r1 - r0)
+    before = [p.detach().clone() for p in model.parameters()]
+    out = step(xs[3])
+    torch.cuda.synchronize()
+    assert torch.isfinite(out) and any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))

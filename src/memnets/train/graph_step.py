@@ -33,6 +33,13 @@ Rules, as for any CUDA graph:
 * the optimiser is made ``capturable`` (Adam, AdamW and others that have the option; its
   ``step`` counters move to the GPU) when this object is built, before its first step.
 
+The graphs of one :class:`CUDAGraphStep` share one memory pool (``torch.cuda.graph``'s
+``pool``). Each graph would otherwise keep its own pool, reserved at its peak (the activations
+its backward saves) for as long as it is held, so a run whose batches come in many shapes held
+that peak once per graph; shared, the pool is about the largest peak. Sharing is safe here
+because the graphs replay one at a time on one stream and what a replay leaves (the loss, the
+extras, the gradients) is read before the next call, the rule above.
+
 The first :attr:`warmup` calls of a signature are ordinary eager steps, on a side stream as
 capture requires; the next one captures and replays. A capture that fails (a step that syncs, an
 op that cannot be captured) warns once and leaves that signature eager, so the step is always
@@ -125,6 +132,7 @@ class CUDAGraphStep:
         self._failed: set = set()
         # eager, captured, replayed, failed, uncaptured (eager: past MAX_CAPTURES)
         self.stats: "collections.Counter[str]" = collections.Counter()
+        self._pool = None  # the graphs' one memory pool (module docstring), made at the first capture
         if any(p.is_cuda for g in optimizer.param_groups for p in g["params"]):
             _make_capturable(optimizer)
 
@@ -213,7 +221,9 @@ class CUDAGraphStep:
         try:
             if static[0].is_cuda:
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+                if self._pool is None:
+                    self._pool = torch.cuda.graph_pool_handle()
+                with torch.cuda.graph(graph, pool=self._pool):
                     body()
                 graph.replay()  # the capture ran nothing: this call's step
             else:
