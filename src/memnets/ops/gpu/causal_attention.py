@@ -28,7 +28,9 @@ float32, as fla keeps its per-chunk states).
 
 Precision: bfloat16/float16 inputs multiply in their own type with float32 accumulation, and the
 products with the float32 prefixes in TF32; float32 and float64 inputs multiply in their own
-type (``input_precision="ieee"``). A NaN or Inf in a key or value at step t reaches no output
+type (``input_precision="ieee"``). ``scale`` and μ's ``eps`` are compile-time constants made
+in the accumulation type: a float argument reaches a Triton kernel as float32, so in float64
+they would be rounded (1e-6 by 2.5e-9 of itself). A NaN or Inf in a key or value at step t reaches no output
 before t (masks are selections; a value that is not finite is kept out of the within-chunk
 product, and its column of the outputs from t on is NaN, as the sum would make it, or would
 make it ±Inf).
@@ -91,10 +93,11 @@ def kernels():
             return tl.dot(a, h, input_precision="ieee", out_dtype=ACC)
 
     @triton.jit
-    def chunk_sums(x_ptr, y_ptr, h_ptr, n_chunks, n_rows, dx, dy, sx_b, sx_r, sy_b, sy_r, scale, eps,
-                   C: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr, NORM: tl.constexpr,
+    def chunk_sums(x_ptr, y_ptr, h_ptr, n_chunks, n_rows, dx, dy, sx_b, sx_r, sy_b, sy_r, SCALE: tl.constexpr,
+                   EPS_: tl.constexpr, C: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr, NORM: tl.constexpr,
                    HALF_IN: tl.constexpr, ACC: tl.constexpr, IN: tl.constexpr):
         """``h[b, n] = (scale · μ(x_n))ᵀ y_n`` (``NORM``; else ``x_nᵀ y_n``) for chunk ``n`` of sequence ``b``."""
+        scale, eps = tl.full([], SCALE, ACC), tl.full([], EPS_, ACC)  # exact in float64 (module docstring)
         n = tl.program_id(0) % n_chunks  # one flat grid: chunk n of sequence b
         b = (tl.program_id(0) // n_chunks).to(tl.int64)
         x = _tile(x_ptr, b, n * C, n_rows, dx, sx_b, sx_r, C, BX, ACC)
@@ -109,8 +112,10 @@ def kernels():
 
     @triton.jit
     def forward_out(q_ptr, k_ptr, v_ptr, p_ptr, o_ptr, n_chunks, L, S, dk, dv, sq_b, sq_r, sk_b, sk_r, sv_b, sv_r,
-                    p_b, scale, eps, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                    CAUSAL: tl.constexpr, HALF_IN: tl.constexpr, ACC: tl.constexpr, IN: tl.constexpr):
+                    p_b, SCALE: tl.constexpr, EPS_: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, CAUSAL: tl.constexpr, HALF_IN: tl.constexpr, ACC: tl.constexpr,
+                    IN: tl.constexpr):
+        scale, eps = tl.full([], SCALE, ACC), tl.full([], EPS_, ACC)
         n = tl.program_id(0) % n_chunks  # one flat grid: chunk n of sequence b
         b = (tl.program_id(0) // n_chunks).to(tl.int64)
         q = _tile(q_ptr, b, n * C, L, dk, sq_b, sq_r, C, BK, ACC)
@@ -142,13 +147,14 @@ def kernels():
 
     @triton.jit
     def backward(q_ptr, k_ptr, v_ptr, do_ptr, p_ptr, g_ptr, dq_ptr, dk_ptr, dv_ptr, n_chunks, L, S, dk, dv,
-                 sq_b, sq_r, sk_b, sk_r, sv_b, sv_r, sd_b, sd_r, p_b, g_b, n_g, scale, eps,
-                 C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CAUSAL: tl.constexpr,
+                 sq_b, sq_r, sk_b, sk_r, sv_b, sv_r, sd_b, sd_r, p_b, g_b, n_g, SCALE: tl.constexpr,
+                 EPS_: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CAUSAL: tl.constexpr,
                  HALF_IN: tl.constexpr, ACC: tl.constexpr, IN: tl.constexpr):
         """``dq`` of query chunk ``n`` and ``dk``, ``dv`` of key chunk ``n`` (of one sequence ``b``).
 
         ``p``: the prefixes of ``Kᵀ V`` (causal; non-causal: their sum); ``g``: the prefixes of
         ``Qᵀ dO`` over ``n_g`` chunks (non-causal: their sum)."""
+        scale, eps = tl.full([], SCALE, ACC), tl.full([], EPS_, ACC)
         n = tl.program_id(0) % n_chunks  # one flat grid: chunk n of sequence b
         b = (tl.program_id(0) // n_chunks).to(tl.int64)
         i = tl.arange(0, BK)

@@ -43,12 +43,14 @@ def kernels():
     import triton.language as tl
 
     @triton.jit
-    def forward_step(blk_ptr, m_ptr, out_ptr, u_ptr, ck_ptr, d, eps, SAVE: tl.constexpr, BLOCK: tl.constexpr):
+    def forward_step(blk_ptr, m_ptr, out_ptr, u_ptr, ck_ptr, d, EPS_: tl.constexpr, SAVE: tl.constexpr,
+                     BLOCK: tl.constexpr):
         n = tl.program_id(0)
         i = tl.arange(0, BLOCK)
         msk = i < d
         base = blk_ptr + n * (3 * d + 2)
         qr = tl.load(base + i, mask=msk, other=0.0)
+        eps = tl.full([], EPS_, qr.dtype)  # in the data's precision (a float argument would be float32)
         kr = tl.load(base + d + i, mask=msk, other=0.0)
         v = tl.load(base + 2 * d + i, mask=msk, other=0.0)
         a_r = tl.load(base + 3 * d)
@@ -72,7 +74,7 @@ def kernels():
         tl.store(u_ptr + n * d + i, u, mask=msk)
 
     @triton.jit
-    def backward_step(blk_ptr, m_ptr, dm_ptr, u_ptr, dout_ptr, dh_ptr, dg_ptr, ck_ptr, d, eps,
+    def backward_step(blk_ptr, m_ptr, dm_ptr, u_ptr, dout_ptr, dh_ptr, dg_ptr, ck_ptr, d, EPS_: tl.constexpr,
                       LOAD: tl.constexpr, BLOCK: tl.constexpr):
         n = tl.program_id(0)
         i = tl.arange(0, BLOCK)
@@ -80,6 +82,7 @@ def kernels():
         G1 = 3 * d + 2
         base = blk_ptr + n * G1
         qr = tl.load(base + i, mask=msk, other=0.0)
+        eps = tl.full([], EPS_, qr.dtype)
         kr = tl.load(base + d + i, mask=msk, other=0.0)
         v = tl.load(base + 2 * d + i, mask=msk, other=0.0)
         a_r = tl.load(base + 3 * d)
