@@ -89,3 +89,14 @@ def test_make_optimizer_rejects_unknown_kind():
 
     with pytest.raises(ValueError, match="optim.kind"):
         make_optimizer(Cfg(), [torch.nn.Parameter(torch.ones(1))])
+
+
+@pytest.mark.parametrize("backbone", ["nam_tm", "nam_tm_nojmp"])
+def test_paper_fib_nam_tm_is_the_cpu_presets_model(backbone):
+    """Fib's NAM-TM at paper scale keeps what its CPU preset found Fib to need: the tapes at the
+    unit head (without it the paper preset met a NaN loss at step 222, the heads at 1e22) and the
+    authors' output block."""
+    paper, cpu = load_config(f"paper/fib-{backbone}"), load_config(f"cpu/fib-{backbone}")
+    for key in ("normalize_heads", "head"):
+        assert paper.model.options[key] == cpu.model.options[key], key
+    assert paper.model.options["normalize_heads"] == "all" and paper.model.options["head"] == "mlp"
