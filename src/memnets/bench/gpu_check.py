@@ -225,7 +225,7 @@ def xdist_workers(cpu_count: int | None = None) -> int:
 
 def run_tests(*, cuda: bool, timeout: float, k: str | None = None, with_compile: bool = False,
               log_path: Path | None = None, python: str = sys.executable, workers: int | None = None,
-              fla: bool | None = None) -> dict[str, Any]:
+              fla: bool | None = None, per_test: float | None = None) -> dict[str, Any]:
     """Run the CUDA test files in a child pytest (``-m "not slow"``), at most ``timeout`` seconds.
 
     On CUDA only the CUDA variants run (``-k "not cuda_path"``; the ``compile`` tests only with
@@ -233,7 +233,8 @@ def run_tests(*, cuda: bool, timeout: float, k: str | None = None, with_compile:
     :func:`xdist_workers`; 0: one process). ``fla``: True, only the tests of fla's kernels (names
     holding "fla"); False, all but those; None, all. Returns the counts, the failed tests with
     their messages (``-rfE``), the wall time and whether the limit cut the run short (pytest then
-    gets SIGINT, prints its summary, and is killed with its workers)."""
+    gets SIGINT, prints its summary, and is killed with its workers). ``per_test``: pytest-timeout's
+    limit per test (default 0.6 of ``timeout``)."""
     files = [f for f in TEST_FILES if (REPO / f).is_file()]
     if not files:
         return {"status": "not run: tests/ not found beside the package", "passed": 0, "failed": 0,
@@ -253,7 +254,7 @@ def run_tests(*, cuda: bool, timeout: float, k: str | None = None, with_compile:
     if workers:
         cmd += ["-n", str(workers)]
     if importlib.util.find_spec("pytest_timeout") is not None:
-        cmd.append(f"--timeout={max(30, int(timeout * 0.6))}")
+        cmd.append(f"--timeout={int(per_test) if per_test else max(30, int(timeout * 0.6))}")
     env = _child_env()
     t0 = time.perf_counter()
     timed_out = False
@@ -1252,7 +1253,8 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
             say(f"CUDA tests of fla's kernels (limit {left:.0f} s) ...")
             s0 = time.perf_counter()
             result["tests_fla"] = run_tests(cuda=cuda, timeout=left, with_compile=with_compile, workers=workers,
-                                            log_path=folders[-1] / "gpu-check-tests-fla.log", fla=True)
+                                            log_path=folders[-1] / "gpu-check-tests-fla.log", fla=True,
+                                            per_test=left)  # a first call compiles and autotunes for minutes
             phases["tests_fla"] = round(time.perf_counter() - s0, 1)
         t = result["tests_fla"]
         say(f"tests of fla's kernels: {t['status']}: {t['passed']} passed, {t['failed']} failed, "
