@@ -177,3 +177,25 @@ def test_inside_another_capture_the_loop_launches_plainly(monkeypatch):
     assert after.get("captures", 0) == before.get("captures", 0) and after.get("replays", 0) == before.get("replays", 0)
     for o in outs:
         torch.testing.assert_close(o[0], _loop(a, b)[0])
+
+
+def test_copies_go_as_one_multi_tensor_copy_per_group_of_like_tensors(monkeypatch):
+    """copy_all copies every pair; like tensors (dtype, device, contiguous, same strides) go as one
+    torch._foreach_copy_, the others one by one; copy_groups counts those calls from the tensors
+    alone, as a replay makes them."""
+    calls = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda d, s: calls.append(len(d)) or real(d, s))
+    a, b, c = torch.randn(3, 4), torch.randn(5), torch.randn(2, 2, dtype=torch.float64)
+    t = torch.randn(4, 3).t()  # not contiguous
+    srcs = [a, b, c, t, torch.randn(2, dtype=torch.float64)]
+    dsts = [torch.empty(x.shape, dtype=x.dtype) for x in srcs]
+    graphs.copy_all(dsts, srcs)
+    for d, s in zip(dsts, srcs):
+        assert torch.equal(d, s)
+    assert sorted(calls) == [2, 2]  # float32 {a, b}, float64 {c, last}; t copied alone
+    assert graphs.copy_groups(srcs) == 3 and graphs.copy_groups([a, b]) == 1 and graphs.copy_groups([]) == 0
+    w = torch.randn(3, requires_grad=True)
+    buf = torch.empty(3)
+    graphs.copy_all([buf, torch.empty(3)], [w, w])
+    assert not buf.requires_grad  # the graph's buffers record no autograd history

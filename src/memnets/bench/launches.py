@@ -29,8 +29,9 @@ step adds (the per-sequence work, e.g. the optimizer's, cancels).
 captures the loop into a CUDA graph, and every later call replays it. The counter listens to
 those calls (:func:`memnets.ops.gpu.graphs.listening`) and also counts the step as it is issued
 from the third call of a shape on: each graphed call is one graph replay plus the copies around
-it (each input copied into the graph's buffers, each output cloned out of them) instead of the
-ATen ops and Triton launches inside the loop (``graphed_*`` columns). With
+it (the inputs copied into the graph's buffers and the outputs out of them, one multi-tensor copy
+per dtype, :func:`memnets.ops.gpu.graphs.copy_groups`) instead of the ATen ops and Triton
+launches inside the loop (``graphed_*`` columns). With
 ``MEMNETS_CUDA_GRAPHS=0`` nothing replays and the two counts are the same.
 
 **At the GPU bench's lengths.** ``per_t_bench`` is the launches per time step at the length the
@@ -178,7 +179,9 @@ class LaunchCounter:
         finally:
             self._loop = None
         self.graph_calls[self.phase][name] += 1
-        self.graph_copies[self.phase][name] += len(inputs) + len(out)
+        # the copies into the graph's buffers and out of them: one multi-tensor copy per group
+        from ..ops.gpu import graphs
+        self.graph_copies[self.phase][name] += graphs.copy_groups(inputs) + graphs.copy_groups(out)
         return out
 
     # ---- cuDNN's RNNs

@@ -6,6 +6,8 @@ waits on Python. :func:`graphed` runs such a loop once eagerly and, the second t
 same shapes, captures it into a ``torch.cuda.CUDAGraph``; from then on a call copies its inputs
 into the graph's own buffers, replays every launch of the loop with one call, and returns
 copies of the graph's outputs (so nothing a caller holds is overwritten by the next replay).
+The copies in and out go as one ``torch._foreach_copy_`` per group of like tensors (dtype,
+device, layout; :func:`copy_all`): a few launches per call, not one per tensor.
 
 The loop is a function of its tensor arguments only (``fn(*inputs) -> tuple of tensors``): it
 allocates its outputs, launches kernels and never reads a value back to the CPU. Its Python
@@ -37,7 +39,8 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
-__all__ = ["graphed", "enabled", "switched_on", "stand_in", "standing_in", "listening", "clear", "MAX_GRAPHS", "stats"]
+__all__ = ["graphed", "enabled", "switched_on", "stand_in", "standing_in", "listening", "clear", "MAX_GRAPHS", "stats",
+           "copy_all", "copy_groups"]
 
 MAX_GRAPHS = 16
 _CACHE: "collections.OrderedDict[Hashable, _Entry]" = collections.OrderedDict()
@@ -109,6 +112,44 @@ def stats() -> dict:
     return dict(_STATS)
 
 
+def _groups(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> list[tuple[list, list]]:
+    """``(dsts, srcs)`` pairs grouped so that each group can be one multi-tensor copy: same
+    dtypes, device, shape and strides on both sides within a pair (PyTorch's fast path for
+    ``_foreach_copy_``), one group per dtype and device; a pair that is not like that is a
+    group of its own (an ordinary ``copy_``)."""
+    groups: dict = {}
+    alone = []
+    for d, s in zip(dsts, srcs):
+        if d.dtype == s.dtype and d.device == s.device and d.shape == s.shape and d.stride() == s.stride() \
+                and d.is_contiguous() and d.numel() > 0:
+            g = groups.setdefault((d.dtype, d.device), ([], []))
+            g[0].append(d)
+            g[1].append(s)
+        else:
+            alone.append(([d], [s]))
+    return list(groups.values()) + alone
+
+
+def copy_groups(tensors: Sequence[torch.Tensor]) -> int:
+    """How many copy calls :func:`copy_all` makes to copy ``tensors`` into contiguous buffers of
+    their shapes, or such buffers into fresh tensors like them, as a replay does (the launches it
+    costs on CUDA, where one multi-tensor copy of up to some tens of tensors is one kernel): one
+    per dtype and device of the contiguous ones, one for each other tensor. Reads no data."""
+    like = {(t.dtype, t.device) for t in tensors if t.is_contiguous() and t.numel() > 0}
+    return len(like) + sum(1 for t in tensors if not (t.is_contiguous() and t.numel() > 0))
+
+
+def copy_all(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
+    """``d.copy_(s)`` for every pair, as one ``torch._foreach_copy_`` per group of like tensors
+    (buffers of the graph's own: no autograd record)."""
+    with torch.no_grad():
+        for d, s in _groups(dsts, srcs):
+            if len(d) == 1:
+                d[0].copy_(s[0])
+            else:
+                torch._foreach_copy_(d, s)
+
+
 class _EagerGraph:
     """The stand-in: ``replay`` reruns the function on the static inputs and writes its results
     into the static outputs, as a CUDA graph's replay does."""
@@ -118,8 +159,7 @@ class _EagerGraph:
         self.static_out = tuple(fn(*static_in))
 
     def replay(self) -> None:
-        for buf, new in zip(self.static_out, self.fn(*self.static_in)):
-            buf.copy_(new)
+        copy_all(self.static_out, tuple(self.fn(*self.static_in)))
 
 
 class _CudaGraph:
@@ -221,8 +261,9 @@ def _graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], inputs: t
                 _EVICTED.add(_CACHE.popitem(last=False)[0])
                 _STATS["evictions"] += 1
     else:
-        for buf, t in zip(entry.static_in, inputs):
-            buf.copy_(t)
+        copy_all(entry.static_in, inputs)
     entry.graph.replay()
     _STATS["replays"] += 1
-    return tuple(o.clone() for o in entry.graph.static_out)
+    out = tuple(torch.empty_like(o) for o in entry.graph.static_out)
+    copy_all(out, entry.graph.static_out)
+    return out
