@@ -233,6 +233,8 @@ def test_gpu_profile_step_on_the_cpu():
     r = profile_step(_train_step(model, x, lambda x: model(x)[0]), repeat=2, device="cpu")
     assert r["wall_ms"] > 0 and r["launches"] > 0 and r["top"]
     assert all(t["kernel"].startswith("aten::") for t in r["top"])
+    assert r["host_ms"] > 0 and r["top_host"] and all(t["self_ms"] >= 0 for t in r["top_host"])
+    assert isinstance(r["waits"], list)
     if not torch.cuda.is_available():
         assert main([]) == 2  # nothing to profile without CUDA, said so
 

@@ -1013,11 +1013,15 @@ def format_markdown(result: dict[str, Any]) -> str:
             out.append(pr["note"])
         rows = pr.get("rows") or {}
         if rows:
-            out += ["| model | wall_ms | kernel_ms | kernels | top kernel |", "|---|---|---|---|---|"]
+            out += ["| model | wall_ms | kernel_ms | kernels | top kernel | host_ms | top host ops | waits on the device |",
+                    "|---|---|---|---|---|---|---|---|"]
             for name, r in rows.items():
                 top = r["top"][0] if r.get("top") else {}
+                host = "; ".join(f"{_fmt(h['op'])[:40]} {_fmt(h['self_ms'])}" for h in (r.get("top_host") or [])[:3])
+                waits = "; ".join(f"{_fmt(w['op'])[:30]} {w['count']}× {_fmt(w['self_ms'])}" for w in r.get("waits") or [])
                 out.append(f"| {name} | {_fmt(r['wall_ms'])} | {_fmt(r['kernel_ms'])} | {r.get('launches', '')} | "
-                           f"{_fmt(top.get('kernel', ''))} ({top.get('count', '')}×, {_fmt(top.get('ms'))} ms) |")
+                           f"{_fmt(top.get('kernel', ''))} ({top.get('count', '')}×, {_fmt(top.get('ms'))} ms) | "
+                           f"{_fmt(r.get('host_ms'))} | {host} | {waits} |")
             out.append("")
     lc = result.get("launches")
     if lc:

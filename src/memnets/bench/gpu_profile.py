@@ -8,7 +8,10 @@ the NAM-TM (bench width, T=50), the DNC (LSTM 64, memory 16x20, 4 reads, T=41) a
 (bf16, B=1 H=8 d=64, S=32K, causal and not) forward and backward. ``wall_ms`` is the mean of ten
 steps after three warm-ups; ``kernel_ms`` the sum of the device time of every kernel of one
 profiled step. A wall time far above the kernel time means the step waits on the CPU's launches
-(what CUDA-graph replay removes); close to it, on the kernels themselves.
+(what CUDA-graph replay removes); close to it, on the kernels themselves. ``top_host`` lists the
+host-side events by their own CPU time (ATen ops, CUDA runtime calls) and ``waits`` the calls
+that wait on the device (synchronisations, blocking copies, ``item()``): where a step's wall time
+goes when neither its kernels nor its launch count explain it.
 """
 from __future__ import annotations
 
@@ -49,8 +52,18 @@ def profile_step(step, repeat: int = 10, device: str | torch.device = "cuda") ->
         time_of = lambda e: e.self_cpu_time_total  # noqa: E731
     total = sum(time_of(e) for e in kernels) / 1e3
     top = sorted(kernels, key=lambda e: -time_of(e))[:10]
+    # the host's side: where the CPU time of the step goes (ops, launches, waits on the device)
+    host = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CPU]
+    top_cpu = sorted(host, key=lambda e: -e.self_cpu_time_total)[:12]
+    waits = [e for e in host if any(w in e.key for w in ("Synchronize", "cudaMemcpy", "EventSynchronize",
+                                                           "_local_scalar_dense"))]
     return {"wall_ms": round(wall, 3), "kernel_ms": round(total, 3), "launches": sum(e.count for e in kernels),
-            "top": [{"kernel": e.key[:80], "count": e.count, "ms": round(time_of(e) / 1e3, 3)} for e in top]}
+            "top": [{"kernel": e.key[:80], "count": e.count, "ms": round(time_of(e) / 1e3, 3)} for e in top],
+            "host_ms": round(sum(e.self_cpu_time_total for e in host) / 1e3, 3),
+            "top_host": [{"op": e.key[:80], "count": e.count, "self_ms": round(e.self_cpu_time_total / 1e3, 3)}
+                         for e in top_cpu],
+            "waits": [{"op": e.key[:80], "count": e.count, "self_ms": round(e.self_cpu_time_total / 1e3, 3)}
+                      for e in waits]}
 
 
 def run() -> dict:
