@@ -375,7 +375,7 @@ WARPS_ENV = "MEMNETS_NTM_WARPS"
 
 def _warps(BN: int, BW: int) -> int:
     """Warps per program: by the memory tile ``[BN, BW]``, the largest a program holds, unless
-    ``MEMNETS_NTM_WARPS`` names a count (``memnets bench gpu`` times the NTM at several)."""
+    ``MEMNETS_NTM_WARPS`` names a count (``make gpu-check`` times the NTM at 4 and 8 beside it)."""
     env = os.environ.get(WARPS_ENV, "").strip()
     if env:
         if env not in ("1", "2", "4", "8", "16", "32"):
