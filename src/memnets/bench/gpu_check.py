@@ -934,6 +934,12 @@ def _plan_lines(plan: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _tests_line(what: str, t: dict[str, Any]) -> str:
+    line = f"{what}: {t['status']}: {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped, " \
+           f"{t['errors']} errors"
+    return line + (f" ({t['seconds']} s)" if t.get("seconds") is not None else "")
+
+
 def _phases_line(phases: dict[str, float]) -> str:
     names = {"warmup": "warm-up", "warmup_wait": "bench waited for the warm-up"}
     parts = [f"{names.get(k, k)} {phases[k]:.0f}" for k in _PHASES if phases.get(k) is not None]
@@ -1199,11 +1205,9 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
             s0 = time.perf_counter()
             log = folders[-1] / "gpu-check-tests.log"
             result["tests"] = run_tests(cuda=cuda, timeout=tests_timeout, k=tests_k, with_compile=with_compile,
-                                        log_path=log, workers=workers, fla=split_fla and False)
+                                        log_path=log, workers=workers, fla=False if split_fla else None)
             phases["tests"] = round(time.perf_counter() - s0, 1)
-            t = result["tests"]
-            say(f"tests: {t['status']}: {t['passed']} passed, {t['failed']} failed, "
-                f"{t['skipped']} skipped, {t['errors']} errors ({t.get('seconds')} s)")
+            say(_tests_line("tests", result["tests"]))
             _write(result, folders)
 
         def on_row(row: dict) -> None:
@@ -1260,9 +1264,7 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
                                             log_path=folders[-1] / "gpu-check-tests-fla.log", fla=True,
                                             per_test=left)  # a first call compiles and autotunes for minutes
             phases["tests_fla"] = round(time.perf_counter() - s0, 1)
-        t = result["tests_fla"]
-        say(f"tests of fla's kernels: {t['status']}: {t['passed']} passed, {t['failed']} failed, "
-            f"{t['skipped']} skipped, {t['errors']} errors")
+        say(_tests_line("tests of fla's kernels", result["tests_fla"]))
         _write(result, folders)
     if not cuda:  # a dry run measures nothing: no target is met or missed
         for r in result["rows"]:
