@@ -394,7 +394,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from memnets.ops.gpu.nam_tm import kernels
 
-ns = kernels(False)
+ns = kernels()  # compiled mode: this process did not ask for the interpreter
 cases = [("tape_fwd", dict(HAS_PR=True, SEG=16, BK=32, BV=32)),
          ("tape_bwd", dict(HAS_PR=True, SEG=16, BK=32, BV=32)),
          ("heads_fwd", dict(A=4, PL=1, PN=2, PR=3, PJ=0, TRANSPOSED=True, UNIT_KEYS=True, SEG=16, BL=32, BC=64)),

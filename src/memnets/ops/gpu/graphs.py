@@ -135,8 +135,7 @@ def copy_groups(tensors: Sequence[torch.Tensor]) -> int:
     their shapes, or such buffers into fresh tensors like them, as a replay does (the launches it
     costs on CUDA, where one multi-tensor copy of up to some tens of tensors is one kernel): one
     per dtype and device of the contiguous ones, one for each other tensor. Reads no data."""
-    like = {(t.dtype, t.device) for t in tensors if t.is_contiguous() and t.numel() > 0}
-    return len(like) + sum(1 for t in tensors if not (t.is_contiguous() and t.numel() > 0))
+    return len(_groups(tensors, tensors))  # a buffer has its tensor's shape, and is contiguous
 
 
 def copy_all(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:

@@ -42,13 +42,12 @@ tests/test_triton_nam_tm.py. Not twice differentiable.
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import List, Optional
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import decorating, fix_interpreter, interpreting
+from . import lazy_kernels
 
 __all__ = ["nam_tape_scan_triton", "nam_tm_heads_triton", "kernels", "SEGMENT"]
 
@@ -69,12 +68,11 @@ def _warps(block: int, dtype: torch.dtype) -> int:
     return min(8, _pow2(-(-words // 1024)))
 
 
-@functools.lru_cache(maxsize=None)
-def kernels(interpret: bool):
-    """The Triton kernels, decorated now (Triton reads ``TRITON_INTERPRET`` when a function is
-    decorated), once per mode (``interpret``, the cache key): a namespace of ``tape_fwd``,
-    ``tape_bwd``, ``heads_fwd``, ``heads_bwd``."""
-    del interpret  # the cache key
+@lazy_kernels
+def kernels():
+    """The Triton kernels, defined on first use (Triton reads ``TRITON_INTERPRET`` when a
+    function is decorated), once per mode: a namespace of ``tape_fwd``, ``tape_bwd``,
+    ``heads_fwd``, ``heads_bwd``."""
     import triton
     import triton.language as tl
 
@@ -462,14 +460,6 @@ def kernels(interpret: bool):
     return ns
 
 
-def _kernels():
-    mode = interpreting()
-    if mode:
-        fix_interpreter()
-    with decorating():
-        return kernels(mode)
-
-
 def _device(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
@@ -501,7 +491,7 @@ class TapeScan(torch.autograd.Function):
         Sc = new(-(-T // SEGMENT) + 1, B * H, V, K)  # slot s: S_{s·SEGMENT}; the last: S_T
         BK, BV = _pow2(K), _pow2(V)
         with _device(q):
-            _kernels().tape_fwd[(B * H,)](q, k, v, pw, pe, pr if pr is not None else pw, S0, o, ST, Sc, U,
+            kernels().tape_fwd[(B * H,)](q, k, v, pw, pe, pr if pr is not None else pw, S0, o, ST, Sc, U,
                                           T, H, K, V, *q.stride()[:3], *k.stride()[:3],
                                           HAS_PR=pr is not None, SEG=SEGMENT, BK=BK, BV=BV,
                                           num_warps=_warps(BK * BV, q.dtype))
@@ -523,7 +513,7 @@ class TapeScan(torch.autograd.Function):
         dS0 = new(B, H, V, K)
         BK, BV = _pow2(K), _pow2(V)
         with _device(q):
-            _kernels().tape_bwd[(B * H,)](q, k, v, pw, pe, pr if pr is not None else pw, Sc, U, go, gS,
+            kernels().tape_bwd[(B * H,)](q, k, v, pw, pe, pr if pr is not None else pw, Sc, U, go, gS,
                                           dq, dk, dv, dpw, dpe, dpr if dpr is not None else dpw, dS0,
                                           T, H, K, V, *q.stride()[:3], *k.stride()[:3],
                                           HAS_PR=pr is not None, SEG=SEGMENT, BK=BK, BV=BV,
@@ -600,7 +590,7 @@ class HeadScan(torch.autograd.Function):
         warps = _warps(max(BL * BC, BL * BL) if has_jump else BL * BL, act.dtype)
         dummy = act
         with _device(act):
-            _kernels().heads_fwd[(N,)](act, q if has_jump else dummy, k if has_jump else dummy, pw, pe, H0,
+            kernels().heads_fwd[(N,)](act, q if has_jump else dummy, k if has_jump else dummy, pw, pe, H0,
                                        K0, Hs, KT if has_jump else dummy, Kc if has_jump else dummy,
                                        U if has_jump else dummy, T, Tn, L, C, s_b, s_t, h_b, h_t,
                                        A=A, PL=pos[0], PN=pos[1], PR=pos[2], PJ=pos[3],
@@ -627,7 +617,7 @@ class HeadScan(torch.autograd.Function):
         warps = _warps(max(BL * BC, BL * BL) if has_jump else BL * BL, act.dtype)
         d = act  # stands for the pointers a kernel without JUMP does not touch
         with _device(act):
-            _kernels().heads_bwd[(N,)](act, q if has_jump else d, k if has_jump else d, pw, pe, Hs,
+            kernels().heads_bwd[(N,)](act, q if has_jump else d, k if has_jump else d, pw, pe, Hs,
                                        Kc if has_jump else d, U if has_jump else d, gH, gK if has_jump else d,
                                        dact, dq if has_jump else d, dk if has_jump else d,
                                        dpw if has_jump else d, dpe if has_jump else d, dH0,
