@@ -523,6 +523,33 @@ def test_a_task_setting_the_step_reads_is_part_of_the_graph_key(tmp_path, monkey
     assert graphed["epochs"] == eager["epochs"] == 3
 
 
+def test_every_capture_goes_into_the_steps_one_pool(monkeypatch):
+    """The CUDA capture's bookkeeping, on the CPU with PyTorch's graph calls stood in for: one
+    pool handle made at the first capture, every capture of the step made into it, the body run
+    inside the capture and the graph replayed once after it. (The memory itself: next test.)"""
+    made, used, events = [], [], []
+
+    class FakeGraph:
+        def replay(self):
+            events.append("replay")
+
+    @contextlib.contextmanager
+    def fake_graph(graph, pool=None):
+        used.append(pool)
+        events.append("capture")
+        yield
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: made.append(object()) or made[-1])
+    w = torch.nn.Parameter(torch.ones(3))
+    step = graph_step.CUDAGraphStep(lambda x: (w * x).sum(), torch.optim.SGD([w], lr=0.1))
+    for _ in range(3):
+        step._record(lambda: events.append("body"))
+    assert len(made) == 1 and used == [made[0]] * 3
+    assert events == ["capture", "body", "replay"] * 3
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="graph memory pools are CUDA's; make gpu-check runs this")
 def test_graphs_of_many_shapes_share_one_memory_pool():
     """Six input shapes of one size, six graphs: with one pool for all, the graphs after the

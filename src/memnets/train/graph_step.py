@@ -201,6 +201,17 @@ class CUDAGraphStep:
         torch.cuda.current_stream(like.device).wait_stream(s)
         return out
 
+    def _record(self, body: Callable[[], None]):
+        """``body`` captured into a CUDA graph in this step's one memory pool, then replayed once
+        (the capture ran nothing: that replay is this call's step)."""
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            body()
+        graph.replay()
+        return graph
+
     def _capture(self, key, inputs) -> torch.Tensor:
         static = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
         self.optimizer.zero_grad(set_to_none=True)  # the graph's backward allocates the grads
@@ -220,12 +231,7 @@ class CUDAGraphStep:
 
         try:
             if static[0].is_cuda:
-                graph = torch.cuda.CUDAGraph()
-                if self._pool is None:
-                    self._pool = torch.cuda.graph_pool_handle()
-                with torch.cuda.graph(graph, pool=self._pool):
-                    body()
-                graph.replay()  # the capture ran nothing: this call's step
+                graph = self._record(body)
             else:
                 graph = _EagerGraph(lambda: self.optimizer.zero_grad(set_to_none=True))
                 graph.capture(body)
