@@ -200,3 +200,31 @@ def test_unit_lower_inverse(C):
     assert inv.shape == A.shape
     torch.testing.assert_close(inv @ (eye + A), eye.expand_as(A), atol=1e-10, rtol=0)
     assert torch.equal(inv.triu(1), torch.zeros_like(inv))  # stays lower-triangular
+
+
+def test_fla_path_gets_the_callers_state_and_makes_none(monkeypatch):
+    """On the fla path ``nam_scan`` hands fla the caller's initial state as given (fla starts
+    from zeros itself when there is none): no zero state is made and launched per call."""
+    import memnets.ops.delta as delta
+
+    seen = []
+
+    def fake_fla(q, k, v, pw, pe, pr, state, *, delta, cu_seqlens):
+        seen.append((state, pe, delta))
+        return v.clone(), torch.zeros(k.shape[0], k.shape[2], v.shape[-1], k.shape[-1])
+
+    monkeypatch.setattr(delta, "resolve_impl", lambda impl, q, chunk_size=64: "fla")
+    monkeypatch.setattr(delta, "nam_scan_fla", fake_fla)
+    q, k, v = (torch.randn(2, 5, 3, 4) for _ in range(3))
+    pw = torch.rand(2, 5, 3)
+    nam_scan(q, k, v, pw, pw)
+    assert seen[-1] == (None, None, True)
+    s0 = torch.randn(2, 3, 4, 4)
+    nam_scan(q, k, v, pw, torch.rand(2, 5, 3), initial_state=s0)
+    assert seen[-1][0] is s0 and seen[-1][2] is False
+    # the other paths still start from zeros: the chunked scan equals the reference one
+    monkeypatch.undo()
+    a = nam_scan(q, k, v, pw, pw, impl="chunked")
+    b = nam_scan(q, k, v, pw, pw, initial_state=torch.zeros(2, 3, 4, 4), impl="reference")
+    torch.testing.assert_close(a[0], b[0])
+    torch.testing.assert_close(a[1], b[1])

@@ -122,9 +122,10 @@ def _validate(q, k, v, initial_state, seq: bool, cu_seqlens=None):
     return B, H, dk, dv, N, offsets
 
 
-def _prepare(q, k, v, p_w, p_e, p_r, state, seq: bool, validate: bool, cu_seqlens=None):
+def _prepare(q, k, v, p_w, p_e, p_r, state, seq: bool, validate: bool, cu_seqlens=None, zero_state: bool = True):
     """Checks shared by nam_scan / nam_step; probabilities as tensors, the state as zeros if None
-    (one per packed sequence with ``cu_seqlens``); also the packed offsets (or None)."""
+    (one per packed sequence with ``cu_seqlens``; left None with ``zero_state=False``); also the
+    packed offsets (or None)."""
     B, H, dk, dv, N, offsets = _validate(q, k, v, state, seq=seq, cu_seqlens=cu_seqlens)
     shape = (B, k.shape[1], H) if seq else (B, H)
     pw, pe, pr = (_prob_seq(n, p, shape, k) for n, p in (("p_w", p_w), ("p_e", p_e), ("p_r", p_r)))
@@ -132,7 +133,7 @@ def _prepare(q, k, v, p_w, p_e, p_r, state, seq: bool, validate: bool, cu_seqlen
         raise ValueError(f"`p_w` and `p_e` are required (tensors {list(shape)} or floats)")
     if validate:
         _check_values(q, k, v, {"p_w": p_w, "p_e": p_e, "p_r": p_r}, state)
-    if state is None:
+    if state is None and zero_state:
         state = k.new_zeros(N, H, dv, dk)
     return pw, pe, pr, state, offsets
 
@@ -206,13 +207,15 @@ def nam_scan(
                             impl=impl, chunk_size=chunk_size, validate=validate)
     same = p_e is p_w or (
         isinstance(p_e, (float, int)) and isinstance(p_w, (float, int)) and float(p_e) == float(p_w))
-    given_state = initial_state
     pw, pe, pr, initial_state, offsets = _prepare(q, k, v, p_w, p_e, p_r, initial_state, True, validate,
-                                                  cu_seqlens=cu_seqlens)
+                                                  cu_seqlens=cu_seqlens, zero_state=False)
     which = resolve_impl(impl, q, chunk_size=chunk_size)
-    if which == "fla":
-        return nam_scan_fla(q, k, v, pw, None if same else pe, pr, given_state, delta=same,
+    if which == "fla":  # fla starts from zeros itself: no state made here (a launch less a call)
+        return nam_scan_fla(q, k, v, pw, None if same else pe, pr, initial_state, delta=same,
                             cu_seqlens=cu_seqlens)
+    if initial_state is None:
+        n_states = k.shape[0] if offsets is None else len(offsets) - 1
+        initial_state = k.new_zeros(n_states, k.shape[-2], v.shape[-1], k.shape[-1])
     if offsets is not None:  # packed sequences: padded batches through the same kernels
         if which == "chunked":
             def kernel(*args):
