@@ -122,11 +122,17 @@ def _validate(q, k, v, initial_state, seq: bool, cu_seqlens=None):
     return B, H, dk, dv, N, offsets
 
 
+def _zero_state(k: torch.Tensor, v: torch.Tensor, offsets) -> torch.Tensor:
+    """Zeros ``[N, H, dv, dk]``: one state per batch element, or per packed sequence (``offsets``)."""
+    n = k.shape[0] if offsets is None else len(offsets) - 1
+    return k.new_zeros(n, k.shape[-2], v.shape[-1], k.shape[-1])
+
+
 def _prepare(q, k, v, p_w, p_e, p_r, state, seq: bool, validate: bool, cu_seqlens=None, zero_state: bool = True):
     """Checks shared by nam_scan / nam_step; probabilities as tensors, the state as zeros if None
     (one per packed sequence with ``cu_seqlens``; left None with ``zero_state=False``); also the
     packed offsets (or None)."""
-    B, H, dk, dv, N, offsets = _validate(q, k, v, state, seq=seq, cu_seqlens=cu_seqlens)
+    B, H, _, _, _, offsets = _validate(q, k, v, state, seq=seq, cu_seqlens=cu_seqlens)
     shape = (B, k.shape[1], H) if seq else (B, H)
     pw, pe, pr = (_prob_seq(n, p, shape, k) for n, p in (("p_w", p_w), ("p_e", p_e), ("p_r", p_r)))
     if pw is None or pe is None:
@@ -134,7 +140,7 @@ def _prepare(q, k, v, p_w, p_e, p_r, state, seq: bool, validate: bool, cu_seqlen
     if validate:
         _check_values(q, k, v, {"p_w": p_w, "p_e": p_e, "p_r": p_r}, state)
     if state is None and zero_state:
-        state = k.new_zeros(N, H, dv, dk)
+        state = _zero_state(k, v, offsets)
     return pw, pe, pr, state, offsets
 
 
@@ -214,8 +220,7 @@ def nam_scan(
         return nam_scan_fla(q, k, v, pw, None if same else pe, pr, initial_state, delta=same,
                             cu_seqlens=cu_seqlens)
     if initial_state is None:
-        n_states = k.shape[0] if offsets is None else len(offsets) - 1
-        initial_state = k.new_zeros(n_states, k.shape[-2], v.shape[-1], k.shape[-1])
+        initial_state = _zero_state(k, v, offsets)
     if offsets is not None:  # packed sequences: padded batches through the same kernels
         if which == "chunked":
             def kernel(*args):
