@@ -155,3 +155,56 @@ def test_triton_dnc_applies_to_one_controller_layer_only():
         y, _ = m.to(DEV)(x.to(DEV))
     torch.testing.assert_close(y.cpu(), y_ref, atol=1e-12, rtol=1e-12)
     assert tl_dnc.launches_per_step() == {"forward": 2, "backward": 2}
+
+
+@pytest.mark.parametrize("used", [(0,), (0, 3, 7)], ids=["outputs-only", "some-finals"])
+def test_triton_dnc_recurrence_with_outputs_left_out_of_the_loss(used):
+    """Outputs that take no part in the loss reach backward as None (no zero gradient made per
+    output by autograd) and count as zeros: the gradients equal the CPU recurrence's, float64."""
+    args = [t.requires_grad_() for t in _fn_inputs(2, 3, 2, 3, N, W, R, seed=9)]
+    cargs = [a.detach().cpu().requires_grad_() for a in args]
+    got = tl_dnc.DNCRecurrenceTriton.apply((R, W), *args)
+    want = DNCRecurrence.apply((R, W), *cargs)
+    ggot = torch.autograd.grad(sum(got[i].sum() for i in used), args, allow_unused=True)
+    gwant = torch.autograd.grad(sum(want[i].sum() for i in used), cargs, allow_unused=True)
+    for a, b in zip(ggot, gwant):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a.cpu(), b, atol=1e-12, rtol=1e-12)
+
+
+def test_triton_dnc_returns_tensors_of_its_own_and_a_zero_state_in_one_fill():
+    """The outputs are no views (so a caller may change a state in place, and a kept final state
+    holds none of the per-step buffers) and share no memory; ``init_state`` is zeros of their own."""
+    args = _fn_inputs(2, 3, 2, 3, N, W, R, seed=10)
+    outs = tl_dnc.DNCRecurrenceTriton.apply((R, W), *args)
+    assert all(o._base is None and o.is_contiguous() for o in outs)
+    assert len({o.untyped_storage().data_ptr() for o in outs}) == len(outs)
+    before = [o.clone() for o in outs]
+    outs[3].zero_()  # the final memory
+    assert all(torch.equal(a, b) for i, (a, b) in enumerate(zip(outs, before)) if i != 3)
+    m = DNC(3, 2, memory_slots=N, word_size=W, read_heads=R, controller_size=4)
+    s = m.init_state(3)
+    parts = [*s.controller, *s.access, s.reads]
+    assert all(t._base is None and not t.any() for t in parts)
+    assert [tuple(t.shape) for t in parts] == [(3, 1, 4), (3, 1, 4), (3, N, W), (3, N), (3, N, N), (3, N), (3, R, N),
+                                               (3, N), (3, R, W)]
+    assert "_interface_perm" not in m.state_dict() and m._interface_perm.dtype == torch.long
+
+
+def test_triton_dnc_step_launches_few_ops_around_its_loops():
+    """Around its two graphed loops a training step of the DNC issues a few ops, not one per state
+    tensor: its zero state is one fill, its final states one multi-tensor copy (and the
+    controller's h, a strided slice, one copy), the unused outputs' gradients one fill, and the
+    interface permutation is the module's buffer (counted as ``memnets bench launches`` does)."""
+    from memnets.bench.launches import count_step
+
+    torch.manual_seed(0)
+    m = DNC(3, 2, memory_slots=N, word_size=W, read_heads=R, controller_size=4).to(DEV)
+    with gpu.env_var("MEMNETS_CUDA_GRAPHS", "0" if CUDA else "1"):  # on CUDA: every op issued from Python
+        c = count_step(m, torch.randn(2, 4, 3, device=DEV), lambda x: m(x)[0], DEV, replay=True)
+    # the ops inside the loops are counted by loop (graph_aten), not by name: take them out
+    fwd = sum(c.aten["fwd"].values()) - sum(c.graph_aten["fwd"].values())
+    bwd = sum(c.aten["bwd"].values()) - sum(c.graph_aten["bwd"].values())
+    assert c.graph_calls["fwd"] == {"dnc.forward": 1} and c.graph_calls["bwd"] == {"dnc.backward": 1}
+    assert fwd <= 12 and bwd <= 24, (fwd, bwd, dict(c.aten["fwd"]), dict(c.aten["bwd"]))

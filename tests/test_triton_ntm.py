@@ -113,3 +113,24 @@ def test_triton_ntm_warps_follow_the_memory_tile_or_the_environment(monkeypatch)
     monkeypatch.setenv(tl_ntm.WARPS_ENV, "3")
     with pytest.raises(ValueError, match="MEMNETS_NTM_WARPS expected one of"):
         tl_ntm._warps(16, 16)
+
+
+def test_triton_ntm_gradients_with_the_final_state_left_out_of_the_loss():
+    """The final state out of the loss (its gradients reach backward as None and count as zeros)
+    and only part of it in: the same gradients as the PyTorch path, float64."""
+    torch.manual_seed(3)
+    m = NTM(3, 4, memory_slots=6, word_size=4, controller_size=5).to(DEV, torch.float64)
+    x = torch.randn(2, 4, 3, dtype=torch.float64, device=DEV, requires_grad=True)
+    for pick in ([0], [0, 1, 5]):  # y alone; y, the memory and c
+        grads = []
+        for cuda_path in (True, False):
+            with gpu.cuda_path() if cuda_path else torch.enable_grad():
+                y, st = m(x)
+            outs = [y, *st]
+            assert not cuda_path or all(o._base is None for o in st[:3])  # no views of per-step buffers
+            grads.append(torch.autograd.grad(sum(outs[i].sum() for i in pick), [x, *m.parameters()],
+                                             allow_unused=True))
+        for a, b in zip(*grads):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)

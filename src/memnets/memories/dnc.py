@@ -30,6 +30,7 @@ from ..ops.dnc import (DNCRecurrence, dnc_access_fused, dnc_allocation, dnc_dire
                        interface_permutation, interface_sizes)
 from ..ops.gpu import use_triton
 from ..ops.gpu.dnc import DNCRecurrenceTriton, applies as triton_applies
+from ..ops.gpu.graphs import fresh_zeros
 from ..registry import register_model
 from ..ops._impl import resolve_impl, runs_fused
 
@@ -134,6 +135,8 @@ class DNC(nn.Module):
         # free gates, allocation gate, write gate, read modes
         self._sizes = interface_sizes(R, W)
         self.interface = nn.Linear(C, sum(self._sizes))
+        # the interface rows in the fused recurrence's order (not saved: a function of R and W)
+        self.register_buffer("_interface_perm", interface_permutation(R, W), persistent=False)
         self.out_h = nn.Linear(C, output_size)
         self.out_r = nn.Linear(R * W, output_size, bias=False)
         with torch.no_grad():  # forget-gate bias 1
@@ -145,13 +148,12 @@ class DNC(nn.Module):
         """All-zero initial state for ``batch_size`` sequences."""
         check_positive_int("batch_size", batch_size)
         cfg = self.config
-        kw = {"device": device or self.interface.weight.device, "dtype": dtype or self.interface.weight.dtype}
+        dev, dt = device or self.interface.weight.device, dtype or self.interface.weight.dtype
         B, N, W, R, C, Lc = batch_size, cfg.memory_slots, cfg.word_size, cfg.read_heads, cfg.controller_size, \
             cfg.controller_layers
-        ctrl = DNCControllerState(torch.zeros(B, Lc, C, **kw), torch.zeros(B, Lc, C, **kw))
-        access = DNCAccessState(torch.zeros(B, N, W, **kw), torch.zeros(B, N, **kw), torch.zeros(B, N, N, **kw),
-                                torch.zeros(B, N, **kw), torch.zeros(B, R, N, **kw), torch.zeros(B, N, **kw))
-        return DNCState(ctrl, access, torch.zeros(B, R, W, **kw))
+        shapes = [(B, Lc, C), (B, Lc, C), (B, N, W), (B, N), (B, N, N), (B, N), (B, R, N), (B, N), (B, R, W)]
+        h, c, mem, usage, link, prec, wr, ww, reads = fresh_zeros([(s, dt, dev) for s in shapes])  # one fill
+        return DNCState(DNCControllerState(h, c), DNCAccessState(mem, usage, link, prec, wr, ww), reads)
 
     def _check_state(self, state: DNCState, B: int) -> None:
         cfg = self.config
@@ -247,7 +249,7 @@ class DNC(nn.Module):
         """The whole sequence through :class:`~memnets.ops.dnc.recurrence.DNCRecurrence` (fused path)."""
         cfg = self.config
         R, W = cfg.read_heads, cfg.word_size
-        perm = interface_permutation(R, W, x.device)
+        perm = self._interface_perm
         w_xi = self.interface.weight.index_select(0, perm)
         b_xi = self.interface.bias.index_select(0, perm)
         upper = [p for lin in self.ctrl_rec[1:] for p in (lin.weight, lin.bias)]

@@ -30,6 +30,7 @@ from .._checks import check_input_dtype, check_positive_int, check_shape, check_
 from ..ops.lsam import lsam_cell_step, lsam_scan, lsam_scan_reference
 from ..registry import register_model
 from ..ops._impl import resolve_impl, runs_fused
+from ..ops.gpu.graphs import fresh_zeros
 
 __all__ = ["LSAMCell", "LSAMCellState", "LSAM", "LSAMState", "lsam_scan", "lsam_scan_reference",
            "lsam_cell_step"]
@@ -192,10 +193,9 @@ class LSAM(nn.Module):
         check_positive_int("batch_size", batch_size)
         dtype = dtype or self.weight_ih_l0.dtype
         n, dirs, d = self.num_layers * self.num_directions, self.num_directions, self.head_dim
-        return LSAMState(
-            torch.zeros(n, batch_size, self.num_heads // dirs, d, d, device=device, dtype=dtype),
-            torch.zeros(n, batch_size, self.hidden_size // dirs, device=device, dtype=dtype),
-        )
+        device = self.weight_ih_l0.device if device is None else torch.device(device)
+        return LSAMState(*fresh_zeros([((n, batch_size, self.num_heads // dirs, d, d), dtype, device),
+                                       ((n, batch_size, self.hidden_size // dirs), dtype, device)]))  # one fill
 
     def _check_state(self, state: LSAMState, B: int, dtype: torch.dtype) -> None:
         if not (isinstance(state, tuple) and len(state) == 2):
@@ -237,7 +237,8 @@ class LSAM(nn.Module):
             if self.dropout and self.training and l < self.num_layers - 1:
                 inp = F.dropout(inp, self.dropout, training=True)
         y = inp.transpose(0, 1) if self.batch_first else inp
-        return y, LSAMState(torch.cat(mems, 0), torch.cat(hs, 0))
+        # the scan's final memory is a tensor of its own (one layer: no copy); h_T, a step of the output, is copied
+        return y, LSAMState(mems[0] if len(mems) == 1 else torch.cat(mems, 0), torch.cat(hs, 0))
 
     def step(self, x_t: torch.Tensor, state: LSAMState | None = None):
         """One token: ``x_t [B, input_size]`` -> ``(y_t [B, D], LSAMState)`` (unidirectional only)."""

@@ -36,6 +36,7 @@ from ..registry import register_model
 from ..ops._amp import run_rnn
 from ..ops._impl import runs_fused
 from ..ops.gpu import on_cuda_path, use_triton
+from ..ops.gpu.graphs import fresh_zeros
 
 __all__ = ["NAMTuringMachine", "NAMTMState", "NAMTMAux", "nam_tm_step", "move_head", "ACTIONS"]
 
@@ -387,11 +388,14 @@ class NAMTuringMachine(nn.Module):
         check_positive_int("batch_size", batch_size)
         L = check_positive_int("tape_length", self.tape_length if tape_length is None else tape_length)
         dtype = dtype or self.layers[0].value.weight.dtype
+        device = self.layers[0].value.weight.device if device is None else torch.device(device)
         shape = (self.num_layers, batch_size, self.num_tapes)
-        tape = torch.zeros(*shape, self.width, L, device=device, dtype=dtype)
-        head = torch.zeros(*shape, L, device=device, dtype=dtype)
-        head[..., 0] = 1.0
-        return NAMTMState(tape, tape.clone(), head, head.clone())
+        # two ops in all: one multi-tensor fill of zeros, then both heads' first cells (h_r and h_w
+        # are the two halves of one tensor)
+        tape, key_tape, heads = fresh_zeros([((*shape, self.width, L), dtype, device)] * 2
+                                            + [((2, *shape, L), dtype, device)])
+        heads[..., 0] = 1.0
+        return NAMTMState(tape, key_tape, heads[0], heads[1])
 
     def forward(self, x: torch.Tensor, state: NAMTMState | None = None, tape_length: int | None = None,
                 return_aux: bool = False):

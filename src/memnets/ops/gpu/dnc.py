@@ -40,7 +40,7 @@ from torch.autograd.function import once_differentiable
 
 from ..dnc.layout import interface_layout
 from . import lazy_kernels
-from .graphs import graphed
+from .graphs import fresh_copies, fresh_zeros, graphed
 
 __all__ = ["DNCRecurrenceTriton", "EPS", "applies", "launches_per_step"]
 
@@ -613,9 +613,11 @@ class DNCRecurrenceTriton(torch.autograd.Function):
             _forward_loop, R=R, W=W), *tensors)
         T, RW = x.shape[1], R * W
         ctx.dims = (R, W)
+        ctx.set_materialize_grads(False)  # backward makes the zeros of unused outputs itself, in one fill
         ctx.save_for_backward(x, w_x, w_xi, w0, X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW)
-        return (X[1:].clone(), X[T, :, RW:].unsqueeze(1).clone(), CB[T].unsqueeze(1).clone(), MEM[T].clone(),
-                U[T].clone(), LNK[T].clone(), PREC[T].clone(), WR[T].clone(), WW[T].clone())
+        # copies, so that the final states hold none of the per-step buffers: one multi-tensor copy
+        return (X[1:].clone(), *fresh_copies((X[T, :, RW:].unsqueeze(1), CB[T].unsqueeze(1), MEM[T], U[T], LNK[T],
+                                              PREC[T], WR[T], WW[T])))
 
     @staticmethod
     @once_differentiable
@@ -625,13 +627,11 @@ class DNCRecurrenceTriton(torch.autograd.Function):
         B, T, F = x.shape
         C, I, RW = w_x.shape[0] // 4, w_xi.shape[0], R * W
 
-        def grad(g, like):
-            return torch.zeros_like(like) if g is None else g.contiguous()
-
-        dHR = grad(dHR, X[1:])
-        carried = [grad(g, like) for g, like in ((dM, MEM[T]), (du, U[T]), (dL, LNK[T]), (dp, PREC[T]),
-                                                 (dwr, WR[T]), (dww, WW[T]), (dcT, CB[T]))]
-        dhT = X.new_zeros(B, C) if dhT is None else dhT[:, 0]
+        # the gradients not given (outputs that took no part in the loss) as zeros, made by one fill
+        given = (dHR, dM, du, dL, dp, dwr, dww, dcT, None if dhT is None else dhT[:, 0])
+        likes = (X[1:], MEM[T], U[T], LNK[T], PREC[T], WR[T], WW[T], CB[T], CB[T])
+        zeros = iter(fresh_zeros([like for g, like in zip(given, likes) if g is None]))
+        dHR, *carried, dhT = (next(zeros) if g is None else g.contiguous() for g in given)
         DX, DZ, GXI, gM, gu, gL, gp, gwr, gww, gc = graphed(
             ("dnc.backward", R, W), functools.partial(_backward_loop, R=R, W=W), Z, CB, w_xi, XI, MEM, U, LNK,
             PREC, WR, WW, dHR, w0, dhT, *carried)

@@ -40,7 +40,7 @@ from typing import Callable, Hashable, Sequence
 import torch
 
 __all__ = ["graphed", "enabled", "switched_on", "stand_in", "standing_in", "listening", "clear", "MAX_GRAPHS", "stats",
-           "copy_all", "copy_groups"]
+           "copy_all", "copy_groups", "fresh_copies", "fresh_zeros"]
 
 MAX_GRAPHS = 16
 _CACHE: "collections.OrderedDict[Hashable, _Entry]" = collections.OrderedDict()
@@ -147,6 +147,34 @@ def copy_all(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None
                 d[0].copy_(s[0])
             else:
                 torch._foreach_copy_(d, s)
+
+
+def fresh_copies(srcs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Contiguous copies of ``srcs`` in fresh tensors of their own (no views), filled by
+    :func:`copy_all`: one multi-tensor copy per dtype and device for the contiguous sources
+    instead of one ``clone`` (one launch) each."""
+    dsts = [torch.empty(s.shape, dtype=s.dtype, device=s.device) for s in srcs]
+    copy_all(dsts, srcs)
+    return dsts
+
+
+def fresh_zeros(likes: Sequence[torch.Tensor | tuple]) -> list[torch.Tensor]:
+    """Zero tensors shaped like ``likes`` (each a tensor, whose dtype and device it takes, or a
+    ``(shape, dtype, device)`` triple), tensors of their own (no views), zeroed by one
+    ``torch._foreach_zero_`` per dtype and device instead of one fill each."""
+    out = [torch.empty(t.shape, dtype=t.dtype, device=t.device) if isinstance(t, torch.Tensor)
+           else torch.empty(t[0], dtype=t[1], device=t[2]) for t in likes]
+    groups: dict = {}
+    for t in out:
+        if t.numel():
+            groups.setdefault((t.dtype, t.device), []).append(t)
+    with torch.no_grad():
+        for ts in groups.values():
+            if len(ts) == 1:
+                ts[0].zero_()
+            else:
+                torch._foreach_zero_(ts)
+    return out
 
 
 class _EagerGraph:

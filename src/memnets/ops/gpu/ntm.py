@@ -34,7 +34,7 @@ import os
 import torch
 
 from . import lazy_kernels
-from .graphs import graphed
+from .graphs import fresh_copies, fresh_zeros, graphed
 
 __all__ = ["NTMScanTriton", "ntm_scan_triton", "applies", "MAX_SLOTS", "WARPS_ENV"]
 
@@ -480,7 +480,9 @@ class NTMScanTriton(torch.autograd.Function):
                                         gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0)
         ctx.save_for_backward(w_rh, w_h, Ms, Wr, Ww, Cs, RH, Z, Pp, Aux)
         ctx.meta, ctx.K = meta, K
-        return RH[1:].clone(), Ms[T].clone(), Wr[T].clone(), Ww[T].clone(), Cs[T].clone()
+        ctx.set_materialize_grads(False)  # backward makes the zeros of unused outputs itself, in one fill
+        # copies, so that the final states hold none of the per-step buffers: one multi-tensor copy
+        return (RH[1:].clone(), *fresh_copies((Ms[T], Wr[T], Ww[T], Cs[T])))
 
     @staticmethod
     def backward(ctx, d_rh, dM, dwr, dww, dc):
@@ -491,14 +493,14 @@ class NTMScanTriton(torch.autograd.Function):
         R, C = Wr.shape[2], Cs.shape[2]
         Pt = w_h.shape[0]
 
-        def grad(g, like):
-            return torch.zeros_like(like) if g is None else g.contiguous()
-
-        d_rh = grad(d_rh, RH[1:])
+        # the gradients not given (outputs that took no part in the loss) as zeros, made by one fill
+        given = (d_rh, dM, dwr, dww, dc)
+        likes = (RH[1:], Ms[T], Wr[T], Ww[T], Cs[T])
+        zeros = iter(fresh_zeros([like for g, like in zip(given, likes) if g is None]))
+        d_rh, dM, dwr, dww, dc = (next(zeros) if g is None else g.contiguous() for g in given)
         dZ, DP, drhc, dMs0, dWr0, dWw0, dCs0 = graphed(
             ("ntm.backward", tuple(sorted(meta.items())), K), functools.partial(_backward_loop, meta=meta, K=K),
-            Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, grad(dM, Ms[T]), grad(dwr, Wr[T]), grad(dww, Ww[T]),
-            grad(dc, Cs[T]))
+            Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, dM, dwr, dww, dc)
         lstm = meta["LSTM"]
         rh_in = RH[:T, :, :K].reshape(T * B, K)
         d_wrh = torch.mm(dZ.reshape(T * B, G).t(), rh_in) if ctx.needs_input_grad[1] else None

@@ -16,6 +16,22 @@ from . import loops as _loops
 __all__ = ["lsam_scan", "LSAMRecurrence"]
 
 
+_INDEX: dict = {}  # (D', H', device) -> _head_major_index, made once per device
+
+
+def _cached_head_major_index(Dp: int, Hp: int, device: torch.device) -> torch.Tensor:
+    """:func:`_head_major_index`, made once per ``(D', H', device)`` (a call then launches
+    nothing for it); made afresh, and not kept, while a CUDA graph is being captured (its
+    values would exist only once the graph is replayed)."""
+    key = (Dp, Hp, device)
+    idx = _INDEX.get(key)
+    if idx is None:
+        idx = _head_major_index(Dp, Hp, device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _INDEX[key] = idx
+    return idx
+
+
 def _head_major_index(Dp: int, Hp: int, device) -> torch.Tensor:
     """Row permutation from ``[q | k | v | p_r | p_w]`` to per-head blocks ``[q_i k_i v_i r_i w_i]``."""
     d = Dp // Hp
@@ -118,7 +134,7 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
     dirs, G, Dp = weight_hh.shape
     Hp = num_heads
     d = Dp // Hp
-    idx = _head_major_index(Dp, Hp, x.device)
+    idx = _cached_head_major_index(Dp, Hp, x.device)
     w_ih = weight_ih.index_select(1, idx)  # [dirs, G, F], head-major rows
     w_hh = weight_hh.index_select(1, idx)  # [dirs, G, D'], head-major rows
     b = bias.index_select(1, idx)  # [dirs, G]
