@@ -189,7 +189,8 @@ class LSAM(nn.Module):
                 getattr(self, f"bias_l{layer}"))
 
     def init_state(self, batch_size: int, device=None, dtype=None) -> LSAMState:
-        """Zero :class:`LSAMState` for ``batch_size`` sequences."""
+        """Zero :class:`LSAMState` for ``batch_size`` sequences (on the parameters' device and in their
+        dtype unless ``device`` / ``dtype`` say otherwise)."""
         check_positive_int("batch_size", batch_size)
         dtype = dtype or self.weight_ih_l0.dtype
         n, dirs, d = self.num_layers * self.num_directions, self.num_directions, self.head_dim

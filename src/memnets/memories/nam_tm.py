@@ -384,7 +384,8 @@ class NAMTuringMachine(nn.Module):
             layer.impl = value
 
     def init_state(self, batch_size: int, device=None, dtype=None, tape_length: int | None = None) -> NAMTMState:
-        """Empty tapes ``[Ly, B, Tn, C, L]`` and both heads at cell 1 (``e₁``)."""
+        """Empty tapes ``[Ly, B, Tn, C, L]`` and both heads at cell 1 (``e₁``), on the parameters'
+        device and in their dtype unless ``device`` / ``dtype`` say otherwise."""
         check_positive_int("batch_size", batch_size)
         L = check_positive_int("tape_length", self.tape_length if tape_length is None else tape_length)
         dtype = dtype or self.layers[0].value.weight.dtype
