@@ -31,6 +31,7 @@ from ..ops.dnc import (DNCRecurrence, dnc_access_fused, dnc_allocation, dnc_dire
 from ..ops.gpu import use_triton
 from ..ops.gpu.dnc import DNCRecurrenceTriton, applies as triton_applies
 from ..ops.gpu.graphs import fresh_zeros
+from ..ops.permute import inverse_permutation, permute
 from ..registry import register_model
 from ..ops._impl import resolve_impl, runs_fused
 
@@ -136,7 +137,9 @@ class DNC(nn.Module):
         self._sizes = interface_sizes(R, W)
         self.interface = nn.Linear(C, sum(self._sizes))
         # the interface rows in the fused recurrence's order (not saved: a function of R and W)
-        self.register_buffer("_interface_perm", interface_permutation(R, W), persistent=False)
+        perm = interface_permutation(R, W)
+        self.register_buffer("_interface_perm", perm, persistent=False)
+        self.register_buffer("_interface_inv", inverse_permutation(perm), persistent=False)
         self.out_h = nn.Linear(C, output_size)
         self.out_r = nn.Linear(R * W, output_size, bias=False)
         with torch.no_grad():  # forget-gate bias 1
@@ -249,9 +252,9 @@ class DNC(nn.Module):
         """The whole sequence through :class:`~memnets.ops.dnc.recurrence.DNCRecurrence` (fused path)."""
         cfg = self.config
         R, W = cfg.read_heads, cfg.word_size
-        perm = self._interface_perm
-        w_xi = self.interface.weight.index_select(0, perm)
-        b_xi = self.interface.bias.index_select(0, perm)
+        perm, inv = self._interface_perm, self._interface_inv
+        w_xi = permute(self.interface.weight, 0, perm, inv)  # backward: one gather by the inverse
+        b_xi = permute(self.interface.bias, 0, perm, inv)
         upper = [p for lin in self.ctrl_rec[1:] for p in (lin.weight, lin.bias)]
         ctrl, a = state.controller, state.access
         rec = DNCRecurrence  # on the CUDA path, one controller layer: Triton kernels (memnets.ops.gpu.dnc)

@@ -11,25 +11,27 @@ import torch.nn.functional as F
 from .._amp import float32_under_autocast
 from ..gpu import use_triton
 from ..gpu.lsam import LSAMRecurrenceTriton, applies
+from ..permute import inverse_permutation, permute
 from . import loops as _loops
 
 __all__ = ["lsam_scan", "LSAMRecurrence"]
 
 
-_INDEX: dict = {}  # (D', H', device) -> _head_major_index, made once per device
+_INDEX: dict = {}  # (D', H', device) -> (_head_major_index, its inverse), made once per device
 
 
-def _cached_head_major_index(Dp: int, Hp: int, device: torch.device) -> torch.Tensor:
-    """:func:`_head_major_index`, made once per ``(D', H', device)`` (a call then launches
-    nothing for it); made afresh, and not kept, while a CUDA graph is being captured (its
-    values would exist only once the graph is replayed)."""
+def _cached_head_major_index(Dp: int, Hp: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_head_major_index` and its inverse permutation, made once per ``(D', H', device)``
+    (a call then launches nothing for them); made afresh, and not kept, while a CUDA graph is
+    being captured (their values would exist only once the graph is replayed)."""
     key = (Dp, Hp, device)
-    idx = _INDEX.get(key)
-    if idx is None:
+    pair = _INDEX.get(key)
+    if pair is None:
         idx = _head_major_index(Dp, Hp, device)
+        pair = (idx, inverse_permutation(idx))
         if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            _INDEX[key] = idx
-    return idx
+            _INDEX[key] = pair
+    return pair
 
 
 def _head_major_index(Dp: int, Hp: int, device) -> torch.Tensor:
@@ -134,10 +136,10 @@ def lsam_scan(x: torch.Tensor, weight_ih: torch.Tensor, weight_hh: torch.Tensor,
     dirs, G, Dp = weight_hh.shape
     Hp = num_heads
     d = Dp // Hp
-    idx = _cached_head_major_index(Dp, Hp, x.device)
-    w_ih = weight_ih.index_select(1, idx)  # [dirs, G, F], head-major rows
-    w_hh = weight_hh.index_select(1, idx)  # [dirs, G, D'], head-major rows
-    b = bias.index_select(1, idx)  # [dirs, G]
+    idx, inv = _cached_head_major_index(Dp, Hp, x.device)
+    w_ih = permute(weight_ih, 1, idx, inv)  # [dirs, G, F], head-major rows
+    w_hh = permute(weight_hh, 1, idx, inv)  # [dirs, G, D'], head-major rows
+    b = permute(bias, 1, idx, inv)  # [dirs, G]
     gx = F.linear(x, w_ih.reshape(dirs * G, Fi), b.reshape(dirs * G))  # [T, B, dirs*G]
     gx = gx.unflatten(-1, (dirs, G)).transpose(1, 2)  # [T, dirs, B, G]
     if dirs == 2:
