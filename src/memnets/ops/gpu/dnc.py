@@ -40,7 +40,7 @@ from torch.autograd.function import once_differentiable
 
 from ..dnc.layout import interface_layout
 from . import lazy_kernels
-from .graphs import fresh_copies, fresh_zeros, graphed
+from .graphs import fresh_copies, graphed, zeros_for_none
 
 __all__ = ["DNCRecurrenceTriton", "EPS", "applies", "launches_per_step"]
 
@@ -630,8 +630,7 @@ class DNCRecurrenceTriton(torch.autograd.Function):
         # the gradients not given (outputs that took no part in the loss) as zeros, made by one fill
         given = (dHR, dM, du, dL, dp, dwr, dww, dcT, None if dhT is None else dhT[:, 0])
         likes = (X[1:], MEM[T], U[T], LNK[T], PREC[T], WR[T], WW[T], CB[T], CB[T])
-        zeros = iter(fresh_zeros([like for g, like in zip(given, likes) if g is None]))
-        dHR, *carried, dhT = (next(zeros) if g is None else g.contiguous() for g in given)
+        dHR, *carried, dhT = zeros_for_none(given, likes)
         DX, DZ, GXI, gM, gu, gL, gp, gwr, gww, gc = graphed(
             ("dnc.backward", R, W), functools.partial(_backward_loop, R=R, W=W), Z, CB, w_xi, XI, MEM, U, LNK,
             PREC, WR, WW, dHR, w0, dhT, *carried)

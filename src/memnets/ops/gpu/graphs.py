@@ -40,7 +40,7 @@ from typing import Callable, Hashable, Sequence
 import torch
 
 __all__ = ["graphed", "enabled", "switched_on", "stand_in", "standing_in", "listening", "clear", "MAX_GRAPHS", "stats",
-           "copy_all", "copy_groups", "fresh_copies", "fresh_zeros"]
+           "copy_all", "copy_groups", "fresh_copies", "fresh_zeros", "zeros_for_none"]
 
 MAX_GRAPHS = 16
 _CACHE: "collections.OrderedDict[Hashable, _Entry]" = collections.OrderedDict()
@@ -175,6 +175,14 @@ def fresh_zeros(likes: Sequence[torch.Tensor | tuple]) -> list[torch.Tensor]:
             else:
                 torch._foreach_zero_(ts)
     return out
+
+
+def zeros_for_none(grads: Sequence[torch.Tensor | None], likes: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The gradients a backward received, made contiguous, with each ``None`` (an output that
+    took no part in the loss, under ``ctx.set_materialize_grads(False)``) replaced by zeros like
+    its ``likes`` entry, all of them made by one :func:`fresh_zeros` fill."""
+    zeros = iter(fresh_zeros([like for g, like in zip(grads, likes) if g is None]))
+    return [next(zeros) if g is None else g.contiguous() for g in grads]
 
 
 class _EagerGraph:

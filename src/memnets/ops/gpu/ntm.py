@@ -34,7 +34,7 @@ import os
 import torch
 
 from . import lazy_kernels
-from .graphs import fresh_copies, fresh_zeros, graphed
+from .graphs import fresh_copies, graphed, zeros_for_none
 
 __all__ = ["NTMScanTriton", "ntm_scan_triton", "applies", "MAX_SLOTS", "WARPS_ENV"]
 
@@ -496,8 +496,7 @@ class NTMScanTriton(torch.autograd.Function):
         # the gradients not given (outputs that took no part in the loss) as zeros, made by one fill
         given = (d_rh, dM, dwr, dww, dc)
         likes = (RH[1:], Ms[T], Wr[T], Ww[T], Cs[T])
-        zeros = iter(fresh_zeros([like for g, like in zip(given, likes) if g is None]))
-        d_rh, dM, dwr, dww, dc = (next(zeros) if g is None else g.contiguous() for g in given)
+        d_rh, dM, dwr, dww, dc = zeros_for_none(given, likes)
         dZ, DP, drhc, dMs0, dWr0, dWw0, dCs0 = graphed(
             ("ntm.backward", tuple(sorted(meta.items())), K), functools.partial(_backward_loop, meta=meta, K=K),
             Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, dM, dwr, dww, dc)
