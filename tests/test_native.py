@@ -135,6 +135,26 @@ def test_heads_kernel_batch_major(transposed):
 
 
 @needs_kernels
+@pytest.mark.parametrize("used", [0, 1], ids=["outputs-only", "final-state-only"])
+def test_an_unused_output_takes_no_gradient(used):
+    """A loss of one output alone (the other's gradient reaches the backward as ``None``, not
+    materialized): the same gradients as the reference, for the value tape and the heads."""
+    xs = _tape_inputs(2, 21, 2, 5, 3)
+    live = [x for x in xs if x is not None]
+
+    def grads(out, inputs):  # an input the output does not depend on: zeros, however a path says it
+        return [torch.zeros_like(x) if d is None else d for x, d in zip(inputs, _grads([out], inputs))]
+    ours = nam_tape_scan(*xs)[used]
+    ref = nam_scan(*xs[:6], initial_state=xs[6], impl="reference")[used]
+    _close(grads(ours, live), grads(ref, live))
+    for order in ([0, 1, 2, 3], [0, 1, 2]):
+        hs = _heads_inputs(19, 4, 6, 5, len(order), seed=3)
+        ours = nam_tm_heads(*hs, order, False, compiled=True)[used]
+        ref = nam_tm_heads(*hs, order, False, compiled=False)[used]
+        _close(grads(ours, hs), grads(ref, hs))
+
+
+@needs_kernels
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_gru_step_kernel_matches_nn_gru(bidirectional):
     torch.manual_seed(0)

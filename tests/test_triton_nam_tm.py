@@ -288,6 +288,33 @@ def test_heads_match_reference(case, dtype, short_segment):
 
 
 @interpreted
+@pytest.mark.parametrize("used", [0, 1], ids=["first-output-only", "second-output-only"])
+def test_an_unused_output_takes_no_gradient(used, short_segment):
+    """A loss of one output alone (the other's gradient reaches the backward as ``None`` and the
+    backward makes its zeros): the reference's gradients, for the value tape and the heads, with
+    and without JUMP."""
+    from memnets.ops.gpu.nam_tm import nam_tape_scan_triton, nam_tm_heads_triton
+    inputs = _tape_inputs(torch.float64)
+
+    def tape(fn):
+        ins = {n: x.clone().requires_grad_() for n, x in inputs.items()}
+        return _grads([fn(**ins)[used]], ins.values())
+    _close(tape(nam_tape_scan_triton), tape(nam_scan_reference), torch.float64,
+           ["dq", "dk", "dv", "dp_w", "dp_e", "dp_r", "dS0"])
+    for order in ([LEFT, NOOP, RIGHT, JUMP], [RIGHT, LEFT, NOOP]):
+        x = _heads_inputs(torch.float64, order, False)
+
+        def heads(fn):
+            ins = {n: v.clone().requires_grad_() for n, v in x.items()}
+            if JUMP not in order:
+                ins["q"] = ins["k"] = None
+            return _grads([fn(**ins)[used]], ins.values())
+        want = heads(lambda **a: _reference_any_layout(False, order, False, False, **a))
+        got = heads(lambda **a: nam_tm_heads_triton(order=order, **a))
+        _close(got, want, torch.float64, [f"d{n}" for n in x if JUMP in order or n not in ("q", "k")])
+
+
+@interpreted
 def test_heads_dispatch():
     """nam_tm_heads runs the Triton kernel on the CUDA path (also for unit_keys, which the
     TorchScript loops do not run) and gives what the reference gives."""

@@ -68,6 +68,7 @@ class _TapeScan(torch.autograd.Function):
         _native.parallel(lambda i, n0, n1: fwd(*args, _ptr(work[i]), n0, n1), parts)
         ctx.save_for_backward(q, k, v, pw, pe, pr, Sc, Aa, U)
         ctx.bwd = bwd
+        ctx.set_materialize_grads(False)  # backward makes the zeros of an unused output itself
         return o, St.transpose(-1, -2)
 
     @staticmethod

@@ -273,6 +273,7 @@ class _HeadScan(torch.autograd.Function):
         ctx.save_for_backward(act, q, k, pw, pe, H0, K0, Hs)
         ctx.order, ctx.transposed, ctx.compiled, ctx.has_jump, ctx.bm = order, transposed, compiled, has_jump, bm
         ctx.lease, ctx.unit_keys = lease, unit_keys
+        ctx.set_materialize_grads(False)  # backward makes the zeros of an unused output itself
         return Hs, K_T
 
     @staticmethod

@@ -48,6 +48,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import lazy_kernels
+from .graphs import zeros_for_none
 
 __all__ = ["nam_tape_scan_triton", "nam_tm_heads_triton", "kernels", "SEGMENT"]
 
@@ -496,6 +497,7 @@ class TapeScan(torch.autograd.Function):
                                           HAS_PR=pr is not None, SEG=SEGMENT, BK=BK, BV=BV,
                                           num_warps=_warps(BK * BV, q.dtype))
         ctx.save_for_backward(q, k, v, pw, pe, pr, Sc, U)
+        ctx.set_materialize_grads(False)  # backward makes the zeros of an unused output itself
         return o, ST
 
     @staticmethod
@@ -505,8 +507,7 @@ class TapeScan(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         new = q.new_empty
-        go = torch.zeros_like(v) if go is None else go.contiguous()
-        gS = q.new_zeros(B, H, V, K) if gS is None else gS.contiguous()
+        go, gS = zeros_for_none((go, gS), (v, ((B, H, V, K), q.dtype, q.device)))  # one fill for both
         dq, dk, dv = new(B, T, H, K), new(B, T, H, K), new(B, T, H, V)
         dpw, dpe = new(B, T, H), new(B, T, H)
         dpr = new(B, T, H) if pr is not None else None
@@ -598,6 +599,7 @@ class HeadScan(torch.autograd.Function):
                                        BL=BL, BC=BC, num_warps=warps)
         ctx.save_for_backward(act, q, k, pw, pe, Hs, Kc, U)
         ctx.meta = (T, B, Tn, N, L, C, A, pos, bool(transposed), bool(unit_keys), bm, has_jump)
+        ctx.set_materialize_grads(False)  # backward makes the zeros of an unused output itself
         return Hs, (KT if has_jump else K0.clone())
 
     @staticmethod
@@ -606,10 +608,11 @@ class HeadScan(torch.autograd.Function):
         act, q, k, pw, pe, Hs, Kc, U = ctx.saved_tensors
         T, B, Tn, N, L, C, A, pos, transposed, unit_keys, bm, has_jump = ctx.meta
         new = act.new_empty
-        gH = torch.zeros_like(Hs) if gH is None else gH.contiguous()
         dact, dH0 = new(act.shape), new(N, 2, L)
-        if has_jump:
-            gK = act.new_zeros(N, C, L) if gK is None else gK.contiguous()
+        if not has_jump:
+            (gH,) = zeros_for_none((gH,), (Hs,))
+        else:
+            gH, gK = zeros_for_none((gH, gK), (Hs, ((N, C, L), act.dtype, act.device)))  # one fill for both
             dq, dk, dpw, dpe, dK0 = new(q.shape), new(k.shape), new(pw.shape), new(pe.shape), new(N, C, L)
         s_b, s_t = (T * Tn, Tn) if bm else (0, N)
         h_b, h_t = ((T + 1) * Tn, Tn) if bm else (0, N)
