@@ -108,9 +108,12 @@ FAILED tests/test_cuda.py::test_dnc_matches_cpu[cuda-fused] - AssertionError: x
 
 def test_failure_messages_and_an_interrupted_pytest_still_says_why(tmp_path):
     """The short summary's messages are kept per test; a pytest cut short at its time limit gets
-    SIGINT first, so that it prints that summary (the tracebacks) before it is killed."""
+    SIGINT first, so that it prints that summary (the tracebacks) before it is killed, also when
+    this process ignores SIGINT (run with nohup or in a shell's background)."""
+    import signal
     import subprocess
     import sys
+    import time
 
     assert gpu_check.failure_messages("FAILED tests/a.py::t[x] - AssertionError: 'torch' == 'triton'\n"
                                       "ERROR tests/b.py::u\nPASSED tests/a.py::v") == {
@@ -121,11 +124,13 @@ def test_failure_messages_and_an_interrupted_pytest_still_says_why(tmp_path):
     (tmp_path / "tests" / "test_cut.py").write_text(
         "import time\n\ndef test_a_fails():\n    assert 1 == 2, 'one is not two'\n\n"
         "def test_b_hangs():\n    open('started', 'w').close()\n    time.sleep(120)\n")
-    p = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "tests/test_cut.py"],
-                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    import time
-
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under nohup: the child would inherit it
+    try:
+        p = gpu_check._popen_group([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider",
+                                    "tests/test_cut.py"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+    finally:
+        signal.signal(signal.SIGINT, old)
     deadline = time.monotonic() + 90  # a loaded machine may take a while to start pytest
     while not (tmp_path / "started").exists() and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -122,6 +122,20 @@ def install_wheels(folder: str | Path, python: str = sys.executable) -> list[dic
     return done
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _popen_group(cmd: list[str], **kw) -> subprocess.Popen:
+    """``subprocess.Popen(cmd, **kw)`` in a session of its own (POSIX) whose SIGINT has its
+    default action even where this process ignores it (started with ``nohup`` or in a shell's
+    background, an ignored signal stays ignored across ``exec``): :func:`_interrupt_group` can
+    then make pytest stop and print its summary."""
+    if os.name == "posix":
+        kw.update(start_new_session=True, preexec_fn=_default_sigint)
+    return subprocess.Popen(cmd, **kw)
+
+
 def _interrupt_group(p: subprocess.Popen, wait: float = 20.0) -> None:
     """Send SIGINT to a child started with ``start_new_session=True`` and its group (pytest then
     stops and prints its summary, the failures' tracebacks included), wait up to ``wait``
@@ -258,8 +272,8 @@ def run_tests(*, cuda: bool, timeout: float, k: str | None = None, with_compile:
     env = _child_env()
     t0 = time.perf_counter()
     timed_out = False
-    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         errors="replace", start_new_session=os.name == "posix")
+    p = _popen_group(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                     errors="replace")
     try:
         out, _ = p.communicate(timeout=timeout)
         code = p.returncode
