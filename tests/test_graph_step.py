@@ -550,6 +550,41 @@ def test_every_capture_goes_into_the_steps_one_pool(monkeypatch):
     assert events == ["capture", "body", "replay"] * 3
 
 
+def test_warm_ups_run_on_one_side_stream_per_device(monkeypatch):
+    """Every warm-up before a capture (the whole step's and the loops') runs on one side stream
+    per device, made once: the caching allocator keeps freed blocks per stream, so a new stream
+    per warm-up left each one's memory reserved (the CUDA calls faked: this runs on the CPU)."""
+    from memnets.ops.gpu import graphs
+
+    made, waits = [], []
+
+    class FakeStream:
+        def __init__(self, device=None):
+            made.append(device)
+
+        def wait_stream(self, other):
+            waits.append((self, other))
+
+    class Like:  # what _side_stream reads of its tensor
+        is_cuda = True
+        device = torch.device("cuda", 0)
+
+    monkeypatch.setattr(graphs, "_SIDE", {})
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    main = FakeStream.__new__(FakeStream)  # the current stream: not one made by side_stream
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    a, b, c = graphs.side_stream("cuda:0"), graphs.side_stream(torch.device("cuda", 0)), graphs.side_stream()
+    assert a is b is c and made == [torch.device("cuda", 0)]
+    assert graphs.side_stream("cuda:1") is not a and len(made) == 2
+    w = torch.nn.Parameter(torch.ones(3))
+    step = CUDAGraphStep(lambda x: (w * x).sum(), torch.optim.SGD([w], lr=0.1))
+    outs = [step._side_stream(lambda i=i: i, Like()) for i in range(3)]
+    assert outs == [0, 1, 2] and len(made) == 2  # the same stream for every warm-up
+    assert waits == [(a, main), (main, a)] * 3  # side waits for main, then main for side
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="graph memory pools are CUDA's; make gpu-check runs this")
 def test_graphs_of_many_shapes_share_one_memory_pool():
     """Six input shapes of one size, six graphs: with one pool for all, the graphs after the

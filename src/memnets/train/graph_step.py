@@ -194,7 +194,7 @@ class CUDAGraphStep:
     def _side_stream(self, fn, like: torch.Tensor):
         if not like.is_cuda:
             return fn()
-        s = torch.cuda.Stream(like.device)
+        s = _graphs.side_stream(like.device)  # one stream: its cached blocks serve the next warm-up
         s.wait_stream(torch.cuda.current_stream(like.device))
         with torch.cuda.stream(s):
             out = fn()
