@@ -485,17 +485,7 @@ class TapeScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, pw, pe, pr, S0):
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        new = q.new_empty
-        o, ST, U = new(B, T, H, V), new(B, H, V, K), new(B, T, H, V)
-        Sc = new(-(-T // SEGMENT) + 1, B * H, V, K)  # slot s: S_{s·SEGMENT}; the last: S_T
-        BK, BV = _pow2(K), _pow2(V)
-        with _device(q):
-            kernels().tape_fwd[(B * H,)](q, k, v, pw, pe, pr if pr is not None else pw, S0, o, ST, Sc, U,
-                                          T, H, K, V, *q.stride()[:3], *k.stride()[:3],
-                                          HAS_PR=pr is not None, SEG=SEGMENT, BK=BK, BV=BV,
-                                          num_warps=_warps(BK * BV, q.dtype))
+        o, ST, Sc, U = _tape_forward(q, k, v, pw, pe, pr, S0)
         ctx.save_for_backward(q, k, v, pw, pe, pr, Sc, U)
         ctx.set_materialize_grads(False)  # backward makes the zeros of an unused output itself
         return o, ST
@@ -504,22 +494,47 @@ class TapeScan(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, go, gS):
         q, k, v, pw, pe, pr, Sc, U = ctx.saved_tensors
-        B, T, H, K = q.shape
+        B, _, H, K = q.shape
         V = v.shape[-1]
-        new = q.new_empty
         go, gS = zeros_for_none((go, gS), (v, ((B, H, V, K), q.dtype, q.device)))  # one fill for both
-        dq, dk, dv = new(B, T, H, K), new(B, T, H, K), new(B, T, H, V)
-        dpw, dpe = new(B, T, H), new(B, T, H)
-        dpr = new(B, T, H) if pr is not None else None
-        dS0 = new(B, H, V, K)
-        BK, BV = _pow2(K), _pow2(V)
-        with _device(q):
-            kernels().tape_bwd[(B * H,)](q, k, v, pw, pe, pr if pr is not None else pw, Sc, U, go, gS,
-                                          dq, dk, dv, dpw, dpe, dpr if dpr is not None else dpw, dS0,
-                                          T, H, K, V, *q.stride()[:3], *k.stride()[:3],
-                                          HAS_PR=pr is not None, SEG=SEGMENT, BK=BK, BV=BV,
-                                          num_warps=_warps(BK * BV, q.dtype))
-        return dq, dk, dv, dpw, dpe, dpr, dS0
+        return _tape_backward(q, k, v, pw, pe, pr, Sc, U, go, gS)
+
+
+def _tape_forward(q, k, v, pw, pe, pr, S0):
+    """The value tape's forward kernel: ``(o, S_T, Sc, U)``, the last two what the backward reads
+    (:class:`TapeScan`'s arguments)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    new = q.new_empty
+    o, ST, U = new(B, T, H, V), new(B, H, V, K), new(B, T, H, V)
+    Sc = new(-(-T // SEGMENT) + 1, B * H, V, K)  # slot s: S_{s·SEGMENT}; the last: S_T
+    BK, BV = _pow2(K), _pow2(V)
+    with _device(q):
+        kernels().tape_fwd[(B * H,)](q, k, v, pw, pe, pr if pr is not None else pw, S0, o, ST, Sc, U,
+                                      T, H, K, V, *q.stride()[:3], *k.stride()[:3],
+                                      HAS_PR=pr is not None, SEG=SEGMENT, BK=BK, BV=BV,
+                                      num_warps=_warps(BK * BV, q.dtype))
+    return o, ST, Sc, U
+
+
+def _tape_backward(q, k, v, pw, pe, pr, Sc, U, go, gS):
+    """The value tape's backward kernel: ``(dq, dk, dv, dpw, dpe, dpr, dS0)`` (``dpr`` None
+    without ``pr``); ``go``, ``gS`` contiguous."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    new = q.new_empty
+    dq, dk, dv = new(B, T, H, K), new(B, T, H, K), new(B, T, H, V)
+    dpw, dpe = new(B, T, H), new(B, T, H)
+    dpr = new(B, T, H) if pr is not None else None
+    dS0 = new(B, H, V, K)
+    BK, BV = _pow2(K), _pow2(V)
+    with _device(q):
+        kernels().tape_bwd[(B * H,)](q, k, v, pw, pe, pr if pr is not None else pw, Sc, U, go, gS,
+                                      dq, dk, dv, dpw, dpe, dpr if dpr is not None else dpw, dS0,
+                                      T, H, K, V, *q.stride()[:3], *k.stride()[:3],
+                                      HAS_PR=pr is not None, SEG=SEGMENT, BK=BK, BV=BV,
+                                      num_warps=_warps(BK * BV, q.dtype))
+    return dq, dk, dv, dpw, dpe, dpr, dS0
 
 
 def nam_tape_scan_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_w: torch.Tensor,
@@ -574,63 +589,87 @@ class HeadScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, act, q, k, pw, pe, H0, K0, order, transposed, bm, unit_keys):
-        T, B, Tn = (act.shape[1], act.shape[0], act.shape[2]) if bm else (act.shape[0], 1, act.shape[1])
-        N, L, C, A = B * Tn, H0.shape[-1], K0.shape[1], act.shape[-1]
-        has_jump = JUMP in order
-        new = act.new_empty
-        Hs = new((B, T + 1, Tn, 2, L) if bm else (T + 1, N, 2, L))
-        if has_jump:
-            KT, Kc = new(N, C, L), new(-(-T // SEGMENT) + 1, N, C, L)
-            U = new(act.shape[:-2] + (L if transposed else C,))
-        else:
-            KT = Kc = U = None
-        pos = [order.index(a) if a in order else -1 for a in (LEFT, NOOP, RIGHT, JUMP)]
-        s_b, s_t = (T * Tn, Tn) if bm else (0, N)
-        h_b, h_t = ((T + 1) * Tn, Tn) if bm else (0, N)
-        BL, BC = _pow2(L), _pow2(C)
-        warps = _warps(max(BL * BC, BL * BL) if has_jump else BL * BL, act.dtype)
-        dummy = act
-        with _device(act):
-            kernels().heads_fwd[(N,)](act, q if has_jump else dummy, k if has_jump else dummy, pw, pe, H0,
-                                       K0, Hs, KT if has_jump else dummy, Kc if has_jump else dummy,
-                                       U if has_jump else dummy, T, Tn, L, C, s_b, s_t, h_b, h_t,
-                                       A=A, PL=pos[0], PN=pos[1], PR=pos[2], PJ=pos[3],
-                                       TRANSPOSED=bool(transposed), UNIT_KEYS=bool(unit_keys), SEG=SEGMENT,
-                                       BL=BL, BC=BC, num_warps=warps)
+        meta = _heads_meta(act, H0, K0, order, transposed, bm, unit_keys)
+        Hs, KT, Kc, U = _heads_forward(meta, act, q, k, pw, pe, H0, K0)
         ctx.save_for_backward(act, q, k, pw, pe, Hs, Kc, U)
-        ctx.meta = (T, B, Tn, N, L, C, A, pos, bool(transposed), bool(unit_keys), bm, has_jump)
+        ctx.meta = meta
         ctx.set_materialize_grads(False)  # backward makes the zeros of an unused output itself
-        return Hs, (KT if has_jump else K0.clone())
+        return Hs, KT
 
     @staticmethod
     @once_differentiable
     def backward(ctx, gH, gK):
         act, q, k, pw, pe, Hs, Kc, U = ctx.saved_tensors
-        T, B, Tn, N, L, C, A, pos, transposed, unit_keys, bm, has_jump = ctx.meta
-        new = act.new_empty
-        dact, dH0 = new(act.shape), new(N, 2, L)
+        meta = ctx.meta
+        N, L, C, has_jump = meta[3], meta[4], meta[5], meta[-1]
         if not has_jump:
             (gH,) = zeros_for_none((gH,), (Hs,))
         else:
             gH, gK = zeros_for_none((gH, gK), (Hs, ((N, C, L), act.dtype, act.device)))  # one fill for both
-            dq, dk, dpw, dpe, dK0 = new(q.shape), new(k.shape), new(pw.shape), new(pe.shape), new(N, C, L)
-        s_b, s_t = (T * Tn, Tn) if bm else (0, N)
-        h_b, h_t = ((T + 1) * Tn, Tn) if bm else (0, N)
-        BL, BC = _pow2(L), _pow2(C)
-        warps = _warps(max(BL * BC, BL * BL) if has_jump else BL * BL, act.dtype)
-        d = act  # stands for the pointers a kernel without JUMP does not touch
-        with _device(act):
-            kernels().heads_bwd[(N,)](act, q if has_jump else d, k if has_jump else d, pw, pe, Hs,
-                                       Kc if has_jump else d, U if has_jump else d, gH, gK if has_jump else d,
-                                       dact, dq if has_jump else d, dk if has_jump else d,
-                                       dpw if has_jump else d, dpe if has_jump else d, dH0,
-                                       dK0 if has_jump else d, T, Tn, L, C, s_b, s_t, h_b, h_t,
-                                       A=A, PL=pos[0], PN=pos[1], PR=pos[2], PJ=pos[3],
-                                       TRANSPOSED=transposed, UNIT_KEYS=unit_keys, SEG=SEGMENT,
-                                       BL=BL, BC=BC, num_warps=warps)
-        if has_jump:
-            return dact, dq, dk, dpw, dpe, dH0, dK0, None, None, None, None
-        return dact, None, None, None, None, dH0, gK, None, None, None, None
+        dact, dq, dk, dpw, dpe, dH0, dK0 = _heads_backward(meta, act, q, k, pw, pe, Hs, Kc, U, gH, gK)
+        return dact, dq, dk, dpw, dpe, dH0, dK0, None, None, None, None
+
+
+def _heads_meta(act, H0, K0, order, transposed, bm, unit_keys) -> tuple:
+    """The heads kernels' sizes and options: ``(T, B, Tn, N, L, C, A, pos, transposed,
+    unit_keys, bm, has_jump)``."""
+    T, B, Tn = (act.shape[1], act.shape[0], act.shape[2]) if bm else (act.shape[0], 1, act.shape[1])
+    N, L, C, A = B * Tn, H0.shape[-1], K0.shape[1], act.shape[-1]
+    pos = [order.index(a) if a in order else -1 for a in (LEFT, NOOP, RIGHT, JUMP)]
+    return (T, B, Tn, N, L, C, A, pos, bool(transposed), bool(unit_keys), bool(bm), JUMP in order)
+
+
+def _heads_forward(meta, act, q, k, pw, pe, H0, K0):
+    """The heads' forward kernel: ``(Hs, K_T, Kc, U)``, the last two what the backward reads
+    (None without JUMP, and then ``K_T`` is a copy of ``K0``)."""
+    T, B, Tn, N, L, C, A, pos, transposed, unit_keys, bm, has_jump = meta
+    new = act.new_empty
+    Hs = new((B, T + 1, Tn, 2, L) if bm else (T + 1, N, 2, L))
+    if has_jump:
+        KT, Kc = new(N, C, L), new(-(-T // SEGMENT) + 1, N, C, L)
+        U = new(act.shape[:-2] + (L if transposed else C,))
+    else:
+        KT = Kc = U = None
+    s_b, s_t = (T * Tn, Tn) if bm else (0, N)
+    h_b, h_t = ((T + 1) * Tn, Tn) if bm else (0, N)
+    BL, BC = _pow2(L), _pow2(C)
+    warps = _warps(max(BL * BC, BL * BL) if has_jump else BL * BL, act.dtype)
+    dummy = act
+    with _device(act):
+        kernels().heads_fwd[(N,)](act, q if has_jump else dummy, k if has_jump else dummy, pw, pe, H0,
+                                   K0, Hs, KT if has_jump else dummy, Kc if has_jump else dummy,
+                                   U if has_jump else dummy, T, Tn, L, C, s_b, s_t, h_b, h_t,
+                                   A=A, PL=pos[0], PN=pos[1], PR=pos[2], PJ=pos[3],
+                                   TRANSPOSED=transposed, UNIT_KEYS=unit_keys, SEG=SEGMENT,
+                                   BL=BL, BC=BC, num_warps=warps)
+    return Hs, (KT if has_jump else K0.clone()), Kc, U
+
+
+def _heads_backward(meta, act, q, k, pw, pe, Hs, Kc, U, gH, gK):
+    """The heads' backward kernel: ``(dact, dq, dk, dpw, dpe, dH0, dK0)`` from contiguous
+    ``gH``, ``gK``; without JUMP ``dq … dpe`` are None and ``dK0`` is ``gK``."""
+    T, B, Tn, N, L, C, A, pos, transposed, unit_keys, bm, has_jump = meta
+    new = act.new_empty
+    dact, dH0 = new(act.shape), new(N, 2, L)
+    if has_jump:
+        dq, dk, dpw, dpe, dK0 = new(q.shape), new(k.shape), new(pw.shape), new(pe.shape), new(N, C, L)
+    s_b, s_t = (T * Tn, Tn) if bm else (0, N)
+    h_b, h_t = ((T + 1) * Tn, Tn) if bm else (0, N)
+    BL, BC = _pow2(L), _pow2(C)
+    warps = _warps(max(BL * BC, BL * BL) if has_jump else BL * BL, act.dtype)
+    d = act  # stands for the pointers a kernel without JUMP does not touch
+    with _device(act):
+        kernels().heads_bwd[(N,)](act, q if has_jump else d, k if has_jump else d, pw, pe, Hs,
+                                   Kc if has_jump else d, U if has_jump else d, gH, gK if has_jump else d,
+                                   dact, dq if has_jump else d, dk if has_jump else d,
+                                   dpw if has_jump else d, dpe if has_jump else d, dH0,
+                                   dK0 if has_jump else d, T, Tn, L, C, s_b, s_t, h_b, h_t,
+                                   A=A, PL=pos[0], PN=pos[1], PR=pos[2], PJ=pos[3],
+                                   TRANSPOSED=transposed, UNIT_KEYS=unit_keys, SEG=SEGMENT,
+                                   BL=BL, BC=BC, num_warps=warps)
+    if has_jump:
+        return dact, dq, dk, dpw, dpe, dH0, dK0
+    return dact, None, None, None, None, dH0, gK
 
 
 def nam_tm_heads_triton(act: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor],
