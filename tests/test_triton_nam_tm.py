@@ -20,6 +20,7 @@ or numpy (the interpreter's).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib.util
 import inspect
@@ -387,12 +388,12 @@ def test_nam_tm_on_the_cuda_path_matches_cpu(kw, monkeypatch):
         return [y, *s2, *aux, *grads]
 
     want = run(contextlib.nullcontext())
-    launches = {"tape": 0, "heads": 0}
-    tape_apply, heads_apply = nam_tm.TapeScan.apply, nam_tm.HeadScan.apply
-    monkeypatch.setattr(nam_tm.TapeScan, "apply", lambda *a: launches.__setitem__("tape", launches["tape"] + 1)
-                        or tape_apply(*a))
-    monkeypatch.setattr(nam_tm.HeadScan, "apply", lambda *a: launches.__setitem__("heads", launches["heads"] + 1)
-                        or heads_apply(*a))
+    launches = collections.Counter()
+
+    def counted(name, fn):
+        return lambda *a, **k: launches.update([name]) or fn(*a, **k)
+    for name in ("_tape_forward", "_tape_backward", "_heads_forward", "_heads_backward"):
+        monkeypatch.setattr(nam_tm, name, counted(name, getattr(nam_tm, name)))
 
     def no_call(*a, **k):
         raise AssertionError("not on the CUDA path")
@@ -400,10 +401,84 @@ def test_nam_tm_on_the_cuda_path_matches_cpu(kw, monkeypatch):
     monkeypatch.setattr(nam_tm_module, "_fused_step", no_call)  # the per-step tape loop
     monkeypatch.setattr(gru, "gru_module_forward", no_call)
     got = run(cuda_path())
-    assert launches == {"tape": m.num_layers, "heads": m.num_layers}
+    n = m.num_layers  # one launch of each kernel per layer, forward and backward
+    assert launches == {"_tape_forward": n, "_tape_backward": n, "_heads_forward": n, "_heads_backward": n}
     names = ["y", "tape", "key_tape", "h_r", "h_w", "read_pos", "write_pos", "read_act", "write_act", "dx",
              "dtape", "dkey_tape", "dh_r", "dh_w"] + [f"d{n}" for n, _ in m.named_parameters()]
     _close(got, want, DT, names)
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("kw", MODELS, ids=["default", "all-transposed", "nojmp-2layers"])
+def test_layer_scan_replayed_from_its_graphs_matches_cpu(kw, dtype, short_segment):
+    """The layer's tape machinery with its forward and backward replayed from their graphs
+    (:func:`memnets.ops.gpu.graphs.stand_in`: static buffers, outputs rewritten in place at each
+    replay), batch after batch of one shape, equals the CPU fused path; the second call of a
+    shape captures, later ones replay; outputs left out of the loss get no gradient."""
+    from memnets.ops.gpu import graphs
+    torch.manual_seed(0)
+    m = NAMTuringMachine(6, 8, num_tapes=2, tape_length=6, **kw).to(dtype)
+    graphs.clear()
+    before = graphs.stats()
+    for i in range(4):
+        g = torch.Generator().manual_seed(10 + i)
+        x = torch.randn(2, 7, 6, generator=g, dtype=dtype)
+        st = NAMTMState(*(s + 0.3 * torch.randn(s.shape, generator=g, dtype=dtype) for s in m.init_state(2, dtype=dtype)))
+
+        def run(path, used):
+            xx, ss = x.clone().requires_grad_(), [s.clone().requires_grad_() for s in st]
+            with path:
+                y, s2, aux = m(xx, NAMTMState(*ss), return_aux=True)
+                outs = [y, *s2, *aux]
+                grads = _grads([outs[j] for j in used], [xx, *ss, *m.parameters()], seed=i)
+            return [*outs, *grads]
+        used = [0, 1, 2, 3, 4, 5, 6, 7, 8] if i % 2 == 0 else [0]  # every output, or y alone
+        want = run(contextlib.nullcontext(), used)
+        with graphs.stand_in():
+            got = run(cuda_path(), used)
+        _close(got, want, dtype, [f"call {i}, item {j}" for j in range(len(got))])
+    after = graphs.stats()
+    # one graph for the forward and one for the backward (layers alike share them), captured at
+    # the second call; the third and fourth calls replay both for every layer
+    assert after["captures"] - before.get("captures", 0) == 2
+    assert after["replays"] - before.get("replays", 0) >= 2 * 2 * m.num_layers
+    graphs.clear()
+
+
+@interpreted
+def test_layer_scan_gradcheck_and_refusals(monkeypatch):
+    """gradcheck of :func:`nam_tm_layer_scan_triton` in float64 (a walk back across saved
+    states), and arguments of the wrong shape refused with their name."""
+    from memnets.ops.gpu import nam_tm
+    from memnets.ops.gpu.nam_tm import nam_tm_layer_scan_triton
+    monkeypatch.setattr(nam_tm, "SEGMENT", 2)
+    g = torch.Generator().manual_seed(3)
+    B, T, Tn, C, L = 1, 3, 2, 3, 4
+    order = (JUMP, LEFT, NOOP, RIGHT)
+    for n_p, unit_values, unit_keys, transposed in ((2, False, False, False), (3, True, True, True)):
+        ins = [torch.randn(B, T, Tn, 8 + n_p + C, generator=g, dtype=torch.float64),
+               torch.randn(B, T, Tn, C, generator=g, dtype=torch.float64),
+               torch.randn(B, T, Tn, C, generator=g, dtype=torch.float64),
+               torch.randn(B, Tn, C, L, generator=g, dtype=torch.float64),
+               torch.randn(B, Tn, C, L, generator=g, dtype=torch.float64),
+               torch.rand(B, Tn, 2, L, generator=g, dtype=torch.float64)]
+        leaves = [x.requires_grad_() for x in ins]
+
+        def f(*a):
+            return nam_tm_layer_scan_triton(*a, order, n_p, unit_values=unit_values, unit_keys=unit_keys,
+                                            transposed=transposed)
+        assert torch.autograd.gradcheck(f, leaves, fast_mode=True)
+    good = [x.detach() for x in ins]
+    for i, name in enumerate(["ctrl", "kraw", "v", "tape", "key_tape", "heads"]):
+        bad = list(good)
+        bad[i] = bad[i][..., :-1]
+        with pytest.raises(ValueError, match=f"`{name}`" if name not in ("tape",) else "tape"):
+            nam_tm_layer_scan_triton(*bad, order, 3)
+    with pytest.raises(ValueError, match="`order`"):
+        nam_tm_layer_scan_triton(*good, (JUMP, JUMP), 3)
+    with pytest.raises(ValueError, match="`n_p`"):
+        nam_tm_layer_scan_triton(*good, order, 4)
 
 
 # ---------------------------------------------------------------------------------------------

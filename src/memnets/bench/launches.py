@@ -461,8 +461,9 @@ def run(quick: bool = False, *, batch: int = 4, length: int = 16, models: tuple[
            if device.type == "cpu" else ""),
         "per_t = launches_step / T; marginal_per_t = (launches at T - launches at T/2) / (T/2)",
         ("graphed_*: the step as CUDA issues it with graph replay, from the third call of a shape on (the "
-         "first call runs eagerly, the second captures): each call of a graphed loop (LSAM's, the DNC's and "
-         "the NTM's time loops, forward and backward) is 1 replay (graph_replays) and its copies in and out, "
+         "first call runs eagerly, the second captures): each call of a graphed function (LSAM's, the DNC's "
+         "and the NTM's time loops, the NAM-TM layer's tape machinery; forward and backward) is 1 replay "
+         "(graph_replays) and its copies in and out, "
          "one multi-tensor copy per dtype each way (graph_copies), instead of the ATen ops and Triton "
          "launches inside it"
          if replay else "graphed_*: the same as the eager columns: graph replay is switched off "

@@ -42,15 +42,16 @@ tests/test_triton_nam_tm.py. Not twice differentiable.
 from __future__ import annotations
 
 import contextlib
-from typing import List, Optional
+import functools
+from typing import List, Optional, Sequence
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from . import lazy_kernels
-from .graphs import zeros_for_none
+from .graphs import graphed, zeros_for_none
 
-__all__ = ["nam_tape_scan_triton", "nam_tm_heads_triton", "kernels", "SEGMENT"]
+__all__ = ["nam_tape_scan_triton", "nam_tm_heads_triton", "nam_tm_layer_scan_triton", "kernels", "SEGMENT"]
 
 SEGMENT = 16  # steps between the states saved for the backward
 
@@ -726,3 +727,184 @@ def nam_tm_heads_triton(act: torch.Tensor, q: Optional[torch.Tensor], k: Optiona
     Hs, KT = HeadScan.apply(c(act), qq, kk, c(p_w), c(p_e), c(h0), c(key_tape), order, bool(transposed),
                             bool(batch_major), bool(unit_keys and has_jump))
     return Hs.to(act.dtype), KT.to(act.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# a layer's whole tape machinery, forward and backward each one graph
+
+
+def _unit_forward(x: torch.Tensor, eps: float):
+    """μ(x) along the last dim as :class:`memnets.memories.nam_tm._Unit` computes it: ``(y, n,
+    free)`` with ``n = max(‖x‖, eps)`` and ``free = ‖x‖ >= eps``."""
+    norm = torch.linalg.vector_norm(x, 2, -1, keepdim=True)
+    n = norm.clamp_min(eps)
+    return x / n, n, norm >= eps
+
+
+def _unit_backward(y: torch.Tensor, n: torch.Tensor, free: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """``dx = (dy − y ⟨y, dy⟩) / n``, the projection only where the norm was not clamped."""
+    s = torch.linalg.vecdot(y, dy).unsqueeze(-1).mul_(free)
+    return torch.mul(y, s).neg_().add_(dy).div_(n)
+
+
+def _layer_saved(cfg) -> List[str]:
+    """Names of what :func:`_layer_forward` returns after its five outputs, for the backward."""
+    A, n_p, order, jump, unit_values, unit_keys, transposed, eps = cfg
+    return (["p"] + (["q", "nq", "fq", "k", "nk", "fk", "Kc", "U"] if jump else [])
+            + (["hv", "nh", "fh"] if unit_values else []) + ["Sc", "Ut"])
+
+
+def _layer_forward(cfg, ctrl, *rest):
+    """The layer's tape machinery forward, from the controller's output projection ``ctrl``:
+    ``(r, S_T, K_T, Hs, act, *saved)`` (:func:`nam_tm_layer_scan_triton`; ``saved`` as
+    :func:`_layer_saved` names them)."""
+    A, n_p, order, jump, unit_values, unit_keys, transposed, eps = cfg
+    kraw, (v, tape, key_tape, heads) = (rest[0], rest[1:]) if jump else (None, rest)
+    B, T, Tn, _ = ctrl.shape
+    C, L = tape.shape[-2], tape.shape[-1]
+    N = B * Tn
+    act = torch.softmax(ctrl[..., :2 * A].unflatten(-1, (2, A)), -1).contiguous()  # [B, T, Tn, 2, A]
+    p = torch.sigmoid(ctrl[..., 2 * A:2 * A + n_p].movedim(-1, 0)).contiguous()  # [n_p, B, T, Tn]: p_r, p_w[, p_e]
+    p_r, p_w = p[0], p[1]
+    p_e = p[2] if n_p == 3 else p_w
+    saved = {"p": p}
+    if jump:
+        q, saved["nq"], saved["fq"] = _unit_forward(ctrl[..., 2 * A + n_p:], eps)
+        k, saved["nk"], saved["fk"] = _unit_forward(kraw, eps)
+        saved["q"], saved["k"] = q, k = q.contiguous(), k.contiguous()
+    else:
+        q = k = act
+    meta = _heads_meta(act, heads, key_tape.reshape(N, C, L), list(order), transposed, True, unit_keys)
+    Hs, KT, Kc, U = _heads_forward(meta, act, q, k, p_w, p_e, heads.reshape(N, 2, L), key_tape.reshape(N, C, L))
+    if jump:
+        saved["Kc"], saved["U"] = Kc, U
+    hv = Hs[:, :T]  # [B, T, Tn, 2, L]: the positions used at step t
+    if unit_values:
+        hv, saved["nh"], saved["fh"] = _unit_forward(hv, eps)
+        saved["hv"] = hv
+    r, ST, saved["Sc"], saved["Ut"] = _tape_forward(hv[..., 0, :], hv[..., 1, :], v, p_w, p_e, p_r, tape)
+    return (r, ST, KT.view(B, Tn, C, L), Hs, act, *(saved[n] for n in _layer_saved(cfg)))
+
+
+def _layer_backward(cfg, v, act, Hs, *rest):
+    """The gradients of :func:`_layer_forward`'s inputs from what it saved and its outputs'
+    gradients (every one given): ``(dctrl, [dkraw,] dv, dtape, dkey_tape, dheads)``."""
+    A, n_p, order, jump, unit_values, unit_keys, transposed, eps = cfg
+    names = _layer_saved(cfg)
+    sv = dict(zip(names, rest[:len(names)]))
+    dr, dST, dKT, dHs, dact_out = rest[len(names):]
+    B, T1, Tn, _, L = Hs.shape
+    T, N, C = T1 - 1, B * Tn, v.shape[-1]
+    p = sv["p"]
+    p_r, p_w = p[0], p[1]
+    p_e = p[2] if n_p == 3 else p_w
+    hv = sv["hv"] if unit_values else Hs[:, :T]
+    dqr, dkw, dv, dpw, dpe, dpr, dS0 = _tape_backward(hv[..., 0, :], hv[..., 1, :], v, p_w, p_e, p_r,
+                                                      sv["Sc"], sv["Ut"], dr, dST)
+    dhv = torch.stack([dqr, dkw], -2)  # [B, T, Tn, 2, L]
+    if unit_values:
+        dhv = _unit_backward(hv, sv["nh"], sv["fh"], dhv)
+    gH = dHs.clone()
+    gH[:, :T] += dhv
+    q, k = (sv["q"], sv["k"]) if jump else (act, act)
+    meta = _heads_meta(act, gH.new_empty(N, 2, L), gH.new_empty(N, C, L), list(order), transposed, True, unit_keys)
+    dact, dq, dk, dpw_h, dpe_h, dH0, dK0 = _heads_backward(meta, act, q, k, p_w, p_e, Hs, sv.get("Kc"), sv.get("U"),
+                                                            gH, dKT.reshape(N, C, L))
+    dact = dact + dact_out
+    dz = act * (dact - (act * dact).sum(-1, keepdim=True))  # the softmax's backward
+    if jump:
+        dpw, dpe = dpw + dpw_h, dpe + dpe_h
+    dps = [dpr, dpw + dpe] if n_p == 2 else [dpr, dpw, dpe]  # p_e = p_w: both gradients go to p_w
+    dp = torch.stack(dps, 0).mul_(p * (1 - p))  # the sigmoid's backward, [n_p, B, T, Tn]
+    parts = [dz.flatten(-2), dp.movedim(0, -1)]
+    if jump:
+        parts.append(_unit_backward(sv["q"], sv["nq"], sv["fq"], dq))
+    grads = [torch.cat(parts, -1)]
+    if jump:
+        grads.append(_unit_backward(sv["k"], sv["nk"], sv["fk"], dk))
+    return (*grads, dv, dS0, dK0.view(B, Tn, C, L), dH0.view(B, Tn, 2, L))
+
+
+class LayerScan(torch.autograd.Function):
+    """:func:`nam_tm_layer_scan_triton`'s forward and backward, each run by :func:`graphed`
+    (one CUDA-graph replay once its shapes were seen twice)."""
+
+    @staticmethod
+    def forward(ctx, cfg, ctrl, kraw, v, tape, key_tape, heads):
+        ins = (ctrl, kraw, v, tape, key_tape, heads) if cfg[3] else (ctrl, v, tape, key_tape, heads)
+        r, ST, KT, Hs, act, *saved = graphed(("nam_tm.layer", cfg), functools.partial(_layer_forward, cfg), *ins)
+        ctx.save_for_backward(v, act, Hs, *saved)
+        ctx.cfg = cfg
+        ctx.set_materialize_grads(False)  # unused outputs' zeros: one fill in the backward
+        return r, ST, KT, Hs, act
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dr, dST, dKT, dHs, dact):
+        cfg = ctx.cfg
+        v, act, Hs, *saved = ctx.saved_tensors
+        B, T1, Tn, _, L = Hs.shape
+        C = v.shape[-1]
+        sizes = ((B, T1 - 1, Tn, C), (B, Tn, C, L), (B, Tn, C, L), tuple(Hs.shape), tuple(act.shape))
+        grads = zeros_for_none((dr, dST, dKT, dHs, dact), [(s, v.dtype, v.device) for s in sizes])
+        out = graphed(("nam_tm.layer.backward", cfg), functools.partial(_layer_backward, cfg), v, act, Hs, *saved, *grads)
+        dctrl, dkraw, rest = (out[0], out[1], out[2:]) if cfg[3] else (out[0], None, out[1:])
+        return (None, dctrl, dkraw, *rest)
+
+
+def nam_tm_layer_scan_triton(ctrl: torch.Tensor, kraw: Optional[torch.Tensor], v: torch.Tensor, tape: torch.Tensor,
+                             key_tape: torch.Tensor, heads: torch.Tensor, order: Sequence[int], n_p: int,
+                             unit_values: bool = False, unit_keys: bool = False, transposed: bool = False,
+                             eps: float = 1e-6):
+    """A NAM-TM layer's tape machinery on CUDA (docs/maths.md §3), from the controller's output
+    projection to the reads: action softmaxes, gates σ(p), unit jump queries and keys, the heads
+    and key tape (:func:`nam_tm_heads_triton`'s kernel), μ of the heads where asked, and the value
+    tape (:func:`nam_tape_scan_triton`'s kernel). Its forward and its backward are each one
+    function of tensors, run by :func:`memnets.ops.gpu.graphs.graphed`: replayed as one CUDA
+    graph each, instead of the few dozen small ops around the two kernels.
+
+    Args:
+        ctrl: ``[B, T, Tn, 2A + n_p (+ C with JUMP)]``: per tape the read and write actions'
+            logits, the gates' logits (p_r, p_w[, p_e]; ``n_p`` 2 means p_e = p_w) and, with JUMP,
+            the jump query.
+        kraw: ``[B, T, Tn, C]`` the keys before μ (with JUMP; else None).
+        v: ``[B, T, Tn, C]`` values; tape, key_tape: ``[B, Tn, C, L]``; heads: ``[B, Tn, 2, L]``
+            (read, write) at the start.
+        order: the actions, indices into (LEFT, NOOP, RIGHT, JUMP).
+        unit_values: the value tape at μ(H); unit_keys: the key tape at μ(H_w) (with JUMP);
+        transposed: the transposed key tape.
+    Returns:
+        ``(r [B, T, Tn, C], tape [B, Tn, C, L], key_tape [B, Tn, C, L], Hs [B, T+1, Tn, 2, L]
+        (the heads used at each step, then the final ones), act [B, T, Tn, 2, A])``, in float32
+        for float16/bfloat16 inputs.
+    """
+    order = tuple(int(a) for a in order)
+    A, jump = len(order), JUMP in order
+    if A < 1 or len(set(order)) != A or any(a not in (LEFT, NOOP, RIGHT, JUMP) for a in order):
+        raise ValueError(f"nam_tm_layer_scan: `order` expected distinct actions among 0..3, got {list(order)}")
+    if n_p not in (2, 3):
+        raise ValueError(f"nam_tm_layer_scan: `n_p` expected 2 or 3, got {n_p!r}")
+    if not isinstance(tape, torch.Tensor) or tape.dim() != 4:
+        raise ValueError(f"nam_tm_layer_scan: `tape` expected [B, Tn, C, L], got {getattr(tape, 'shape', tape)}")
+    B, Tn, C, L = tape.shape
+    if not isinstance(ctrl, torch.Tensor) or ctrl.dim() != 4 or tuple(ctrl.shape[::2]) != (B, Tn):
+        raise ValueError(f"nam_tm_layer_scan: `ctrl` expected [B={B}, T, Tn={Tn}, n], got {getattr(ctrl, 'shape', ctrl)}")
+    T = ctrl.shape[1]
+    named = [("ctrl", ctrl, (B, T, Tn, 2 * A + n_p + (C if jump else 0))), ("v", v, (B, T, Tn, C)),
+             ("key_tape", key_tape, (B, Tn, C, L)), ("heads", heads, (B, Tn, 2, L))]
+    if jump:
+        named.append(("kraw", kraw, (B, T, Tn, C)))
+    for name, x, shape in named:
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape or x.device != tape.device \
+                or x.dtype != ctrl.dtype or tape.dtype != ctrl.dtype:
+            got = f"{list(x.shape)} {x.dtype} on {x.device}" if isinstance(x, torch.Tensor) else repr(x)
+            raise ValueError(f"nam_tm_layer_scan: `{name}` expected shape {list(shape)}, {ctrl.dtype} on "
+                             f"{tape.device} (tape: {tape.dtype}), got {got}")
+    if T == 0 or B * Tn * C * L == 0:
+        raise ValueError(f"nam_tm_layer_scan: empty input (B={B}, T={T}, Tn={Tn}, C={C}, L={L})")
+    dt = _compute_dtype(ctrl.dtype)
+
+    def c(x):
+        return None if x is None else x.to(dt).contiguous()
+    cfg = (A, int(n_p), order, jump, bool(unit_values), bool(unit_keys and jump), bool(transposed), float(eps))
+    return LayerScan.apply(cfg, c(ctrl), c(kraw) if jump else None, c(v), c(tape), c(key_tape), c(heads))
