@@ -615,9 +615,10 @@ class DNCRecurrenceTriton(torch.autograd.Function):
         ctx.dims = (R, W)
         ctx.set_materialize_grads(False)  # backward makes the zeros of unused outputs itself, in one fill
         ctx.save_for_backward(x, w_x, w_xi, w0, X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW)
-        # copies, so that the final states hold none of the per-step buffers: one multi-tensor copy
-        return (X[1:].clone(), *fresh_copies((X[T, :, RW:].unsqueeze(1), CB[T].unsqueeze(1), MEM[T], U[T], LNK[T],
-                                              PREC[T], WR[T], WW[T])))
+        # copies, so that the outputs hold none of the per-step buffers: one multi-tensor copy (the
+        # final h, a strided slice, one copy of its own)
+        return tuple(fresh_copies((X[1:], X[T, :, RW:].unsqueeze(1), CB[T].unsqueeze(1), MEM[T], U[T], LNK[T],
+                                   PREC[T], WR[T], WW[T])))
 
     @staticmethod
     @once_differentiable

@@ -481,8 +481,8 @@ class NTMScanTriton(torch.autograd.Function):
         ctx.save_for_backward(w_rh, w_h, Ms, Wr, Ww, Cs, RH, Z, Pp, Aux)
         ctx.meta, ctx.K = meta, K
         ctx.set_materialize_grads(False)  # backward makes the zeros of unused outputs itself, in one fill
-        # copies, so that the final states hold none of the per-step buffers: one multi-tensor copy
-        return (RH[1:].clone(), *fresh_copies((Ms[T], Wr[T], Ww[T], Cs[T])))
+        # copies, so that the outputs hold none of the per-step buffers: one multi-tensor copy
+        return tuple(fresh_copies((RH[1:], Ms[T], Wr[T], Ww[T], Cs[T])))
 
     @staticmethod
     def backward(ctx, d_rh, dM, dwr, dww, dc):
