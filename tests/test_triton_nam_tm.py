@@ -449,36 +449,47 @@ def test_layer_scan_replayed_from_its_graphs_matches_cpu(kw, dtype, short_segmen
 @interpreted
 def test_layer_scan_gradcheck_and_refusals(monkeypatch):
     """gradcheck of :func:`nam_tm_layer_scan_triton` in float64 (a walk back across saved
-    states), and arguments of the wrong shape refused with their name."""
+    states), with and without JUMP, and arguments of the wrong shape refused with their name."""
     from memnets.ops.gpu import nam_tm
     from memnets.ops.gpu.nam_tm import nam_tm_layer_scan_triton
     monkeypatch.setattr(nam_tm, "SEGMENT", 2)
     g = torch.Generator().manual_seed(3)
-    B, T, Tn, C, L = 1, 3, 2, 3, 4
-    order = (JUMP, LEFT, NOOP, RIGHT)
-    for n_p, unit_values, unit_keys, transposed in ((2, False, False, False), (3, True, True, True)):
-        ins = [torch.randn(B, T, Tn, 8 + n_p + C, generator=g, dtype=torch.float64),
-               torch.randn(B, T, Tn, C, generator=g, dtype=torch.float64),
-               torch.randn(B, T, Tn, C, generator=g, dtype=torch.float64),
-               torch.randn(B, Tn, C, L, generator=g, dtype=torch.float64),
-               torch.randn(B, Tn, C, L, generator=g, dtype=torch.float64),
-               torch.rand(B, Tn, 2, L, generator=g, dtype=torch.float64)]
-        leaves = [x.requires_grad_() for x in ins]
+    B, T, Tn, C, L, H, F = 1, 3, 2, 3, 4, 5, 2
 
-        def f(*a):
-            return nam_tm_layer_scan_triton(*a, order, n_p, unit_values=unit_values, unit_keys=unit_keys,
-                                            transposed=transposed)
-        assert torch.autograd.gradcheck(f, leaves, fast_mode=True)
-    good = [x.detach() for x in ins]
-    for i, name in enumerate(["ctrl", "kraw", "v", "tape", "key_tape", "heads"]):
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+    cases = [((JUMP, LEFT, NOOP, RIGHT), 2, False, False, False), ((RIGHT, JUMP, LEFT), 3, True, True, True),
+             ((LEFT, RIGHT), 3, True, False, False)]
+    for order, n_p, unit_values, unit_keys, transposed in cases:
+        jump = JUMP in order
+        n = 2 * len(order) + n_p + (C if jump else 0)
+        ins = [r(B, T, H), r(B, T, F), r(Tn * n, H), r(Tn * n), r(Tn * C, F), r(Tn * C)]
+        ins += [r(Tn * C, F), r(Tn * C)] if jump else []
+        ins += [r(B, Tn, C, L), r(B, Tn, C, L), torch.rand(B, Tn, 2, L, generator=g, dtype=torch.float64)]
+        leaves = [t.requires_grad_() for t in ins]
+
+        def f(hc, x, wc, bc, wv, bv, *rest):
+            key, rest = ((rest[0], rest[1]), rest[2:]) if jump else (None, rest)
+            return nam_tm_layer_scan_triton(hc, x, (wc, bc), (wv, bv), key, *rest, order, n_p, unit_values=unit_values,
+                                            unit_keys=unit_keys, transposed=transposed)
+        assert torch.autograd.gradcheck(f, leaves, fast_mode=True), order
+    good = [t.detach() for t in ins]  # the last case: no JUMP
+
+    def call(hc, x, wc, bc, wv, bv, tape, key_tape, heads, order=(LEFT, RIGHT), n_p=3, key=None):
+        return nam_tm_layer_scan_triton(hc, x, (wc, bc), (wv, bv), key, tape, key_tape, heads, order, n_p)
+    names = ["hc", "x", "control weight", "control bias", "value weight", "value bias", "tape", "key_tape", "heads"]
+    for i, name in enumerate(names):
         bad = list(good)
-        bad[i] = bad[i][..., :-1]
-        with pytest.raises(ValueError, match=f"`{name}`" if name not in ("tape",) else "tape"):
-            nam_tm_layer_scan_triton(*bad, order, 3)
+        bad[i] = bad[i].unsqueeze(0) if i in (0, 1, 6) else bad[i][..., :-1]  # hc, x and tape set the sizes: a wrong rank
+        with pytest.raises(ValueError, match=f"`{name}`"):
+            call(*bad)
+    assert call(*good)[0].shape == (B, T, Tn, C)
+    with pytest.raises(ValueError, match="`key`"):
+        call(*good, order=(JUMP, LEFT))
     with pytest.raises(ValueError, match="`order`"):
-        nam_tm_layer_scan_triton(*good, (JUMP, JUMP), 3)
+        call(*good, order=(LEFT, LEFT))
     with pytest.raises(ValueError, match="`n_p`"):
-        nam_tm_layer_scan_triton(*good, order, 4)
+        call(*good, n_p=4)
 
 
 # ---------------------------------------------------------------------------------------------

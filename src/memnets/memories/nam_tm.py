@@ -230,9 +230,9 @@ class _NAMTMLayer(nn.Module):
             hc = gru_module_forward(self.controller, x)
         else:
             hc = run_rnn(self.controller, x)[0]
-        ctrl = self.control(hc).view(B, T, Tn, self.n_ctrl)  # [B, T, Tn, n_ctrl]
         if gpu:  # the CUDA path: everything from here to the reads in one function, graphed
-            return self._forward_triton(x, ctrl, tape, key_tape, h_r, h_w)
+            return self._forward_triton(x, hc, tape, key_tape, h_r, h_w)
+        ctrl = self.control(hc).view(B, T, Tn, self.n_ctrl)  # [B, T, Tn, n_ctrl]
         n_p = 3 if self.separate_erase else 2
         # one split (its backward is one cat, where each slice's would be a zero-filled copy)
         z, p, q = ctrl.split([2 * A, n_p, self.n_ctrl - 2 * A - n_p], -1)
@@ -261,26 +261,25 @@ class _NAMTMLayer(nn.Module):
         aux = NAMTMAux(pos[..., 0, :], pos[..., 1, :], act[..., 0, :], act[..., 1, :])
         return y, (tape, key_tape, heads[:, :, 0], heads[:, :, 1]), aux
 
-    def _forward_triton(self, x, ctrl, tape, key_tape, h_r, h_w):
-        """The CUDA path: from the controller's projection ``ctrl`` to the reads by
-        :func:`memnets.ops.gpu.nam_tm.nam_tm_layer_scan_triton`, whose forward and backward each
-        replay as one CUDA graph (the same step as :func:`_fused_step`). Under autocast the tapes
-        run in float32, as in :meth:`_forward_fused`."""
+    def _forward_triton(self, x, hc, tape, key_tape, h_r, h_w):
+        """The CUDA path: from the controller's output ``hc`` to the reads by
+        :func:`memnets.ops.gpu.nam_tm.nam_tm_layer_scan_triton` (the control, value and key
+        projections and the same step as :func:`_fused_step`), whose forward and backward each
+        replay as one CUDA graph. It runs in float32 under autocast (the tapes, as in
+        :meth:`_forward_fused`, and here the three projections too)."""
         from ..ops.gpu.nam_tm import nam_tm_layer_scan_triton
 
-        B, T, _ = x.shape
-        Tn, C, L = self.num_tapes, self.width, tape.shape[-1]
+        T = x.shape[1]
+        heads = torch.stack([h_r, h_w], 2)  # [B, Tn, 2, L]
         dev = x.device.type
         f32 = torch.is_autocast_enabled(dev) and x.dtype != torch.float64
-        v = self.value(x).view(B, T, Tn, C)
-        kraw = self.key(x).view(B, T, Tn, C) if self.key is not None else None
-        heads = torch.stack([h_r, h_w], 2)  # [B, Tn, 2, L]
         with torch.autocast(dev, enabled=False) if f32 else contextlib.nullcontext():
             if f32:
-                ctrl, v, tape, key_tape, heads = (z.float() for z in (ctrl, v, tape, key_tape, heads))
-                kraw = kraw.float() if kraw is not None else None
+                tape, key_tape, heads = tape.float(), key_tape.float(), heads.float()
+            key = (self.key.weight, self.key.bias) if self.key is not None else None
             r, tape, key_tape, Hs, act = nam_tm_layer_scan_triton(
-                ctrl, kraw, v, tape, key_tape, heads, self.order, 3 if self.separate_erase else 2,
+                hc, x, (self.control.weight, self.control.bias), (self.value.weight, self.value.bias), key,
+                tape, key_tape, heads, self.order, 3 if self.separate_erase else 2,
                 unit_values=self.unit_values, unit_keys=self.unit_keys, transposed=self.transposed_keys)
         y = self.out(r.flatten(2)) if self.out is not None else None  # [B, T, Tn*C]
         pos, final = Hs[:, :T], Hs[:, T]

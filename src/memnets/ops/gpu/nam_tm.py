@@ -754,15 +754,19 @@ def _layer_saved(cfg) -> List[str]:
             + (["hv", "nh", "fh"] if unit_values else []) + ["Sc", "Ut"])
 
 
-def _layer_forward(cfg, ctrl, *rest):
-    """The layer's tape machinery forward, from the controller's output projection ``ctrl``:
-    ``(r, S_T, K_T, Hs, act, *saved)`` (:func:`nam_tm_layer_scan_triton`; ``saved`` as
-    :func:`_layer_saved` names them)."""
+def _layer_forward(cfg, hc, x, w_c, b_c, w_v, b_v, *rest):
+    """The layer's tape machinery forward, from the controller's output ``hc`` and the layer's
+    input ``x``: ``(r, S_T, K_T, Hs, act, v, *saved)`` (:func:`nam_tm_layer_scan_triton`;
+    ``saved`` as :func:`_layer_saved` names them)."""
     A, n_p, order, jump, unit_values, unit_keys, transposed, eps = cfg
-    kraw, (v, tape, key_tape, heads) = (rest[0], rest[1:]) if jump else (None, rest)
-    B, T, Tn, _ = ctrl.shape
-    C, L = tape.shape[-2], tape.shape[-1]
+    (w_k, b_k, tape, key_tape, heads) = rest if jump else (None, None, *rest)
+    B, T = hc.shape[:2]
+    Tn, C, L = tape.shape[1:]
     N = B * Tn
+    x2 = x.reshape(B * T, -1)
+    ctrl = torch.addmm(b_c, hc.reshape(B * T, -1), w_c.t()).view(B, T, Tn, -1)  # the control projection
+    v = torch.addmm(b_v, x2, w_v.t()).view(B, T, Tn, C)  # values
+    kraw = torch.addmm(b_k, x2, w_k.t()).view(B, T, Tn, C) if jump else None  # keys before μ
     act = torch.softmax(ctrl[..., :2 * A].unflatten(-1, (2, A)), -1).contiguous()  # [B, T, Tn, 2, A]
     p = torch.sigmoid(ctrl[..., 2 * A:2 * A + n_p].movedim(-1, 0)).contiguous()  # [n_p, B, T, Tn]: p_r, p_w[, p_e]
     p_r, p_w = p[0], p[1]
@@ -783,16 +787,19 @@ def _layer_forward(cfg, ctrl, *rest):
         hv, saved["nh"], saved["fh"] = _unit_forward(hv, eps)
         saved["hv"] = hv
     r, ST, saved["Sc"], saved["Ut"] = _tape_forward(hv[..., 0, :], hv[..., 1, :], v, p_w, p_e, p_r, tape)
-    return (r, ST, KT.view(B, Tn, C, L), Hs, act, *(saved[n] for n in _layer_saved(cfg)))
+    return (r, ST, KT.view(B, Tn, C, L), Hs, act, v, *(saved[n] for n in _layer_saved(cfg)))
 
 
-def _layer_backward(cfg, v, act, Hs, *rest):
+def _layer_backward(cfg, hc, x, w_c, w_v, *rest):
     """The gradients of :func:`_layer_forward`'s inputs from what it saved and its outputs'
-    gradients (every one given): ``(dctrl, [dkraw,] dv, dtape, dkey_tape, dheads)``."""
+    gradients (every one given): ``(dhc, dx, dw_c, db_c, dw_v, db_v, [dw_k, db_k,] dtape,
+    dkey_tape, dheads)``."""
     A, n_p, order, jump, unit_values, unit_keys, transposed, eps = cfg
+    w_k, rest = (rest[0], rest[1:]) if jump else (None, rest)
+    act, Hs, v = rest[:3]
     names = _layer_saved(cfg)
-    sv = dict(zip(names, rest[:len(names)]))
-    dr, dST, dKT, dHs, dact_out = rest[len(names):]
+    sv = dict(zip(names, rest[3:3 + len(names)]))
+    dr, dST, dKT, dHs, dact_out = rest[3 + len(names):]
     B, T1, Tn, _, L = Hs.shape
     T, N, C = T1 - 1, B * Tn, v.shape[-1]
     p = sv["p"]
@@ -819,10 +826,19 @@ def _layer_backward(cfg, v, act, Hs, *rest):
     parts = [dz.flatten(-2), dp.movedim(0, -1)]
     if jump:
         parts.append(_unit_backward(sv["q"], sv["nq"], sv["fq"], dq))
-    grads = [torch.cat(parts, -1)]
+    # the projections' backward: control (from hc), values and keys (from x)
+    dc = torch.cat(parts, -1).view(B * T, -1)
+    hc2, x2 = hc.reshape(B * T, -1), x.reshape(B * T, -1)
+    dv2 = dv.reshape(B * T, -1)
+    dx = torch.mm(dv2, w_v)
+    grads = [torch.mm(dc, w_c).view(hc.shape), None, torch.mm(dc.t(), hc2), dc.sum(0), torch.mm(dv2.t(), x2),
+             dv2.sum(0)]
     if jump:
-        grads.append(_unit_backward(sv["k"], sv["nk"], sv["fk"], dk))
-    return (*grads, dv, dS0, dK0.view(B, Tn, C, L), dH0.view(B, Tn, 2, L))
+        dk2 = _unit_backward(sv["k"], sv["nk"], sv["fk"], dk).view(B * T, -1)
+        dx = dx.addmm_(dk2, w_k)
+        grads += [torch.mm(dk2.t(), x2), dk2.sum(0)]
+    grads[1] = dx.view(x.shape)
+    return (*grads, dS0, dK0.view(B, Tn, C, L), dH0.view(B, Tn, 2, L))
 
 
 class LayerScan(torch.autograd.Function):
@@ -830,10 +846,11 @@ class LayerScan(torch.autograd.Function):
     (one CUDA-graph replay once its shapes were seen twice)."""
 
     @staticmethod
-    def forward(ctx, cfg, ctrl, kraw, v, tape, key_tape, heads):
-        ins = (ctrl, kraw, v, tape, key_tape, heads) if cfg[3] else (ctrl, v, tape, key_tape, heads)
+    def forward(ctx, cfg, hc, x, w_c, b_c, w_v, b_v, w_k, b_k, tape, key_tape, heads):
+        jump = cfg[3]
+        ins = (hc, x, w_c, b_c, w_v, b_v) + ((w_k, b_k) if jump else ()) + (tape, key_tape, heads)
         r, ST, KT, Hs, act, *saved = graphed(("nam_tm.layer", cfg), functools.partial(_layer_forward, cfg), *ins)
-        ctx.save_for_backward(v, act, Hs, *saved)
+        ctx.save_for_backward(hc, x, w_c, w_v, w_k, act, Hs, *saved)
         ctx.cfg = cfg
         ctx.set_materialize_grads(False)  # unused outputs' zeros: one fill in the backward
         return r, ST, KT, Hs, act
@@ -842,41 +859,47 @@ class LayerScan(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dr, dST, dKT, dHs, dact):
         cfg = ctx.cfg
-        v, act, Hs, *saved = ctx.saved_tensors
+        jump = cfg[3]
+        hc, x, w_c, w_v, w_k, act, Hs, v, *saved = ctx.saved_tensors
         B, T1, Tn, _, L = Hs.shape
         C = v.shape[-1]
         sizes = ((B, T1 - 1, Tn, C), (B, Tn, C, L), (B, Tn, C, L), tuple(Hs.shape), tuple(act.shape))
         grads = zeros_for_none((dr, dST, dKT, dHs, dact), [(s, v.dtype, v.device) for s in sizes])
-        out = graphed(("nam_tm.layer.backward", cfg), functools.partial(_layer_backward, cfg), v, act, Hs, *saved, *grads)
-        dctrl, dkraw, rest = (out[0], out[1], out[2:]) if cfg[3] else (out[0], None, out[1:])
-        return (None, dctrl, dkraw, *rest)
+        ins = (hc, x, w_c, w_v) + ((w_k,) if jump else ()) + (act, Hs, v, *saved, *grads)
+        out = graphed(("nam_tm.layer.backward", cfg), functools.partial(_layer_backward, cfg), *ins)
+        dhc, dx, dw_c, db_c, dw_v, db_v = out[:6]
+        dw_k, db_k = out[6:8] if jump else (None, None)
+        dS0, dK0, dH0 = out[-3:]
+        need = ctx.needs_input_grad
+        return (None, dhc, dx if need[2] else None, dw_c, db_c, dw_v, db_v, dw_k, db_k, dS0, dK0, dH0)
 
 
-def nam_tm_layer_scan_triton(ctrl: torch.Tensor, kraw: Optional[torch.Tensor], v: torch.Tensor, tape: torch.Tensor,
-                             key_tape: torch.Tensor, heads: torch.Tensor, order: Sequence[int], n_p: int,
-                             unit_values: bool = False, unit_keys: bool = False, transposed: bool = False,
+def nam_tm_layer_scan_triton(hc: torch.Tensor, x: torch.Tensor, control: Sequence[torch.Tensor],
+                             value: Sequence[torch.Tensor], key: Optional[Sequence[torch.Tensor]],
+                             tape: torch.Tensor, key_tape: torch.Tensor, heads: torch.Tensor, order: Sequence[int],
+                             n_p: int, unit_values: bool = False, unit_keys: bool = False, transposed: bool = False,
                              eps: float = 1e-6):
-    """A NAM-TM layer's tape machinery on CUDA (docs/maths.md §3), from the controller's output
-    projection to the reads: action softmaxes, gates σ(p), unit jump queries and keys, the heads
-    and key tape (:func:`nam_tm_heads_triton`'s kernel), μ of the heads where asked, and the value
-    tape (:func:`nam_tape_scan_triton`'s kernel). Its forward and its backward are each one
-    function of tensors, run by :func:`memnets.ops.gpu.graphs.graphed`: replayed as one CUDA
-    graph each, instead of the few dozen small ops around the two kernels.
+    """A NAM-TM layer on CUDA from its controller's output to the reads (docs/maths.md §3): the
+    control, value and key projections, action softmaxes, gates σ(p), unit jump queries and keys,
+    the heads and key tape (:func:`nam_tm_heads_triton`'s kernel), μ of the heads where asked, and
+    the value tape (:func:`nam_tape_scan_triton`'s kernel). Its forward and its backward are each
+    one function of tensors run by :func:`memnets.ops.gpu.graphs.graphed`: replayed as one CUDA
+    graph each, instead of the few dozen small ops around the two kernels. Float16/bfloat16
+    inputs (autocast's) run in float32 throughout, the projections included.
 
     Args:
-        ctrl: ``[B, T, Tn, 2A + n_p (+ C with JUMP)]``: per tape the read and write actions'
-            logits, the gates' logits (p_r, p_w[, p_e]; ``n_p`` 2 means p_e = p_w) and, with JUMP,
-            the jump query.
-        kraw: ``[B, T, Tn, C]`` the keys before μ (with JUMP; else None).
-        v: ``[B, T, Tn, C]`` values; tape, key_tape: ``[B, Tn, C, L]``; heads: ``[B, Tn, 2, L]``
-            (read, write) at the start.
+        hc: ``[B, T, H]`` the controller's output; x: ``[B, T, F]`` the layer's input.
+        control: ``(weight [Tn·n, H], bias [Tn·n])`` with ``n = 2A + n_p (+ C with JUMP)``: per
+            tape the read and write actions' logits, the gates' logits (p_r, p_w[, p_e]; ``n_p``
+            2 means p_e = p_w) and, with JUMP, the jump query.
+        value: ``(weight [Tn·C, F], bias [Tn·C])``; key: the same for the keys (with JUMP; else None).
+        tape, key_tape: ``[B, Tn, C, L]``; heads: ``[B, Tn, 2, L]`` (read, write) at the start.
         order: the actions, indices into (LEFT, NOOP, RIGHT, JUMP).
         unit_values: the value tape at μ(H); unit_keys: the key tape at μ(H_w) (with JUMP);
         transposed: the transposed key tape.
     Returns:
         ``(r [B, T, Tn, C], tape [B, Tn, C, L], key_tape [B, Tn, C, L], Hs [B, T+1, Tn, 2, L]
-        (the heads used at each step, then the final ones), act [B, T, Tn, 2, A])``, in float32
-        for float16/bfloat16 inputs.
+        (the heads used at each step, then the final ones), act [B, T, Tn, 2, A])``.
     """
     order = tuple(int(a) for a in order)
     A, jump = len(order), JUMP in order
@@ -887,24 +910,34 @@ def nam_tm_layer_scan_triton(ctrl: torch.Tensor, kraw: Optional[torch.Tensor], v
     if not isinstance(tape, torch.Tensor) or tape.dim() != 4:
         raise ValueError(f"nam_tm_layer_scan: `tape` expected [B, Tn, C, L], got {getattr(tape, 'shape', tape)}")
     B, Tn, C, L = tape.shape
-    if not isinstance(ctrl, torch.Tensor) or ctrl.dim() != 4 or tuple(ctrl.shape[::2]) != (B, Tn):
-        raise ValueError(f"nam_tm_layer_scan: `ctrl` expected [B={B}, T, Tn={Tn}, n], got {getattr(ctrl, 'shape', ctrl)}")
-    T = ctrl.shape[1]
-    named = [("ctrl", ctrl, (B, T, Tn, 2 * A + n_p + (C if jump else 0))), ("v", v, (B, T, Tn, C)),
-             ("key_tape", key_tape, (B, Tn, C, L)), ("heads", heads, (B, Tn, 2, L))]
+    if not isinstance(hc, torch.Tensor) or hc.dim() != 3 or hc.shape[0] != B:
+        raise ValueError(f"nam_tm_layer_scan: `hc` expected [B={B}, T, H], got {getattr(hc, 'shape', hc)}")
+    T, H = hc.shape[1:]
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or tuple(x.shape[:2]) != (B, T):
+        raise ValueError(f"nam_tm_layer_scan: `x` expected [B={B}, T={T}, F], got {getattr(x, 'shape', x)}")
+    F_in = x.shape[2]
+    pairs = [("control", control, Tn * (2 * A + n_p + (C if jump else 0)), H), ("value", value, Tn * C, F_in)]
     if jump:
-        named.append(("kraw", kraw, (B, T, Tn, C)))
-    for name, x, shape in named:
-        if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape or x.device != tape.device \
-                or x.dtype != ctrl.dtype or tape.dtype != ctrl.dtype:
-            got = f"{list(x.shape)} {x.dtype} on {x.device}" if isinstance(x, torch.Tensor) else repr(x)
-            raise ValueError(f"nam_tm_layer_scan: `{name}` expected shape {list(shape)}, {ctrl.dtype} on "
-                             f"{tape.device} (tape: {tape.dtype}), got {got}")
-    if T == 0 or B * Tn * C * L == 0:
+        pairs.append(("key", key, Tn * C, F_in))
+    named = [("x", x, (B, T, F_in)), ("key_tape", key_tape, (B, Tn, C, L)), ("heads", heads, (B, Tn, 2, L))]
+    for name, pair, rows, cols in pairs:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"nam_tm_layer_scan: `{name}` expected (weight, bias), got {type(pair).__name__}")
+        named += [(f"{name} weight", pair[0], (rows, cols)), (f"{name} bias", pair[1], (rows,))]
+    for name, t, shape in named:
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.device != tape.device \
+                or not t.is_floating_point():
+            got = f"{list(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else repr(t)
+            raise ValueError(f"nam_tm_layer_scan: `{name}` expected shape {list(shape)}, floating point on "
+                             f"{tape.device}, got {got}")
+    if B * T * Tn * C * L == 0:
         raise ValueError(f"nam_tm_layer_scan: empty input (B={B}, T={T}, Tn={Tn}, C={C}, L={L})")
-    dt = _compute_dtype(ctrl.dtype)
+    dt = torch.float64 if tape.dtype == torch.float64 else _compute_dtype(tape.dtype)
 
-    def c(x):
-        return None if x is None else x.to(dt).contiguous()
+    def c(t):
+        return None if t is None else t.to(dt).contiguous()
     cfg = (A, int(n_p), order, jump, bool(unit_values), bool(unit_keys and jump), bool(transposed), float(eps))
-    return LayerScan.apply(cfg, c(ctrl), c(kraw) if jump else None, c(v), c(tape), c(key_tape), c(heads))
+    w_k, b_k = (c(key[0]), c(key[1])) if jump else (None, None)
+    outs = LayerScan.apply(cfg, c(hc), c(x), c(control[0]), c(control[1]), c(value[0]), c(value[1]), w_k, b_k,
+                           c(tape), c(key_tape), c(heads))
+    return outs if dt == tape.dtype else tuple(o.to(tape.dtype) for o in outs)
