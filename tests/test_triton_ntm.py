@@ -69,9 +69,10 @@ def test_triton_ntm_continues_from_a_given_state():
 
 
 def test_triton_ntm_recurrence_gradcheck():
-    """torch.autograd.gradcheck of the autograd Function, float64, a very small NTM."""
+    """torch.autograd.gradcheck of the autograd Function, float64, a very small NTM: from a given
+    state, and from the learned start spread over the batch inside (``memory_init``)."""
     torch.manual_seed(2)
-    B, T, N, W, R, Hw, C, S = 1, 2, 3, 2, 1, 1, 2, 3
+    B, T, F, N, W, R, Hw, C, S = 2, 2, 2, 3, 2, 1, 1, 2, 3
     G, K, P = 4 * C, R * W + C, (R + Hw) * (W + 3 + S) + 2 * Hw * W
 
     def r(*s, scale=0.5):
@@ -79,30 +80,42 @@ def test_triton_ntm_recurrence_gradcheck():
 
     # the weights as constants (their gradients are held to the PyTorch path's above): gradcheck
     # costs two interpreted forward passes per input element
-    args = (r(T, B, G), r(G, K).detach(), r(P, C).detach(), r(P).detach(), r(B, N, W),
-            torch.softmax(r(B, R, N), -1).detach().requires_grad_(),
-            torch.softmax(r(B, Hw, N), -1).detach().requires_grad_(), r(B, R, W), r(B, C), r(B, C))
-    assert torch.autograd.gradcheck(lambda *a: tl_ntm.NTMScanTriton.apply(*a, S, True), args, eps=1e-6, atol=1e-6)
+    weights = (r(B, T, F), r(G, F).detach(), r(G).detach(), r(G, K).detach(), r(P, C).detach(), r(P).detach())
+    state = (r(B, N, W), torch.softmax(r(B, R, N), -1).detach().requires_grad_(),
+             torch.softmax(r(B, Hw, N), -1).detach().requires_grad_(), r(B, R, W), r(B, C), r(B, C))
+    assert torch.autograd.gradcheck(lambda *a: tl_ntm.NTMScanTriton.apply(*a, S, True), weights + state, eps=1e-6,
+                                    atol=1e-6)
+    learned = (r(R, N), r(Hw, N), r(R, W), r(C), r(C))
+    assert torch.autograd.gradcheck(lambda *a: tl_ntm.NTMScanTriton.apply(*a[:6], None, *a[6:], S, True, 1e-3),
+                                    weights + learned, eps=1e-6, atol=1e-6)
 
 
 def test_triton_ntm_checks_its_arguments():
-    B, T, N, W, R, Hw, C, S = 1, 2, 4, 3, 1, 1, 2, 3
+    B, T, F, N, W, R, Hw, C, S = 1, 2, 2, 4, 3, 1, 1, 2, 3
     G, K, P = 4 * C, R * W + C, (R + Hw) * (W + 3 + S) + 2 * Hw * W
     z = torch.zeros
-    args = [z(T, B, G), z(G, K), z(P, C), z(P), z(B, N, W), z(B, R, N), z(B, Hw, N), z(B, R, W), z(B, C), z(B, C)]
+    args = [z(B, T, F), z(G, F), z(G), z(G, K), z(P, C), z(P), z(B, N, W), z(B, R, N), z(B, Hw, N), z(B, R, W),
+            z(B, C), z(B, C)]
     args = [a.to(DEV) for a in args]
     tl_ntm.NTMScanTriton.apply(*args, S, True)
     bad = list(args)
-    bad[2] = z(P + 1, C, device=DEV)
+    bad[4] = z(P + 1, C, device=DEV)
     with pytest.raises(ValueError, match="`w_h` expected shape"):
         tl_ntm.NTMScanTriton.apply(*bad, S, True)
     bad = list(args)
-    bad[4] = bad[4].double()
+    bad[6] = bad[6].double()
     with pytest.raises(TypeError, match="`M0` expected"):
         tl_ntm.NTMScanTriton.apply(*bad, S, True)
+    bad = list(args)
+    bad[1] = z(G, F + 1, device=DEV)
+    with pytest.raises(ValueError, match="`w_x` expected shape"):
+        tl_ntm.NTMScanTriton.apply(*bad, S, True)
+    learned = [z(R, N), z(Hw, N + 1), z(R, W), z(C), z(C)]  # write logits over one slot too many
+    with pytest.raises(ValueError, match="`ww0` expected shape"):
+        tl_ntm.NTMScanTriton.apply(*args[:6], None, *[t.to(DEV) for t in learned], S, True, 1e-6)
     P2 = (R + Hw) * (W + 3 + 2) + 2 * Hw * W  # an even shift count
     with pytest.raises(ValueError, match="odd shift count"):
-        tl_ntm.NTMScanTriton.apply(*args[:2], z(P2, C, device=DEV), z(P2, device=DEV), *args[4:], 2, True)
+        tl_ntm.NTMScanTriton.apply(*args[:4], z(P2, C, device=DEV), z(P2, device=DEV), *args[6:], 2, True)
 
 
 def test_triton_ntm_warps_follow_the_memory_tile_or_the_environment(monkeypatch):

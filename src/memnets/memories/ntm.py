@@ -233,13 +233,16 @@ class NTM(nn.Module):
         B, T = x.shape[:2]
         if T == 0:
             raise ValueError(f"`x` expected a sequence of length T >= 1, got {list(x.shape)}")
-        state = self.init_state(B, x.device, x.dtype) if state is None else state
-        self._check_state(state, B)
         cfg = self.config
         if not return_aux and use_triton(x) and ntm_applies(cfg.memory_slots, cfg.word_size, cfg.controller_size):
-            # the CUDA path: two kernel launches per time step (memnets.ops.gpu.ntm)
-            h, reads, final = ntm_scan_triton(self, self.ctrl_x(x), state)
+            # the CUDA path: two kernel launches per time step (memnets.ops.gpu.ntm), the input
+            # projection and a fresh start made inside the graphed forward
+            if state is not None:
+                self._check_state(state, B)
+            h, reads, final = ntm_scan_triton(self, x, state)
             return self._readout(h, reads), NTMState(*final)
+        state = self.init_state(B, x.device, x.dtype) if state is None else state
+        self._check_state(state, B)
         gx = self.ctrl_x(x).unbind(1)  # T x [B, G]: the input part of every step at once
         hs, rs, trace = [], [], []
         for t in range(T):

@@ -441,91 +441,160 @@ def _backward_loop(Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, dM, dwr, dww, dc
     return dZ, DP, drhc, dMs[0], dWr[0], dWw[0], dCs[0]
 
 
-class NTMScanTriton(torch.autograd.Function):
-    """The NTM's recurrence on Triton kernels (module docstring).
+def _fresh_start(B, init, *, lstm, memory_init, like):
+    """The learned initial state ``(read logits [R, N], write logits [Hw, N], r0 [R, W], h0 [C],
+    c0 [C] (LSTM))`` spread over a batch of ``B``, the memory at ``memory_init``:
+    ``(M0, wr0, ww0, r0, h0, c0)`` (expanded views)."""
+    wl, wwl, r0, h0 = init[:4]
+    N, W = wl.shape[1], r0.shape[1]
+    M0 = like.new_full((B, N, W), memory_init)
+    c0 = init[4].expand(B, -1) if lstm else like.new_zeros(B, h0.shape[0])
+    return (M0, torch.softmax(wl, -1).expand(B, -1, -1), torch.softmax(wwl, -1).expand(B, -1, -1),
+            r0.expand(B, -1, -1), h0.expand(B, -1), c0)
 
-    ``forward(gx [T, B, G], w_rh [G, K], w_h [P, C], b_h [P], M0 [B, N, W], wr0 [B, R, N],
-    ww0 [B, Hw, N], r0 [B, R, W], h0 [B, C], c0 [B, C], shifts, lstm)`` with ``G = 4C``
-    (LSTM, ``K = R W + C``) or ``C`` (``K = R W``), ``P = (R + Hw)(W + 3 + shifts) + 2 Hw W``
-    -> ``(rh [T, B, R W + C] (each step's reads, then h), M_T, wr_T, ww_T, c_T)``. Every buffer
-    it writes is its own."""
+
+def _forward_graph(x, w_x, b_x, w_rh, w_h, b_h, *init, meta, memory_init):
+    """What :class:`NTMScanTriton` replays forward: the controller's input projection, the
+    initial state (spread from the learned one when ``memory_init`` is given) and
+    :func:`_forward_loop`."""
+    B, T = x.shape[:2]
+    gx = torch.addmm(b_x, x.reshape(B * T, -1), w_x.t()).view(B, T, -1).transpose(0, 1)  # [T, B, G]
+    if memory_init is not None:
+        init = _fresh_start(B, init, lstm=meta["LSTM"], memory_init=memory_init, like=gx)
+    return _forward_loop(gx, w_rh, w_h, b_h, *init, meta=meta)
+
+
+def _backward_graph(x, w_x, w_rh, w_h, Z, Cs, Ms, Wr, Ww, Pp, Aux, RH, d_rh, dM, dwr, dww, dc, *, meta, K, fresh):
+    """What :class:`NTMScanTriton` replays backward: :func:`_backward_loop`, then the weights'
+    gradients, the input projection's, and (``fresh``) the learned initial state's, summed over
+    the batch: ``(dx, dw_x, db_x, dw_rh, dw_h, db_h, *initial state's)``."""
+    dZ, DP, drhc, dM0, dWr0, dWw0, dC0 = _backward_loop(Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, dM, dwr, dww,
+                                                        dc, meta=meta, K=K)
+    T, B, G = Z.shape
+    R, W, C = Wr.shape[2], Ms.shape[3], Cs.shape[2]
+    Pt, lstm = w_h.shape[0], meta["LSTM"]
+    d_wrh = torch.mm(dZ.reshape(T * B, G).t(), RH[:T, :, :K].reshape(T * B, K))
+    d_wh = torch.mm(DP.reshape(T * B, Pt).t(), RH[1:, :, R * W:].reshape(T * B, C))
+    d_bh = DP.sum((0, 1))
+    dgx = dZ.transpose(0, 1).reshape(B * T, G)
+    x2 = x.reshape(B * T, -1)
+    grads = [torch.mm(dgx, w_x).view(x.shape), torch.mm(dgx.t(), x2), dgx.sum(0), d_wrh, d_wh, d_bh]
+    dr0 = drhc[:, : R * W].reshape(B, R, W)
+    dh0 = drhc[:, R * W:] if lstm else torch.zeros_like(Cs[0])
+    if not fresh:
+        return (*grads, dM0, dWr0, dWw0, dr0, dh0, dC0)
+
+    def softmax_grad(y, g):  # y = softmax(logits), the same for every sequence
+        return y * (g - (y * g).sum(-1, keepdim=True))
+    out = (*grads, softmax_grad(Wr[0, 0], dWr0.sum(0)), softmax_grad(Ww[0, 0], dWw0.sum(0)), dr0.sum(0), dh0.sum(0))
+    return out + ((dC0.sum(0),) if lstm else ())
+
+
+class NTMScanTriton(torch.autograd.Function):
+    """The NTM's recurrence on Triton kernels (module docstring), its input projection included.
+
+    ``forward(x [B, T, F], w_x [G, F], b_x [G], w_rh [G, K], w_h [P, C], b_h [P], M0 [B, N, W],
+    wr0 [B, R, N], ww0 [B, Hw, N], r0 [B, R, W], h0 [B, C], c0 [B, C], shifts, lstm)`` with
+    ``G = 4C`` (LSTM, ``K = R W + C``) or ``C`` (``K = R W``), ``P = (R + Hw)(W + 3 + shifts) +
+    2 Hw W`` -> ``(rh [T, B, R W + C] (each step's reads, then h), M_T, wr_T, ww_T, c_T)``. With
+    ``memory_init`` (a number) the start is the learned one, spread over the batch inside: ``M0``
+    None, ``wr0 [R, N]`` and ``ww0 [Hw, N]`` the weightings' logits, ``r0 [R, W]``, ``h0 [C]``,
+    ``c0 [C]`` (None without LSTM). Forward and backward each run by :func:`graphed`. Every
+    buffer it writes is its own."""
 
     @staticmethod
-    def forward(ctx, gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0, shifts: int, lstm: bool):
-        T, B, G = gx.shape
-        N, W = M0.shape[1:]
-        R, Hw, C = wr0.shape[1], ww0.shape[1], h0.shape[1]
+    def forward(ctx, x, w_x, b_x, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0, shifts: int, lstm: bool,
+                memory_init=None):
+        fresh = memory_init is not None
+        B, T, F_in = x.shape
+        R, Hw = wr0.shape[-2], ww0.shape[-2]
+        N, W = wr0.shape[-1], r0.shape[-1]
+        C = h0.shape[-1]
         S = int(shifts)
         K = R * W + (C if lstm else 0)
+        G = 4 * C if lstm else C
         Pt = (R + Hw) * (W + 3 + S) + 2 * Hw * W
-        want = {"gx": (T, B, 4 * C if lstm else C), "w_rh": (G, K), "w_h": (Pt, C), "b_h": (Pt,), "M0": (B, N, W),
-                "wr0": (B, R, N), "ww0": (B, Hw, N), "r0": (B, R, W), "h0": (B, C), "c0": (B, C)}
-        args = dict(gx=gx, w_rh=w_rh, w_h=w_h, b_h=b_h, M0=M0, wr0=wr0, ww0=ww0, r0=r0, h0=h0, c0=c0)
+        b = () if fresh else (B,)
+        want = {"x": (B, T, F_in), "w_x": (G, F_in), "b_x": (G,), "w_rh": (G, K), "w_h": (Pt, C), "b_h": (Pt,),
+                "M0": (B, N, W), "wr0": b + (R, N), "ww0": b + (Hw, N), "r0": b + (R, W), "h0": b + (C,),
+                "c0": b + (C,)}
+        args = dict(x=x, w_x=w_x, b_x=b_x, w_rh=w_rh, w_h=w_h, b_h=b_h, M0=M0, wr0=wr0, ww0=ww0, r0=r0, h0=h0, c0=c0)
+        if fresh:
+            del args["M0"]
+            if not lstm:
+                del args["c0"]
         for name, t in args.items():
-            if tuple(t.shape) != want[name]:
-                raise ValueError(f"NTM recurrence: `{name}` expected shape {list(want[name])}, got {list(t.shape)}")
-            if t.dtype != gx.dtype or t.device != gx.device:
-                raise TypeError(f"NTM recurrence: `{name}` expected {gx.dtype} on {gx.device} like `gx`, "
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want[name]:
+                got = list(t.shape) if isinstance(t, torch.Tensor) else repr(t)
+                raise ValueError(f"NTM recurrence: `{name}` expected shape {list(want[name])}, got {got}")
+            if t.dtype != x.dtype or t.device != x.device:
+                raise TypeError(f"NTM recurrence: `{name}` expected {x.dtype} on {x.device} like `x`, "
                                 f"got {t.dtype} on {t.device}")
-        if gx.dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"NTM recurrence expected float32 or float64, got {gx.dtype}")
+        if x.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"NTM recurrence expected float32 or float64, got {x.dtype}")
         if T < 1 or S < 1 or S % 2 == 0 or S > N or not applies(N, W, C):
             raise ValueError(f"NTM recurrence: T={T} >= 1, an odd shift count <= N={N} (got {S}), "
                              f"N <= {MAX_SLOTS}, W and C <= {MAX_WIDTH} expected")
         BN, BW, BC, BS = _p2(N), _p2(W), _p2(C), _p2(S)
         meta = dict(R=R, HW=Hw, S=S, LSTM=bool(lstm), BN=BN, BW=BW, BC=BC, BS=BS, RB=_row_block(BC),
                     num_warps=_warps(BN, BW))
-        Ms, Wr, Ww, Cs, RH, Z, Pp, Aux = graphed(("ntm.forward", tuple(sorted(meta.items()))),
-                                        functools.partial(_forward_loop, meta=meta),
-                                        gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0)
-        ctx.save_for_backward(w_rh, w_h, Ms, Wr, Ww, Cs, RH, Z, Pp, Aux)
-        ctx.meta, ctx.K = meta, K
+        init = tuple(args[n] for n in ("wr0", "ww0", "r0", "h0") + (("c0",) if lstm else ())) if fresh else \
+            (M0, wr0, ww0, r0, h0, c0)
+        mi = float(memory_init) if fresh else None
+        Ms, Wr, Ww, Cs, RH, Z, Pp, Aux = graphed(
+            ("ntm.forward", tuple(sorted(meta.items())), mi),
+            functools.partial(_forward_graph, meta=meta, memory_init=mi), x, w_x, b_x, w_rh, w_h, b_h, *init)
+        ctx.save_for_backward(x, w_x, w_rh, w_h, Ms, Wr, Ww, Cs, RH, Z, Pp, Aux)
+        ctx.meta, ctx.K, ctx.fresh = meta, K, fresh
         ctx.set_materialize_grads(False)  # backward makes the zeros of unused outputs itself, in one fill
         # copies, so that the outputs hold none of the per-step buffers: one multi-tensor copy
         return tuple(fresh_copies((RH[1:], Ms[T], Wr[T], Ww[T], Cs[T])))
 
     @staticmethod
     def backward(ctx, d_rh, dM, dwr, dww, dc):
-        w_rh, w_h, Ms, Wr, Ww, Cs, RH, Z, Pp, Aux = ctx.saved_tensors
-        meta, K = ctx.meta, ctx.K
-        T, B, G = Z.shape
-        W = Ms.shape[3]
-        R, C = Wr.shape[2], Cs.shape[2]
-        Pt = w_h.shape[0]
+        x, w_x, w_rh, w_h, Ms, Wr, Ww, Cs, RH, Z, Pp, Aux = ctx.saved_tensors
+        meta, K, fresh = ctx.meta, ctx.K, ctx.fresh
+        T = Z.shape[0]
 
         # the gradients not given (outputs that took no part in the loss) as zeros, made by one fill
         given = (d_rh, dM, dwr, dww, dc)
         likes = (RH[1:], Ms[T], Wr[T], Ww[T], Cs[T])
         d_rh, dM, dwr, dww, dc = zeros_for_none(given, likes)
-        dZ, DP, drhc, dMs0, dWr0, dWw0, dCs0 = graphed(
-            ("ntm.backward", tuple(sorted(meta.items())), K), functools.partial(_backward_loop, meta=meta, K=K),
-            Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, dM, dwr, dww, dc)
-        lstm = meta["LSTM"]
-        rh_in = RH[:T, :, :K].reshape(T * B, K)
-        d_wrh = torch.mm(dZ.reshape(T * B, G).t(), rh_in) if ctx.needs_input_grad[1] else None
-        hs = RH[1:, :, R * W:].reshape(T * B, C)
-        d_wh = torch.mm(DP.reshape(T * B, Pt).t(), hs) if ctx.needs_input_grad[2] else None
-        d_bh = DP.sum((0, 1)) if ctx.needs_input_grad[3] else None
-        dr0 = drhc[:, : R * W].reshape(B, R, W)
-        dh0 = drhc[:, R * W:] if lstm else torch.zeros_like(Cs[0])
-        return dZ, d_wrh, d_wh, d_bh, dMs0, dWr0, dWw0, dr0, dh0, dCs0, None, None
+        out = graphed(("ntm.backward", tuple(sorted(meta.items())), K, fresh),
+                      functools.partial(_backward_graph, meta=meta, K=K, fresh=fresh),
+                      x, w_x, w_rh, w_h, Z, Cs, Ms, Wr, Ww, Pp, Aux, RH, d_rh, dM, dwr, dww, dc)
+        dx = out[0] if ctx.needs_input_grad[0] else None
+        if not fresh:
+            return (dx, *out[1:], None, None, None)
+        d_init = out[6:]
+        dc0 = d_init[4] if meta["LSTM"] else None
+        return (dx, *out[1:6], None, *d_init[:4], dc0, None, None, None)
 
 
-def ntm_scan_triton(ntm, gx: torch.Tensor, state):
-    """Run ``ntm`` (:class:`memnets.memories.ntm.NTM`) over the controller input pre-activations
-    ``gx [B, T, G]`` from ``state`` (an ``NTMState``) on the kernels: ``(h [B, T, C],
-    reads [B, T, R, W], (memory, read_weights, write_weights, reads, h, c))`` at the end."""
+def ntm_scan_triton(ntm, x: torch.Tensor, state=None):
+    """Run ``ntm`` (:class:`memnets.memories.ntm.NTM`) over ``x [B, T, F]`` from ``state`` (an
+    ``NTMState``; None: the learned start, made inside the graphed forward) on the kernels:
+    ``(h [B, T, C], reads [B, T, R, W], (memory, read_weights, write_weights, reads, h, c))`` at
+    the end. The controller's input projection runs with the recurrence (in the weights' dtype,
+    autocast off)."""
     cfg = ntm.config
-    B, T = gx.shape[:2]
+    B, T = x.shape[:2]
     R, W, C = cfg.read_heads, cfg.word_size, cfg.controller_size
     lstm = cfg.controller == "lstm"
     dt = ntm.ctrl_rh.weight.dtype  # under autocast the loop runs in the weights' dtype, autocast off
-    c0 = state.c if lstm else gx.new_zeros(B, C)
-    with torch.autocast(gx.device.type, enabled=False):
-        rh, M, wr, ww, c = NTMScanTriton.apply(
-            gx.transpose(0, 1).to(dt), ntm.ctrl_rh.weight, ntm.heads.weight, ntm.heads.bias,
-            *(t.contiguous().to(dt) for t in (state.memory, state.read_weights, state.write_weights, state.reads,
-                                               state.h, c0)), 2 * cfg.shift_range + 1, lstm)
+    weights = (x.to(dt), ntm.ctrl_x.weight, ntm.ctrl_x.bias, ntm.ctrl_rh.weight, ntm.heads.weight, ntm.heads.bias)
+    with torch.autocast(x.device.type, enabled=False):
+        if state is None:
+            rh, M, wr, ww, c = NTMScanTriton.apply(
+                *weights, None, ntm.read_w0, ntm.write_w0, ntm.r0, ntm.h0, ntm.c0 if lstm else None,
+                2 * cfg.shift_range + 1, lstm, cfg.memory_init)
+            c_last = c if lstm else ntm.c0.unsqueeze(0).expand(B, *ntm.c0.shape)
+        else:
+            c0 = state.c if lstm else x.new_zeros(B, C, dtype=dt)
+            rh, M, wr, ww, c = NTMScanTriton.apply(
+                *weights, *(t.contiguous().to(dt) for t in (state.memory, state.read_weights, state.write_weights,
+                                                            state.reads, state.h, c0)), 2 * cfg.shift_range + 1, lstm)
+            c_last = c if lstm else state.c
     rh = rh.transpose(0, 1)  # [B, T, R W + C]
     reads, h = rh[..., : R * W].unflatten(-1, (R, W)), rh[..., R * W:]
-    return h, reads, (M, wr, ww, reads[:, -1], h[:, -1], c if lstm else state.c)
+    return h, reads, (M, wr, ww, reads[:, -1], h[:, -1], c_last)
