@@ -39,6 +39,33 @@ def test_fused_on_cuda_matches_cpu_reference(kw, cuda_side):
         torch.testing.assert_close(pg.grad.cpu(), pc.grad, rtol=1e-8, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_fused_on_cuda_batch_after_batch_matches_cpu_reference(cuda_side):
+    """Five batches of one shape: on CUDA the layer's forward and backward replay from their
+    CUDA graphs from the third on (memnets.ops.gpu.graphs), each batch's outputs, final state
+    and gradients equal to the CPU reference's, float64."""
+    from memnets.ops.gpu import graphs
+    dev = cuda_side.device
+    torch.manual_seed(0)
+    cpu = NAMTuringMachine(6, 8, num_tapes=2, tape_length=5, impl="reference", normalize_heads=True).double()
+    gpu = copy.deepcopy(cpu).to(dev)
+    gpu.impl = "fused"
+    before = graphs.stats().get("replays", 0)
+    for i in range(5):
+        g = torch.Generator().manual_seed(i)
+        x, w = torch.randn(3, 9, 6, generator=g, dtype=DT), torch.randn(3, 9, 8, generator=g, dtype=DT)
+        xc, xg = x.clone().requires_grad_(), x.clone().to(dev).requires_grad_()
+        yc, sc = cpu(xc)
+        gc = torch.autograd.grad((yc * w).sum(), [xc, *cpu.parameters()])
+        with cuda_side.path(), torch.backends.cudnn.flags(enabled=False):
+            yg, sg = gpu(xg)
+            gg = torch.autograd.grad((yg * w.to(dev)).sum(), [xg, *gpu.parameters()])
+        torch.testing.assert_close(yg.detach().cpu(), yc.detach(), rtol=1e-9, atol=1e-10)
+        for a, b in zip([*sg, *gg], [*sc, *gc]):
+            torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-8, atol=1e-10, msg=lambda m: f"batch {i}: {m}")
+    if cuda_side.is_cuda:
+        assert graphs.stats().get("replays", 0) - before >= 2 * 3  # forward and backward, batches 3 to 5
+
+
 def test_fused_bf16_autocast_step_on_cuda(cuda_side):
     """On CUDA at the bench's width (B=8, T=30, hidden 64, 4 tapes of 16); on the CPU stand-in
     at a quarter of it (bf16 autocast on the CPU)."""

@@ -607,7 +607,11 @@ def test_graphs_of_many_shapes_share_one_memory_pool():
     torch.cuda.synchronize()
     r6 = torch.cuda.memory_reserved()
     assert step.stats["captured"] == 6 and step.stats["replayed"] >= 5, step.stats
-    assert r1 > r0 and r6 - r1 < 0.5 * (r1 - r0), (r0, r1, r6)  # own pools: about 5 * (r1 - r0)
+    # each later graph keeps its own copy of its input (a static buffer, outside the pool); beyond
+    # those the pool grows by next to nothing (own pools: about 5 * (r1 - r0) more; a new side
+    # stream per warm-up, with its cuBLAS workspaces: 388 MB more on an H200)
+    inputs = sum(x.numel() * x.element_size() for x in xs[1:])
+    assert r1 > r0 and r6 - r1 - inputs < 0.5 * (r1 - r0), (r0, r1, r6, inputs)
     before = [p.detach().clone() for p in model.parameters()]
     out = step(xs[3])
     torch.cuda.synchronize()

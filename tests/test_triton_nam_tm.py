@@ -111,7 +111,11 @@ def interpreted(fn):
         inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in ("request", "interpreter_results")] + [
         p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for n, p in sig.parameters.items() if n not in params])
     proxy.__name__, proxy.__qualname__, proxy.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-    proxy.pytestmark = list(getattr(fn, "pytestmark", []))
+    # on a GPU the kernels run compiled, held to the CPU by tests/test_cuda_nam_tm.py, test_cuda.py
+    # and test_graph_step.py; there each xdist worker would start a child for the whole file
+    proxy.pytestmark = list(getattr(fn, "pytestmark", [])) + [pytest.mark.skipif(
+        torch.cuda.is_available(), reason="CUDA is here: the compiled kernels' tests (tests/test_cuda_nam_tm.py) "
+        "run instead; this interpreter copy is for machines without a GPU")]
     proxy.interpreted = True
     return proxy
 

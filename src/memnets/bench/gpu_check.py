@@ -1083,6 +1083,10 @@ def _env(device: torch.device) -> dict[str, Any]:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                 text=True, timeout=10).stdout.strip() or None
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                 capture_output=True, text=True, timeout=30).stdout.strip()
+        if commit and changed:  # the tree that ran is not that commit's: say so
+            commit += "+changes"
     except Exception:  # noqa: BLE001
         commit = None
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version, "fla": fla_version(),
