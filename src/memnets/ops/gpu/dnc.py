@@ -596,6 +596,22 @@ def _backward_loop(Z, CB, w_xi, XI, MEM, U, LNK, PREC, WR, WW, dHR, w0, dhT, dM,
     return DX, DZ, GXI, gM, gu, gL, gp, gwr, gww, gc
 
 
+def _backward_graph(x, w_x, w_xi, w0, X, Z, CB, XI, MEM, U, LNK, PREC, WR, WW, dHR, dhT, *carried, R, W):
+    """What :class:`DNCRecurrenceTriton` replays backward: :func:`_backward_loop`, then the
+    gradients of the input, the weights and the initial state: ``(dx, dw_x, db_x, dw_xi, db_xi,
+    dh0, dc0, dmem0, dusage0, dlink0, dprec0, dwr0, dww0, dreads0, dw0)``, every one contiguous."""
+    DX, DZ, GXI, gM, gu, gL, gp, gwr, gww, gc = _backward_loop(Z, CB, w_xi, XI, MEM, U, LNK, PREC, WR, WW, dHR, w0,
+                                                               dhT, *carried, R=R, W=W)
+    T, B, C4 = Z.shape
+    F, C, I, RW, TB = x.shape[2], C4 // 4, w_xi.shape[0], R * W, T * B
+    s = T % 2  # the buffer the last step wrote
+    dz, gxi = DZ.view(TB, C4), GXI.view(TB, I)
+    return ((dz @ w_x).view(T, B, F).transpose(0, 1).contiguous(), dz.t() @ x.transpose(0, 1).reshape(TB, F),
+            dz.sum(0), gxi.t() @ X[1:, :, RW:].reshape(TB, C), gxi.sum(0), DX[:, RW:].unsqueeze(1).contiguous(),
+            gc[s].unsqueeze(1), gM[s], gu[s], gL[s], gp[s], gwr[s], gww[s], DX[:, :RW].reshape(B, R, W).contiguous(),
+            dz.t() @ X[:T].reshape(TB, RW + C))
+
+
 class DNCRecurrenceTriton(torch.autograd.Function):
     """:class:`memnets.ops.dnc.DNCRecurrence` on Triton kernels (module docstring), one
     controller layer: ``apply(dims, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0,
@@ -625,27 +641,15 @@ class DNCRecurrenceTriton(torch.autograd.Function):
     def backward(ctx, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww):
         x, w_x, w_xi, w0, X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW = ctx.saved_tensors
         R, W = ctx.dims
-        B, T, F = x.shape
-        C, I, RW = w_x.shape[0] // 4, w_xi.shape[0], R * W
+        T = x.shape[1]
 
         # the gradients not given (outputs that took no part in the loss) as zeros, made by one fill
         given = (dHR, dM, du, dL, dp, dwr, dww, dcT, None if dhT is None else dhT[:, 0])
         likes = (X[1:], MEM[T], U[T], LNK[T], PREC[T], WR[T], WW[T], CB[T], CB[T])
         dHR, *carried, dhT = zeros_for_none(given, likes)
-        DX, DZ, GXI, gM, gu, gL, gp, gwr, gww, gc = graphed(
-            ("dnc.backward", R, W), functools.partial(_backward_loop, R=R, W=W), Z, CB, w_xi, XI, MEM, U, LNK,
-            PREC, WR, WW, dHR, w0, dhT, *carried)
-        s = T % 2  # the buffer the last step wrote
-        TB = T * B
-        dz = DZ.view(TB, 4 * C)
-        gxi = GXI.view(TB, I)
+        # the loop and every gradient after it in one graphed function (its weights' products included)
+        grads = graphed(("dnc.backward", R, W), functools.partial(_backward_graph, R=R, W=W), x, w_x, w_xi, w0, X,
+                        Z, CB, XI, MEM, U, LNK, PREC, WR, WW, dHR, dhT, *carried)
         need = ctx.needs_input_grad
-        dx = (dz @ w_x).view(T, B, F).transpose(0, 1) if need[1] else None
-        dw_x = dz.t() @ x.transpose(0, 1).reshape(TB, F) if need[2] else None
-        db_x = dz.sum(0) if need[3] else None
-        dw_xi = gxi.t() @ X[1:, :, RW:].reshape(TB, C) if need[4] else None
-        db_xi = gxi.sum(0) if need[5] else None
-        dw0 = dz.t() @ X[:T].reshape(TB, RW + C) if need[15] else None
-        # (the buffers are this call's own: their views are the gradients)
-        return (None, dx, dw_x, db_x, dw_xi, db_xi, DX[:, RW:].unsqueeze(1), gc[s].unsqueeze(1), gM[s], gu[s], gL[s],
-                gp[s], gwr[s], gww[s], DX[:, :RW].reshape(B, R, W), dw0)
+        return (None, *(g if n else None for g, n in zip(grads[:5], need[1:6])), *grads[5:14],
+                grads[14] if need[15] else None)
