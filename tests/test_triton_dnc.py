@@ -196,7 +196,8 @@ def test_triton_dnc_step_launches_few_ops_around_its_loops():
     """Around its two graphed loops a training step of the DNC issues a few ops, not one per state
     tensor: its zero state is one fill, its final states one multi-tensor copy (and the
     controller's h, a strided slice, one copy), the unused outputs' gradients one fill, and the
-    interface permutation is the module's buffer (counted as ``memnets bench launches`` does)."""
+    interface rows are gathered, and the weights' gradients made, inside the graphed functions
+    (counted as ``memnets bench launches`` does)."""
     from memnets.bench.launches import count_step
 
     torch.manual_seed(0)
@@ -207,4 +208,5 @@ def test_triton_dnc_step_launches_few_ops_around_its_loops():
     fwd = sum(c.aten["fwd"].values()) - sum(c.graph_aten["fwd"].values())
     bwd = sum(c.aten["bwd"].values()) - sum(c.graph_aten["bwd"].values())
     assert c.graph_calls["fwd"] == {"dnc.forward": 1} and c.graph_calls["bwd"] == {"dnc.backward": 1}
-    assert fwd <= 12 and bwd <= 24, (fwd, bwd, dict(c.aten["fwd"]), dict(c.aten["bwd"]))
+    # 7 and 12 now: the weights' gradients and the interface rows' gathering are inside the graphs
+    assert fwd <= 8 and bwd <= 14, (fwd, bwd, dict(c.aten["fwd"]), dict(c.aten["bwd"]))

@@ -253,15 +253,18 @@ class DNC(nn.Module):
         cfg = self.config
         R, W = cfg.read_heads, cfg.word_size
         perm, inv = self._interface_perm, self._interface_inv
-        w_xi = permute(self.interface.weight, 0, perm, inv)  # backward: one gather by the inverse
-        b_xi = permute(self.interface.bias, 0, perm, inv)
         upper = [p for lin in self.ctrl_rec[1:] for p in (lin.weight, lin.bias)]
         ctrl, a = state.controller, state.access
-        rec = DNCRecurrence  # on the CUDA path, one controller layer: Triton kernels (memnets.ops.gpu.dnc)
         if use_triton(x) and triton_applies(ctrl.h, a.memory, upper):
-            rec = DNCRecurrenceTriton
+            # on the CUDA path, one controller layer: Triton kernels (memnets.ops.gpu.dnc), the
+            # interface rows gathered inside its graphed forward and backward
+            rec, dims, w_xi, b_xi = DNCRecurrenceTriton, (R, W, True), self.interface.weight, self.interface.bias
+        else:
+            rec, dims = DNCRecurrence, (R, W)
+            w_xi = permute(self.interface.weight, 0, perm, inv)  # backward: one gather by the inverse
+            b_xi = permute(self.interface.bias, 0, perm, inv)
         HR, h, c, mem, usage, link, prec, wr, ww = rec.apply(  # HR: [r_t | h_t] of every step
-            (R, W), x, self.ctrl_x.weight, self.ctrl_x.bias, w_xi, b_xi, ctrl.h, ctrl.c, a.memory, a.usage,
+            dims, x, self.ctrl_x.weight, self.ctrl_x.bias, w_xi, b_xi, ctrl.h, ctrl.c, a.memory, a.usage,
             a.link, a.precedence, a.read_weights, a.write_weights, state.reads, self.ctrl_rec[0].weight, *upper)
         w_out = torch.cat([self.out_r.weight, self.out_h.weight], 1)  # the readout as one matmul
         y = F.linear(HR, w_out, self.out_h.bias).transpose(0, 1)  # [B, T, output_size]

@@ -38,7 +38,8 @@ import functools
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..dnc.layout import interface_layout
+from ..dnc.layout import interface_layout, interface_permutation
+from ..permute import inverse_permutation
 from . import lazy_kernels
 from .graphs import fresh_copies, graphed, zeros_for_none
 
@@ -515,9 +516,9 @@ _NAMES = ("x", "w_x", "b_x", "w_xi", "b_xi", "h0", "c0", "mem0", "usage0", "link
 def _check(dims, tensors, upper) -> None:
     if upper:
         raise ValueError(f"DNC recurrence on Triton takes one controller layer, got {1 + len(upper) // 2}")
-    if not isinstance(dims, (tuple, list)) or len(dims) != 2:
-        raise ValueError(f"DNC recurrence expected dims = (R, W), got {dims!r}")
-    R, W = (int(d) for d in dims)
+    if not isinstance(dims, (tuple, list)) or len(dims) not in (2, 3) or (len(dims) == 3 and dims[2] is not True):
+        raise ValueError(f"DNC recurrence expected dims = (R, W) or (R, W, True), got {dims!r}")
+    R, W = (int(d) for d in dims[:2])
     x = tensors[0]
     if x.dim() != 3 or tensors[1].dim() != 2 or tensors[7].dim() != 3:
         raise ValueError(f"DNC recurrence expected x [B, T, F], w_x [4C, F], mem0 [B, N, W], got "
@@ -596,6 +597,29 @@ def _backward_loop(Z, CB, w_xi, XI, MEM, U, LNK, PREC, WR, WW, dHR, w0, dhT, dM,
     return DX, DZ, GXI, gM, gu, gL, gp, gwr, gww, gc
 
 
+@functools.lru_cache(maxsize=None)
+def _interface_order(R: int, W: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`memnets.ops.dnc.layout.interface_permutation` and its inverse on ``device``, made
+    once and kept for the process: graphs that gather by them may hold their addresses."""
+    perm = interface_permutation(R, W, device=device)
+    return perm, inverse_permutation(perm)
+
+
+def _forward_graph_perm(x, w_x, b_x, w_xi, b_xi, *rest, R, W):
+    """:func:`_forward_loop` on the interface layer's rows in their storage order (docs/maths.md
+    §8), gathered into the kernels' order inside the graph."""
+    perm, _ = _interface_order(R, W, x.device)
+    return _forward_loop(x, w_x, b_x, w_xi.index_select(0, perm), b_xi.index_select(0, perm), *rest, R=R, W=W)
+
+
+def _backward_graph_perm(x, w_x, w_xi, *rest, R, W):
+    """:func:`_backward_graph` for :func:`_forward_graph_perm`: the interface layer's gradients
+    gathered back to its storage order."""
+    perm, inv = _interface_order(R, W, x.device)
+    out = _backward_graph(x, w_x, w_xi.index_select(0, perm), *rest, R=R, W=W)
+    return (*out[:3], out[3].index_select(0, inv), out[4].index_select(0, inv), *out[5:])
+
+
 def _backward_graph(x, w_x, w_xi, w0, X, Z, CB, XI, MEM, U, LNK, PREC, WR, WW, dHR, dhT, *carried, R, W):
     """What :class:`DNCRecurrenceTriton` replays backward: :func:`_backward_loop`, then the
     gradients of the input, the weights and the initial state: ``(dx, dw_x, db_x, dw_xi, db_xi,
@@ -616,19 +640,24 @@ class DNCRecurrenceTriton(torch.autograd.Function):
     """:class:`memnets.ops.dnc.DNCRecurrence` on Triton kernels (module docstring), one
     controller layer: ``apply(dims, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0,
     wr0, ww0, reads0, w0)`` -> ``(HR [T, B, R·W + C], h [B, 1, C], c [B, 1, C], memory, usage,
-    link, precedence, read_weights, write_weights)``. Every buffer it writes is its own; the
-    inputs are left unchanged. Not twice differentiable."""
+    link, precedence, read_weights, write_weights)``. With ``dims = (R, W, True)`` the interface
+    layer's ``w_xi``, ``b_xi`` come in their storage order (docs/maths.md §8) and are gathered
+    into the kernels' order (:func:`memnets.ops.dnc.layout.interface_permutation`) inside the
+    graphed forward, their gradients gathered back inside the graphed backward. Every buffer it writes is its own; the inputs are
+    left unchanged. Not twice differentiable."""
 
     @staticmethod
     def forward(ctx, dims, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0,
                 *upper):
         tensors = (x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0)
         _check(dims, tensors, upper)
-        R, W = (int(d) for d in dims)
-        X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW = graphed(("dnc.forward", R, W), functools.partial(
-            _forward_loop, R=R, W=W), *tensors)
+        R, W = (int(d) for d in dims[:2])
+        stored = len(dims) == 3  # w_xi and b_xi in storage order, gathered inside the graph
+        fn = _forward_graph_perm if stored else _forward_loop
+        X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW = graphed(("dnc.forward", R, W, stored),
+                                                          functools.partial(fn, R=R, W=W), *tensors)
         T, RW = x.shape[1], R * W
-        ctx.dims = (R, W)
+        ctx.dims, ctx.stored = (R, W), stored
         ctx.set_materialize_grads(False)  # backward makes the zeros of unused outputs itself, in one fill
         ctx.save_for_backward(x, w_x, w_xi, w0, X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW)
         # copies, so that the outputs hold none of the per-step buffers: one multi-tensor copy (the
@@ -648,7 +677,8 @@ class DNCRecurrenceTriton(torch.autograd.Function):
         likes = (X[1:], MEM[T], U[T], LNK[T], PREC[T], WR[T], WW[T], CB[T], CB[T])
         dHR, *carried, dhT = zeros_for_none(given, likes)
         # the loop and every gradient after it in one graphed function (its weights' products included)
-        grads = graphed(("dnc.backward", R, W), functools.partial(_backward_graph, R=R, W=W), x, w_x, w_xi, w0, X,
+        fn = _backward_graph_perm if ctx.stored else _backward_graph
+        grads = graphed(("dnc.backward", R, W, ctx.stored), functools.partial(fn, R=R, W=W), x, w_x, w_xi, w0, X,
                         Z, CB, XI, MEM, U, LNK, PREC, WR, WW, dHR, dhT, *carried)
         need = ctx.needs_input_grad
         return (None, *(g if n else None for g, n in zip(grads[:5], need[1:6])), *grads[5:14],
