@@ -121,6 +121,28 @@ def test_triton_dnc_recurrence_gradcheck():
     args = [t.requires_grad_() for t in _fn_inputs(1, 2, 1, 1, 3, 2, 1, seed=7)]
     assert torch.autograd.gradcheck(lambda *a: tl_dnc.DNCRecurrenceTriton.apply((1, 2), *a), args,
                                     eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
+    # the interface rows in storage order, gathered inside (what the DNC module passes on CUDA):
+    # the same as gathering them outside by the permutation
+    from memnets.ops.dnc.layout import interface_permutation
+    perm = interface_permutation(1, 2, device=args[0].device)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device)
+    stored = [a.detach().clone().requires_grad_() for a in args]
+    stored[3], stored[4] = (args[i].detach()[inv].clone().requires_grad_() for i in (3, 4))
+    got = tl_dnc.DNCRecurrenceTriton.apply((1, 2, True), *stored)
+    want = tl_dnc.DNCRecurrenceTriton.apply((1, 2), *args)
+    g = torch.Generator().manual_seed(1)
+    co = [torch.randn(w.shape, generator=g, dtype=w.dtype).to(w.device) for w in want]
+    ggot = torch.autograd.grad(sum((a * c).sum() for a, c in zip(got, co)), stored)
+    gwant = torch.autograd.grad(sum((a * c).sum() for a, c in zip(want, co)), args)
+    for a, b in zip(list(got), list(want)):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    for i, (a, b) in enumerate(zip(ggot, gwant)):
+        torch.testing.assert_close(a, b[inv] if i in (3, 4) else b, atol=1e-12, rtol=1e-12)
+    assert torch.autograd.gradcheck(lambda *a: tl_dnc.DNCRecurrenceTriton.apply((1, 2, True), *a), stored,
+                                    eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True)
+    with pytest.raises(ValueError, match="dims"):
+        tl_dnc.DNCRecurrenceTriton.apply((1, 2, False), *args)
 
 
 def test_triton_dnc_checks_its_arguments_and_leaves_inputs_alone():
