@@ -252,7 +252,6 @@ class DNC(nn.Module):
         """The whole sequence through :class:`~memnets.ops.dnc.recurrence.DNCRecurrence` (fused path)."""
         cfg = self.config
         R, W = cfg.read_heads, cfg.word_size
-        perm, inv = self._interface_perm, self._interface_inv
         upper = [p for lin in self.ctrl_rec[1:] for p in (lin.weight, lin.bias)]
         ctrl, a = state.controller, state.access
         if use_triton(x) and triton_applies(ctrl.h, a.memory, upper):
@@ -261,6 +260,7 @@ class DNC(nn.Module):
             rec, dims, w_xi, b_xi = DNCRecurrenceTriton, (R, W, True), self.interface.weight, self.interface.bias
         else:
             rec, dims = DNCRecurrence, (R, W)
+            perm, inv = self._interface_perm, self._interface_inv
             w_xi = permute(self.interface.weight, 0, perm, inv)  # backward: one gather by the inverse
             b_xi = permute(self.interface.bias, 0, perm, inv)
         HR, h, c, mem, usage, link, prec, wr, ww = rec.apply(  # HR: [r_t | h_t] of every step

@@ -37,6 +37,7 @@ from ..ops._amp import run_rnn
 from ..ops._impl import runs_fused
 from ..ops.gpu import on_cuda_path, use_triton
 from ..ops.gpu.graphs import fresh_zeros
+from ..ops.gpu.nam_tm import nam_tm_layer_scan_triton, unit_backward, unit_forward
 
 __all__ = ["NAMTuringMachine", "NAMTMState", "NAMTMAux", "nam_tm_step", "move_head", "ACTIONS"]
 
@@ -165,18 +166,14 @@ class _Unit(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, eps):
-        norm = torch.linalg.vector_norm(x, 2, -1, keepdim=True)
-        n = norm.clamp_min(eps)
-        y = x / n
-        ctx.save_for_backward(y, n, norm >= eps)
+        y, n, free = unit_forward(x, eps)
+        ctx.save_for_backward(y, n, free)
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        y, n, free = ctx.saved_tensors
-        s = torch.linalg.vecdot(y, dy).unsqueeze(-1).mul_(free)
-        return torch.mul(y, s).neg_().add_(dy).div_(n), None  # (dy − y s) / n
+        return unit_backward(*ctx.saved_tensors, dy), None
 
 
 def _unit(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -267,8 +264,6 @@ class _NAMTMLayer(nn.Module):
         projections and the same step as :func:`_fused_step`), whose forward and backward each
         replay as one CUDA graph. It runs in float32 under autocast (the tapes, as in
         :meth:`_forward_fused`, and here the three projections too)."""
-        from ..ops.gpu.nam_tm import nam_tm_layer_scan_triton
-
         T = x.shape[1]
         heads = torch.stack([h_r, h_w], 2)  # [B, Tn, 2, L]
         dev = x.device.type

@@ -111,14 +111,12 @@ def side_stream(device: torch.device | int | str | None = None) -> "torch.cuda.S
     allocator keeps freed blocks for the stream they were allocated on. On an H200 six input
     shapes of one size reserved 388 MB more than the first one (tests/test_graph_step.py, the
     shared-pool test), about what two workspaces per new stream take on that card."""
-    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    if dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+    index = torch.device("cuda" if device is None else device).index
+    index = torch.cuda.current_device() if index is None else index
     with _LOCK:
-        s = _SIDE.get(dev.index)
-        if s is None:
-            s = _SIDE[dev.index] = torch.cuda.Stream(dev)
-    return s
+        if index not in _SIDE:
+            _SIDE[index] = torch.cuda.Stream(torch.device("cuda", index))
+        return _SIDE[index]
 
 
 def clear() -> None:

@@ -733,15 +733,16 @@ def nam_tm_heads_triton(act: torch.Tensor, q: Optional[torch.Tensor], k: Optiona
 # a layer's whole tape machinery, forward and backward each one graph
 
 
-def _unit_forward(x: torch.Tensor, eps: float):
-    """μ(x) along the last dim as :class:`memnets.memories.nam_tm._Unit` computes it: ``(y, n,
-    free)`` with ``n = max(‖x‖, eps)`` and ``free = ‖x‖ >= eps``."""
+def unit_forward(x: torch.Tensor, eps: float):
+    """μ(x) along the last dim (:func:`memnets.ops.unit`'s ops), with what its one-step backward
+    reads: ``(y, n, free)`` with ``n = max(‖x‖, eps)`` and ``free = ‖x‖ >= eps``. The NAM-TM's
+    μ (:class:`memnets.memories.nam_tm._Unit`) and its layer function on CUDA both use it."""
     norm = torch.linalg.vector_norm(x, 2, -1, keepdim=True)
     n = norm.clamp_min(eps)
     return x / n, n, norm >= eps
 
 
-def _unit_backward(y: torch.Tensor, n: torch.Tensor, free: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+def unit_backward(y: torch.Tensor, n: torch.Tensor, free: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     """``dx = (dy − y ⟨y, dy⟩) / n``, the projection only where the norm was not clamped."""
     s = torch.linalg.vecdot(y, dy).unsqueeze(-1).mul_(free)
     return torch.mul(y, s).neg_().add_(dy).div_(n)
@@ -773,8 +774,8 @@ def _layer_forward(cfg, hc, x, w_c, b_c, w_v, b_v, *rest):
     p_e = p[2] if n_p == 3 else p_w
     saved = {"p": p}
     if jump:
-        q, saved["nq"], saved["fq"] = _unit_forward(ctrl[..., 2 * A + n_p:], eps)
-        k, saved["nk"], saved["fk"] = _unit_forward(kraw, eps)
+        q, saved["nq"], saved["fq"] = unit_forward(ctrl[..., 2 * A + n_p:], eps)
+        k, saved["nk"], saved["fk"] = unit_forward(kraw, eps)
         saved["q"], saved["k"] = q, k = q.contiguous(), k.contiguous()
     else:
         q = k = act
@@ -784,7 +785,7 @@ def _layer_forward(cfg, hc, x, w_c, b_c, w_v, b_v, *rest):
         saved["Kc"], saved["U"] = Kc, U
     hv = Hs[:, :T]  # [B, T, Tn, 2, L]: the positions used at step t
     if unit_values:
-        hv, saved["nh"], saved["fh"] = _unit_forward(hv, eps)
+        hv, saved["nh"], saved["fh"] = unit_forward(hv, eps)
         saved["hv"] = hv
     r, ST, saved["Sc"], saved["Ut"] = _tape_forward(hv[..., 0, :], hv[..., 1, :], v, p_w, p_e, p_r, tape)
     return (r, ST, KT.view(B, Tn, C, L), Hs, act, v, *(saved[n] for n in _layer_saved(cfg)))
@@ -810,7 +811,7 @@ def _layer_backward(cfg, hc, x, w_c, w_v, *rest):
                                                       sv["Sc"], sv["Ut"], dr, dST)
     dhv = torch.stack([dqr, dkw], -2)  # [B, T, Tn, 2, L]
     if unit_values:
-        dhv = _unit_backward(hv, sv["nh"], sv["fh"], dhv)
+        dhv = unit_backward(hv, sv["nh"], sv["fh"], dhv)
     gH = dHs.clone()
     gH[:, :T] += dhv
     q, k = (sv["q"], sv["k"]) if jump else (act, act)
@@ -818,14 +819,14 @@ def _layer_backward(cfg, hc, x, w_c, w_v, *rest):
     dact, dq, dk, dpw_h, dpe_h, dH0, dK0 = _heads_backward(meta, act, q, k, p_w, p_e, Hs, sv.get("Kc"), sv.get("U"),
                                                             gH, dKT.reshape(N, C, L))
     dact = dact + dact_out
-    dz = act * (dact - (act * dact).sum(-1, keepdim=True))  # the softmax's backward
+    dz = torch._softmax_backward_data(dact, act, -1, act.dtype)
     if jump:
         dpw, dpe = dpw + dpw_h, dpe + dpe_h
     dps = [dpr, dpw + dpe] if n_p == 2 else [dpr, dpw, dpe]  # p_e = p_w: both gradients go to p_w
     dp = torch.stack(dps, 0).mul_(p * (1 - p))  # the sigmoid's backward, [n_p, B, T, Tn]
     parts = [dz.flatten(-2), dp.movedim(0, -1)]
     if jump:
-        parts.append(_unit_backward(sv["q"], sv["nq"], sv["fq"], dq))
+        parts.append(unit_backward(sv["q"], sv["nq"], sv["fq"], dq))
     # the projections' backward: control (from hc), values and keys (from x)
     dc = torch.cat(parts, -1).view(B * T, -1)
     hc2, x2 = hc.reshape(B * T, -1), x.reshape(B * T, -1)
@@ -834,7 +835,7 @@ def _layer_backward(cfg, hc, x, w_c, w_v, *rest):
     grads = [torch.mm(dc, w_c).view(hc.shape), None, torch.mm(dc.t(), hc2), dc.sum(0), torch.mm(dv2.t(), x2),
              dv2.sum(0)]
     if jump:
-        dk2 = _unit_backward(sv["k"], sv["nk"], sv["fk"], dk).view(B * T, -1)
+        dk2 = unit_backward(sv["k"], sv["nk"], sv["fk"], dk).view(B * T, -1)
         dx = dx.addmm_(dk2, w_k)
         grads += [torch.mm(dk2.t(), x2), dk2.sum(0)]
     grads[1] = dx.view(x.shape)

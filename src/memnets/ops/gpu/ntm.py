@@ -483,10 +483,10 @@ def _backward_graph(x, w_x, w_rh, w_h, Z, Cs, Ms, Wr, Ww, Pp, Aux, RH, d_rh, dM,
     dh0 = drhc[:, R * W:] if lstm else torch.zeros_like(Cs[0])
     if not fresh:
         return (*grads, dM0, dWr0, dWw0, dr0, dh0, dC0)
-
-    def softmax_grad(y, g):  # y = softmax(logits), the same for every sequence
-        return y * (g - (y * g).sum(-1, keepdim=True))
-    out = (*grads, softmax_grad(Wr[0, 0], dWr0.sum(0)), softmax_grad(Ww[0, 0], dWw0.sum(0)), dr0.sum(0), dh0.sum(0))
+    # the logits' gradients through the start's softmax (the same for every sequence)
+    d_wl = torch._softmax_backward_data(dWr0.sum(0), Wr[0, 0], -1, Wr.dtype)
+    d_wwl = torch._softmax_backward_data(dWw0.sum(0), Ww[0, 0], -1, Ww.dtype)
+    out = (*grads, d_wl, d_wwl, dr0.sum(0), dh0.sum(0))
     return out + ((dC0.sum(0),) if lstm else ())
 
 
@@ -583,18 +583,17 @@ def ntm_scan_triton(ntm, x: torch.Tensor, state=None):
     lstm = cfg.controller == "lstm"
     dt = ntm.ctrl_rh.weight.dtype  # under autocast the loop runs in the weights' dtype, autocast off
     weights = (x.to(dt), ntm.ctrl_x.weight, ntm.ctrl_x.bias, ntm.ctrl_rh.weight, ntm.heads.weight, ntm.heads.bias)
+    if state is None:  # the learned start, spread over the batch inside
+        init = (None, ntm.read_w0, ntm.write_w0, ntm.r0, ntm.h0, ntm.c0 if lstm else None)
+        fresh, c_kept = (cfg.memory_init,), ntm.c0.unsqueeze(0).expand(B, *ntm.c0.shape)
+    else:
+        c0 = state.c if lstm else x.new_zeros(B, C, dtype=dt)
+        init = tuple(t.contiguous().to(dt) for t in (state.memory, state.read_weights, state.write_weights,
+                                                     state.reads, state.h, c0))
+        fresh, c_kept = (), state.c
     with torch.autocast(x.device.type, enabled=False):
-        if state is None:
-            rh, M, wr, ww, c = NTMScanTriton.apply(
-                *weights, None, ntm.read_w0, ntm.write_w0, ntm.r0, ntm.h0, ntm.c0 if lstm else None,
-                2 * cfg.shift_range + 1, lstm, cfg.memory_init)
-            c_last = c if lstm else ntm.c0.unsqueeze(0).expand(B, *ntm.c0.shape)
-        else:
-            c0 = state.c if lstm else x.new_zeros(B, C, dtype=dt)
-            rh, M, wr, ww, c = NTMScanTriton.apply(
-                *weights, *(t.contiguous().to(dt) for t in (state.memory, state.read_weights, state.write_weights,
-                                                            state.reads, state.h, c0)), 2 * cfg.shift_range + 1, lstm)
-            c_last = c if lstm else state.c
+        rh, M, wr, ww, c = NTMScanTriton.apply(*weights, *init, 2 * cfg.shift_range + 1, lstm, *fresh)
+    c_last = c if lstm else c_kept
     rh = rh.transpose(0, 1)  # [B, T, R W + C]
     reads, h = rh[..., : R * W].unflatten(-1, (R, W)), rh[..., R * W:]
     return h, reads, (M, wr, ww, reads[:, -1], h[:, -1], c_last)
