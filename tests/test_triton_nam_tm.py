@@ -419,7 +419,14 @@ def test_layer_scan_replayed_from_its_graphs_matches_cpu(kw, dtype, short_segmen
     """The layer's tape machinery with its forward and backward replayed from their graphs
     (:func:`memnets.ops.gpu.graphs.stand_in`: static buffers, outputs rewritten in place at each
     replay), batch after batch of one shape, equals the CPU fused path; the second call of a
-    shape captures, later ones replay; outputs left out of the loss get no gradient."""
+    shape captures, later ones replay; outputs left out of the loss get no gradient. (The layer
+    graphed whole, ``MEMNETS_MODULE_GRAPHS=0`` here, is the next test's.)"""
+    from memnets.ops.gpu import env_var, graphs
+    with env_var("MEMNETS_MODULE_GRAPHS", "0"):
+        _layer_scan_replayed(kw, dtype)
+
+
+def _layer_scan_replayed(kw, dtype):
     from memnets.ops.gpu import graphs
     torch.manual_seed(0)
     m = NAMTuringMachine(6, 8, num_tapes=2, tape_length=6, **kw).to(dtype)
@@ -447,6 +454,46 @@ def test_layer_scan_replayed_from_its_graphs_matches_cpu(kw, dtype, short_segmen
     # the second call; the third and fourth calls replay both for every layer
     assert after["captures"] - before.get("captures", 0) == 2
     assert after["replays"] - before.get("replays", 0) >= 2 * 2 * m.num_layers
+    graphs.clear()
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("kw", MODELS, ids=["default", "all-transposed", "nojmp-2layers"])
+def test_layer_graphed_whole_matches_cpu(kw, dtype, short_segment):
+    """Each layer graphed whole (:func:`memnets.ops.gpu.graphs.graphed_autograd`: the controller,
+    the projections, both tape kernels and W_o replayed as one graph forward, the layer
+    recomputed and differentiated as one graph backward), batch after batch of one shape, with
+    the stand-in's static buffers: outputs and every gradient equal to the CPU fused path, with
+    every output in the loss or y alone; inside, the layer function runs plainly (no graph of
+    its own)."""
+    from memnets.ops.gpu import graphs
+    torch.manual_seed(0)
+    m = NAMTuringMachine(6, 8, num_tapes=2, tape_length=6, **kw).to(dtype)
+    graphs.clear()
+    before = graphs.stats()
+    for i in range(5):
+        g = torch.Generator().manual_seed(20 + i)
+        x = torch.randn(2, 7, 6, generator=g, dtype=dtype)
+        st = NAMTMState(*(s + 0.3 * torch.randn(s.shape, generator=g, dtype=dtype) for s in m.init_state(2, dtype=dtype)))
+
+        def run(path, used):
+            xx, ss = x.clone().requires_grad_(), [s.clone().requires_grad_() for s in st]
+            with path:
+                y, s2, aux = m(xx, NAMTMState(*ss), return_aux=True)
+                outs = [y, *s2, *aux]
+                grads = _grads([outs[j] for j in used], [xx, *ss, *m.parameters()], seed=i)
+            return [*outs, *grads]
+        used = [0, 1, 2, 3, 4, 5, 6, 7, 8] if i % 2 == 0 else [0]
+        want = run(contextlib.nullcontext(), used)
+        with graphs.stand_in():
+            got = run(cuda_path(), used)
+        _close(got, want, dtype, [f"call {i}, item {j}" for j in range(len(got))])
+    after = graphs.stats()
+    assert after["modules"] - before.get("modules", 0) == 5 * m.num_layers
+    assert not any(str(k[0][0]).startswith("nam_tm.layer") for k in graphs._CACHE)  # only the whole layers' graphs
+    # per layer: the forward captured at the second call; the backward per outputs used
+    assert after["captures"] - before.get("captures", 0) >= 2 * m.num_layers
     graphs.clear()
 
 

@@ -120,6 +120,7 @@ class LaunchCounter:
         self._loop: str | None = None  # the graphed loop running now
         self._quiet = 0
         self._stack = contextlib.ExitStack()
+        self.eager: LaunchCounter | None = None  # count_step(): the step's eager count, where it differs
 
     # ---- Triton
     def _wrap_run(self, cls) -> None:
@@ -224,6 +225,12 @@ class LaunchCounter:
     def __exit__(self, *exc) -> None:
         self._stack.close()
 
+    def eager_totals(self, phase: str | None = None) -> tuple[int, int]:
+        """:meth:`totals` of the step without graph replay: this count's, or, where a module
+        graphed whole changed the step's path (:func:`count_step`), that of the step counted
+        without it."""
+        return (self.eager or self).totals(phase)
+
     def totals(self, phase: str | None = None) -> tuple[int, int]:
         """``(aten ops, triton launches)`` in ``phase`` (all phases for ``None``)."""
         phases = [phase] if phase is not None else set(self.aten) | set(self.triton)
@@ -314,12 +321,25 @@ def count_step(model: torch.nn.Module, x: torch.Tensor, run: Callable[[torch.Ten
             c.phase = "opt"
         opt.step()
 
-    with _cuda_code_path(device):
-        step(None)  # warm-up: autotuning, caches, TorchScript's profiling runs, Adam's state
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        with counter:
-            step(counter)
+    from ..ops.gpu import env_var, graphs
+
+    def count(c: LaunchCounter, whole: bool) -> None:
+        # whole: a module graphed whole on CUDA (graphs.whole_module) takes that path here too
+        with _cuda_code_path(device), graphs.counting() if whole else contextlib.nullcontext():
+            step(None)  # warm-up: autotuning, caches, TorchScript's profiling runs, Adam's state
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            with c:
+                step(c)
+
+    modules = graphs.stats().get("modules", 0)
+    count(counter, counter.replay)
+    if counter.replay and graphs.stats().get("modules", 0) > modules:
+        # the model has a module graphed whole, whose backward recomputes its forward inside the
+        # graph: its eager launches are those of the step without that (the module's own path)
+        counter.eager = LaunchCounter(replay=False)
+        with env_var("MEMNETS_MODULE_GRAPHS", "0"):
+            count(counter.eager, False)
     return counter
 
 
@@ -405,8 +425,8 @@ def run(quick: bool = False, *, batch: int = 4, length: int = 16, models: tuple[
     for name, cfg, build, Fi in table:
         full = _count(build, Fi, batch, length, device, replay)
         half = _count(build, Fi, batch, half_t, device, replay)
-        a_step, t_step = full.totals()
-        a_half, t_half = half.totals()
+        a_step, t_step = full.eager_totals()
+        a_half, t_half = half.eager_totals()
         n_full, n_half = a_step + t_step, a_half + t_half
         g_full, replays, copies = full.graphed_totals()
         g_half = half.graphed_totals()[0]
@@ -419,11 +439,11 @@ def run(quick: bool = False, *, batch: int = 4, length: int = 16, models: tuple[
         if bench_counted:
             at = _count(build, Fi, batch, tb, device, replay)
             bench.update({"from": "counted", "launches_from_fixed": bench["launches_step"],
-                          "graphed_from_fixed": bench["graphed_step"], "launches_step": sum(at.totals()),
+                          "graphed_from_fixed": bench["graphed_step"], "launches_step": sum(at.eager_totals()),
                           "graphed_step": at.graphed_totals()[0]})
         row = {"model": name, "config": f"B={batch} T={length} {cfg}",
-               "aten_fwd": full.totals("fwd")[0], "aten_bwd": full.totals("bwd")[0],
-               "aten_opt": full.totals("opt")[0], "aten_step": a_step, "triton_step": t_step,
+               "aten_fwd": full.eager_totals("fwd")[0], "aten_bwd": full.eager_totals("bwd")[0],
+               "aten_opt": full.eager_totals("opt")[0], "aten_step": a_step, "triton_step": t_step,
                "launches_step": n_full,
                "per_t": per(n_full, length),
                "marginal_per_t": round(marginal, 2),

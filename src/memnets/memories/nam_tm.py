@@ -36,7 +36,7 @@ from ..registry import register_model
 from ..ops._amp import run_rnn
 from ..ops._impl import runs_fused
 from ..ops.gpu import on_cuda_path, use_triton
-from ..ops.gpu.graphs import fresh_zeros
+from ..ops.gpu.graphs import fresh_zeros, graphed_autograd, whole_module
 from ..ops.gpu.nam_tm import nam_tm_layer_scan_triton, unit_backward, unit_forward
 
 __all__ = ["NAMTuringMachine", "NAMTMState", "NAMTMAux", "nam_tm_step", "move_head", "ACTIONS"]
@@ -216,6 +216,8 @@ class _NAMTMLayer(nn.Module):
         self.out = nn.Linear(hidden_size, hidden_size) if with_output else None
 
     def forward(self, x, tape, key_tape, h_r, h_w):
+        if runs_fused(self.impl) and use_triton(x) and whole_module(x):
+            return self._forward_graphed(x, tape, key_tape, h_r, h_w)
         B, T, _ = x.shape
         Tn, C, A = self.num_tapes, self.width, len(self.actions)
         fused = runs_fused(self.impl)
@@ -257,6 +259,22 @@ class _NAMTMLayer(nn.Module):
         pos = torch.stack(pos, 1)  # [B, T, Tn, 2, L]
         aux = NAMTMAux(pos[..., 0, :], pos[..., 1, :], act[..., 0, :], act[..., 1, :])
         return y, (tape, key_tape, heads[:, :, 0], heads[:, :, 1]), aux
+
+    def _forward_graphed(self, x, tape, key_tape, h_r, h_w):
+        """The CUDA path as two CUDA graphs: the whole layer (cuDNN's controller, the
+        projections, both tape kernels and ``W_o``) replayed as one graph forward, and its
+        backward (the layer recomputed and differentiated) as one more, by
+        :func:`memnets.ops.gpu.graphs.graphed_autograd`: a few launches a call instead of the
+        controller's, the layer function's graphs and the ops around them."""
+        def layer(x, tape, key_tape, h_r, h_w):
+            y, fin, aux = self.forward(x, tape, key_tape, h_r, h_w)
+            return ((y,) if y is not None else ()) + tuple(fin) + tuple(aux)
+
+        key = ("nam_tm.module", id(self), self.impl, tuple(self.order), self.normalize_heads, self.separate_erase,
+               self.transposed_keys)
+        outs = graphed_autograd(key, layer, (x, tape, key_tape, h_r, h_w), tuple(self.parameters()))
+        y, rest = (outs[0], outs[1:]) if self.out is not None else (None, outs)
+        return y, tuple(rest[:4]), NAMTMAux(*rest[4:])
 
     def _forward_triton(self, x, hc, tape, key_tape, h_r, h_w):
         """The CUDA path: from the controller's output ``hc`` to the reads by

@@ -38,9 +38,10 @@ import warnings
 from typing import Callable, Hashable, Sequence
 
 import torch
+from torch.autograd.function import once_differentiable
 
-__all__ = ["graphed", "enabled", "switched_on", "stand_in", "standing_in", "listening", "clear", "MAX_GRAPHS", "stats",
-           "copy_all", "copy_groups", "fresh_copies", "fresh_zeros", "zeros_for_none", "side_stream"]
+__all__ = ["graphed", "graphed_autograd", "whole_module", "enabled", "switched_on", "stand_in", "standing_in", "listening", "clear", "MAX_GRAPHS", "stats",
+           "copy_all", "copy_groups", "counting", "fresh_copies", "fresh_zeros", "zeros_for_none", "side_stream"]
 
 MAX_GRAPHS = 16
 _CACHE: "collections.OrderedDict[Hashable, _Entry]" = collections.OrderedDict()
@@ -51,6 +52,11 @@ _STAND_IN = [0]
 _STATS = collections.Counter()
 _LISTENERS: list = []  # listening(): called around every graphed() call
 _LOCK = threading.Lock()  # the cache's bookkeeping (replicas of nn.DataParallel call from threads)
+# graphed functions running now (their first eager call, a warm-up, a capture or a stand-in's
+# replay), in any thread: a graphed call inside one runs plainly, as part of the outer function.
+# Process-wide, not per thread: autograd runs a CUDA backward on a worker thread of its own.
+_BODIES = [0]
+_COUNTING = [0]  # counting(): whole_module() as on CUDA
 
 
 def switched_on() -> bool:
@@ -129,7 +135,8 @@ def clear() -> None:
 
 def stats() -> dict:
     """Counts since the start: ``captures``, ``replays``, ``eager`` calls, ``evictions``, ``failures``,
-    ``inside_capture`` (calls inside another graph's capture)."""
+    ``inside_capture`` (calls inside another graph's capture), ``modules`` (calls of
+    :func:`graphed_autograd`)."""
     return dict(_STATS)
 
 
@@ -240,10 +247,48 @@ class _CudaGraph:
             self.graph.replay()
 
 
+def _index_groups(tensors: Sequence[torch.Tensor]) -> list[list[int]]:
+    """The indices of ``tensors`` grouped as :func:`copy_all` groups them against contiguous
+    buffers of their shapes: one group per dtype and device of the contiguous non-empty ones,
+    one for each other tensor. It depends only on what a graph's key holds (shapes, dtypes,
+    devices, contiguity), so a graph works it out once."""
+    groups: dict = {}
+    alone = []
+    for i, t in enumerate(tensors):
+        if t.is_contiguous() and t.numel() > 0:
+            groups.setdefault((t.dtype, t.device), []).append(i)
+        else:
+            alone.append([i])
+    return list(groups.values()) + alone
+
+
 class _Entry:
     def __init__(self, fn, inputs, cuda: bool):
         self.static_in = tuple(torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t) for t in inputs)
         self.graph = (_CudaGraph if cuda else _EagerGraph)(fn, self.static_in)
+        # the copies in and out, worked out once: (buffers, indices) per multi-tensor copy
+        self.copy_in = [([self.static_in[i] for i in g], g) for g in _index_groups(inputs)]
+        self.copy_out = [([self.graph.static_out[i] for i in g], g) for g in _index_groups(self.graph.static_out)]
+
+    def load(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Copy ``inputs`` (of this graph's key) into its buffers."""
+        with torch.no_grad():
+            for bufs, idx in self.copy_in:
+                if len(idx) == 1:
+                    bufs[0].copy_(inputs[idx[0]])
+                else:
+                    torch._foreach_copy_(bufs, [inputs[i] for i in idx])
+
+    def outputs(self) -> tuple[torch.Tensor, ...]:
+        """Fresh copies of the graph's outputs."""
+        out = [torch.empty_like(o) for o in self.graph.static_out]
+        with torch.no_grad():
+            for bufs, idx in self.copy_out:
+                if len(idx) == 1:
+                    out[idx[0]].copy_(bufs[0])
+                else:
+                    torch._foreach_copy_([out[i] for i in idx], bufs)
+        return tuple(out)
 
 
 def _autocast_state(device: torch.device) -> tuple:
@@ -267,13 +312,52 @@ def graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], *inputs: t
     """``fn(*inputs)``, replayed from a CUDA graph once this ``key`` and these input shapes have
     been seen before (module docstring). ``key`` names the loop and every Python value ``fn``
     depends on; the inputs' shapes, dtypes and device are added to it. Returns tensors of the
-    caller's own (copies of the graph's outputs)."""
+    caller's own (copies of the graph's outputs). Called while another graphed function runs (its
+    body calls this one), it runs ``fn`` plainly: the outer graph holds its launches."""
+    if _BODIES[0]:
+        return tuple(fn(*inputs))
     if _LISTENERS:
         call = functools.partial(_graphed, key, fn, inputs)
         for listener in reversed(tuple(_LISTENERS)):  # the first registered is the outermost
             call = functools.partial(listener, key, inputs, call)
         return tuple(call())
     return _graphed(key, fn, inputs)
+
+
+def _body(fn: Callable[..., Sequence[torch.Tensor]]) -> Callable[..., tuple]:
+    """``fn`` marked as a graphed function's body while it runs (:data:`_BODIES`)."""
+    def body(*inputs):
+        with _LOCK:
+            _BODIES[0] += 1
+        try:
+            return tuple(fn(*inputs))
+        finally:
+            with _LOCK:
+                _BODIES[0] -= 1
+    return body
+
+
+def whole_module(x: torch.Tensor) -> bool:
+    """Whether a module's whole forward on tensors like ``x`` should go through
+    :func:`graphed_autograd`: replay on for ``x`` (:func:`enabled`), ``MEMNETS_MODULE_GRAPHS`` not
+    ``0``, and not already inside a graphed function or another graph's capture (a whole
+    training step's, where the module's launches belong to that graph)."""
+    if _BODIES[0] or os.environ.get("MEMNETS_MODULE_GRAPHS", "1") == "0":
+        return False
+    if _COUNTING[0] and not x.is_cuda:  # a launch count on CPU tensors: as on CUDA
+        return switched_on()
+    return enabled(x) and not _inside_capture(x)
+
+
+@contextlib.contextmanager
+def counting():
+    """CPU tensors take :func:`whole_module`'s path as CUDA tensors would (without graphs: the
+    launch count of ``memnets bench launches`` counts each graphed call as its replay)."""
+    _COUNTING[0] += 1
+    try:
+        yield
+    finally:
+        _COUNTING[0] -= 1
 
 
 def _inside_capture(x: torch.Tensor) -> bool:
@@ -288,6 +372,7 @@ def _graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], inputs: t
     if _inside_capture(inputs[0]):  # no graph of our own inside another's capture: plain launches
         _STATS["inside_capture"] += 1
         return tuple(fn(*inputs))
+    fn = _body(fn)
     full = (key, _signature(inputs))
     with _LOCK:
         failed = full in _FAILED or full in _EVICTED
@@ -317,9 +402,110 @@ def _graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], inputs: t
                 _EVICTED.add(_CACHE.popitem(last=False)[0])
                 _STATS["evictions"] += 1
     else:
-        copy_all(entry.static_in, inputs)
+        entry.load(inputs)
     entry.graph.replay()
     _STATS["replays"] += 1
-    out = tuple(torch.empty_like(o) for o in entry.graph.static_out)
-    copy_all(out, entry.graph.static_out)
-    return out
+    return entry.outputs()
+
+
+def _autocast_context(state: tuple, device: torch.device):
+    """Re-enter the autocast state :func:`_autocast_state` recorded (for a recomputation)."""
+    if len(state) == 2:
+        on, dtype = state
+        return torch.autocast(device.type, dtype=dtype, enabled=True) if on else \
+            torch.autocast(device.type, enabled=False)
+    return torch.autocast(device.type, enabled=bool(state[0]))
+
+
+class _Recomputed(torch.autograd.Function):
+    """:func:`graphed_autograd`'s function: forward and backward each one :func:`graphed` call."""
+
+    @staticmethod
+    def forward(ctx, key, fn, n_in, *tensors):
+        inputs, params = tensors[:n_in], tensors[n_in:]
+        state = _autocast_state(inputs[0].device)
+        ctx.key, ctx.fn, ctx.n_in, ctx.autocast = key, fn, n_in, state
+        ctx.versions = tuple(p._version for p in params)
+        ctx.set_materialize_grads(False)
+
+        def forward_fn(*xs):
+            with torch.no_grad():
+                return tuple(fn(*xs))
+
+        outs = graphed((key, "forward"), forward_fn, *inputs)
+        ctx.save_for_backward(*inputs)
+        ctx.params = params  # read by the recomputation as they are now (their versions checked)
+        ctx.out_meta = tuple((o.shape, o.dtype, o.device, o.is_floating_point()) for o in outs)
+        ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
+        return outs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        inputs, params, n_in = ctx.saved_tensors, ctx.params, ctx.n_in
+        for p, v in zip(params, ctx.versions):
+            if p._version != v:
+                raise RuntimeError("graphed_autograd: a parameter was modified in place between the forward and "
+                                   "the backward (e.g. an optimizer step before backward()); its gradient "
+                                   "would be of the new values")
+        need = ctx.needs_input_grad[3:]
+        want_in = [i for i in range(n_in) if need[i]]
+        want_p = [j for j in range(len(params)) if need[n_in + j]]
+        diff_out = [k for k, m in enumerate(ctx.out_meta) if m[3] and grads[k] is not None]
+        if not diff_out or not (want_in or want_p):
+            return (None, None, None) + (None,) * (n_in + len(params))
+        fn, state, device = ctx.fn, ctx.autocast, inputs[0].device
+        grads_in = zeros_for_none([grads[k] for k in diff_out],
+                                  [(ctx.out_meta[k][0], ctx.out_meta[k][1], ctx.out_meta[k][2]) for k in diff_out])
+
+        def backward_fn(*xs):
+            ins, gs = xs[:n_in], xs[n_in:]
+            with torch.enable_grad(), _autocast_context(state, device):
+                leaves = [t.detach().requires_grad_(i in want_in) for i, t in enumerate(ins)]
+                outs = tuple(fn(*leaves))
+            wrt = [leaves[i] for i in want_in] + [params[j] for j in want_p]
+            pairs = [(outs[k], g) for k, g in zip(diff_out, gs) if outs[k].requires_grad]
+            got = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True) \
+                if pairs else [None] * len(wrt)
+            zeros = iter(fresh_zeros([w for w, g in zip(wrt, got) if g is None]))
+            return tuple(next(zeros) if g is None else g for g in got)
+
+        key = (ctx.key, "backward", tuple(want_in), tuple(want_p), tuple(diff_out))
+        got = graphed(key, backward_fn, *inputs, *grads_in)
+        out = [None] * (n_in + len(params))
+        for slot, g in zip(want_in + [n_in + j for j in want_p], got):
+            out[slot] = g
+        return (None, None, None) + tuple(out)
+
+
+def graphed_autograd(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
+                     params: Sequence[torch.Tensor] = ()) -> tuple[torch.Tensor, ...]:
+    """``fn(*inputs)``, differentiable in ``inputs`` and ``params``, its forward one
+    :func:`graphed` call and its backward another: a module's whole forward (a cuDNN RNN, the
+    projections, the kernels' loops) replays as one CUDA graph and its backward as one more.
+
+    ``fn(*inputs) -> tuple of tensors`` reads ``params`` itself (a module's parameters: the
+    graphs read them where they are, so an optimizer's in-place step is seen and nothing is
+    copied; their addresses are part of the key, so a parameter moved elsewhere is captured
+    anew). It must compute the same function every time it is called (no dropout, no
+    other randomness): the backward **recomputes** the forward under autograd (in the autocast
+    state of the forward) and differentiates it, as ``torch.utils.checkpoint`` does, inside its
+    graph. So calls of one function may overlap (several forwards before their backwards), and
+    what the forward keeps for the backward is its inputs. A parameter changed in place between
+    the forward and its backward is refused. Double backward is not supported. Where replay is
+    off (CPU tensors outside :func:`stand_in`, ``MEMNETS_CUDA_GRAPHS=0``) the same holds, without
+    graphs; without gradients to compute it is one :func:`graphed` call."""
+    inputs, params = tuple(inputs), tuple(params)
+    if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
+        raise ValueError("graphed_autograd: `inputs` expected one tensor or more")
+    # where the parameters are is part of the key: the graphs read them there
+    key = (key, tuple(p.data_ptr() for p in params))
+    params = tuple(p for p in params if p.requires_grad)
+    _STATS["modules"] += 1
+    fn = _body(fn)  # inside it, whole_module() says no (the module's own forward runs)
+    if not torch.is_grad_enabled() or not (params or any(t.requires_grad for t in inputs)):
+        def forward_fn(*xs):
+            with torch.no_grad():
+                return tuple(fn(*xs))
+        return graphed((key, "forward"), forward_fn, *inputs)
+    return _Recomputed.apply(key, fn, len(inputs), *inputs, *params)
