@@ -18,7 +18,7 @@ from memnets.cli.main import main
 MODELS = ["LSAM", "LSAM bi", "NAM-TM", "DNC", "NTM"]
 GRAPHED = {"LSAM": ("lsam.forward", "lsam.backward"), "LSAM bi": ("lsam.forward", "lsam.backward"),
            "DNC": ("dnc.forward", "dnc.backward"), "NTM": ("ntm.forward", "ntm.backward"),
-           "NAM-TM": ("nam_tm.layer", "nam_tm.layer.backward")}
+           "NAM-TM": ("nam_tm.module.forward", "nam_tm.module.backward")}
 
 
 def test_counter_counts_kernels_not_views():
@@ -150,7 +150,7 @@ def test_bench_launches_runs_triton_kernels_through_the_interpreter(tmp_path):
     of a graphed loop (LSAM's, the DNC's and the NTM's, forward and backward: once each a step)
     counts one replay and its copies instead of what ran inside it; the loops' per-time-step
     launches are gone. The NAM-TM's kernels hold the time loop (no launch per time step either way);
-    what is graphed there is the layer's tape machinery around them, forward and backward."""
+    there the whole layer is graphed (controller to W_o), forward and backward."""
     res, printed = _launches_child(tmp_path)
     assert res["triton_interpret"] == "1" and res["triton_used"] is True and res["graph_replay"] is True
     assert [r["model"] for r in res["rows"]] == MODELS
@@ -161,11 +161,14 @@ def test_bench_launches_runs_triton_kernels_through_the_interpreter(tmp_path):
         assert r["graph_replays"] == len(GRAPHED[name])
         inside = sum(v["launches_inside"] for v in loops.values())
         assert r["graph_copies"] == sum(v["copies"] for v in loops.values())
-        assert r["graphed_step"] == r["launches_step"] - inside + r["graph_replays"] + r["graph_copies"], name
-        if name == "NAM-TM":  # two whole-sequence kernels and some dozen ops around them, one replay each way
+        if name == "NAM-TM":
+            # the layer graphed whole (controller, projections, both kernels, W_o), its backward
+            # recomputing the forward: the eager count is the step's own path, counted apart;
+            # no launch per time step either way
             assert r["marginal_per_t"] == 0 and r["graphed_marginal_per_t"] == 0, name
-            assert r["graphed_step"] - r["graph_copies"] < r["launches_step"] - 10 and inside >= 20, name
+            assert 2 * r["graphed_step"] < r["launches_step"] and inside > r["launches_step"], name
             continue
+        assert r["graphed_step"] == r["launches_step"] - inside + r["graph_replays"] + r["graph_copies"], name
         # the loop's kernels (4 a time step) replaced by one replay each: fewer launches, and none
         # more for a further time step (the copies around the replay are per call, not per step)
         assert r["graphed_step"] - r["graph_copies"] < r["launches_step"], name

@@ -432,7 +432,7 @@ class _Recomputed(torch.autograd.Function):
             with torch.no_grad():
                 return tuple(fn(*xs))
 
-        outs = graphed((key, "forward"), forward_fn, *inputs)
+        outs = graphed((f"{key[0]}.forward",) + key[1:], forward_fn, *inputs)
         ctx.save_for_backward(*inputs)
         ctx.params = params  # read by the recomputation as they are now (their versions checked)
         ctx.out_meta = tuple((o.shape, o.dtype, o.device, o.is_floating_point()) for o in outs)
@@ -470,7 +470,7 @@ class _Recomputed(torch.autograd.Function):
             zeros = iter(fresh_zeros([w for w, g in zip(wrt, got) if g is None]))
             return tuple(next(zeros) if g is None else g for g in got)
 
-        key = (ctx.key, "backward", tuple(want_in), tuple(want_p), tuple(diff_out))
+        key = (f"{ctx.key[0]}.backward",) + ctx.key[1:] + (tuple(want_in), tuple(want_p), tuple(diff_out))
         got = graphed(key, backward_fn, *inputs, *grads_in)
         out = [None] * (n_in + len(params))
         for slot, g in zip(want_in + [n_in + j for j in want_p], got):
@@ -491,7 +491,8 @@ def graphed_autograd(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], i
     other randomness): the backward **recomputes** the forward under autograd (in the autocast
     state of the forward) and differentiates it, as ``torch.utils.checkpoint`` does, inside its
     graph. So calls of one function may overlap (several forwards before their backwards), and
-    what the forward keeps for the backward is its inputs. A parameter changed in place between
+    what the forward keeps for the backward is its inputs. The graphs are named
+    ``<key[0]>.forward`` and ``<key[0]>.backward`` (``key[0]`` a string; else ``module``). A parameter changed in place between
     the forward and its backward is refused. Double backward is not supported. Where replay is
     off (CPU tensors outside :func:`stand_in`, ``MEMNETS_CUDA_GRAPHS=0``) the same holds, without
     graphs; without gradients to compute it is one :func:`graphed` call."""
@@ -499,7 +500,8 @@ def graphed_autograd(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], i
     if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
         raise ValueError("graphed_autograd: `inputs` expected one tensor or more")
     # where the parameters are is part of the key: the graphs read them there
-    key = (key, tuple(p.data_ptr() for p in params))
+    name = key[0] if isinstance(key, tuple) and key and isinstance(key[0], str) else "module"
+    key = (name, key, tuple(p.data_ptr() for p in params))
     params = tuple(p for p in params if p.requires_grad)
     _STATS["modules"] += 1
     fn = _body(fn)  # inside it, whole_module() says no (the module's own forward runs)
@@ -507,5 +509,5 @@ def graphed_autograd(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], i
         def forward_fn(*xs):
             with torch.no_grad():
                 return tuple(fn(*xs))
-        return graphed((key, "forward"), forward_fn, *inputs)
+        return graphed((f"{name}.forward",) + key[1:], forward_fn, *inputs)
     return _Recomputed.apply(key, fn, len(inputs), *inputs, *params)
