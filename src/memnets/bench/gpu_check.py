@@ -40,7 +40,8 @@ install needed):
      8 tapes), T=50; the DNC (LSTM 64, memory 16x20, 4 reads; LSTM 256, memory 32x64), T=41;
      the NTM (LSTM 100, memory 128x20), T=41. Target: at most 2.0x the LSTM's time. LSAM, the
      DNC and the NTM also once more with ``MEMNETS_CUDA_GRAPHS=0`` ("no graph replay"), the
-     loops launched one by one. The NTM also at 4 and 8 warps per program
+     loops launched one by one; the NAM-TM once more with ``MEMNETS_MODULE_GRAPHS=0``, its layer
+     not graphed whole (the layer function's own graphs only). The NTM also at 4 and 8 warps per program
      (``MEMNETS_NTM_WARPS``; 16 by default at this size), a comparison. Every model and its LSTM once more with the whole training
      step replayed from one CUDA graph each ("whole step graphed",
      :class:`memnets.train.graph_step.CUDAGraphStep`), the pair's ratio against the same target.
@@ -461,6 +462,17 @@ def _models_rows(bench, tiny: bool) -> None:
         row["meets"], row["target"] = None, "comparison (MEMNETS_CUDA_GRAPHS=0)"
         return row
 
+    def layer_only(name, cfg, build, B, T, Fi, base):
+        """The NAM-TM without its layer graphed whole (``MEMNETS_MODULE_GRAPHS=0``): cuDNN's
+        controller and the output layer launched from Python around the layer function's own
+        two graphs; a comparison."""
+        from ..ops.gpu import env_var
+        with env_var("MEMNETS_MODULE_GRAPHS", "0"):
+            row = case(name + " (MEMNETS_MODULE_GRAPHS=0)", cfg, build, B, T, Fi)
+        _pair(row, base, 2.0, "LSTM")
+        row["meets"], row["target"] = None, "comparison (MEMNETS_MODULE_GRAPHS=0)"
+        return row
+
     def warps(cfg, build, B, T, base):
         """The NTM's kernels run one program per sequence, so its warps per program set how a
         step's work spreads: the same step at other counts (``MEMNETS_NTM_WARPS``), a comparison."""
@@ -498,6 +510,7 @@ def _models_rows(bench, tiny: bool) -> None:
         build = lambda Fi=Fi, D=D, Tn=Tn, L=L: NAMTuringMachine(Fi, D, num_tapes=Tn, tape_length=L)  # noqa: E731
         ours = case("NAM-TM", cfg, build, B, T_tm, Fi)
         _pair(ours, base, 2.0, "LSTM")
+        layer_only("NAM-TM", cfg, build, B, T_tm, Fi, base)
         whole("NAM-TM", cfg, build, B, T_tm, Fi, lstm_build(Fi, D))
     for Hc, N, W, R in ([(16, 8, 8, 2)] if tiny else [(64, 16, 20, 4), (256, 32, 64, 4)]):
         cfg = f"B={B} T={T_dnc} LSTM {Hc}, memory {N}x{W}, {R} reads"
