@@ -81,3 +81,48 @@ def test_triton_loops_under_bf16_autocast(name):
         for u, v in zip(a, b):
             assert torch.isfinite(u).all()
             torch.testing.assert_close(u, v)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_dnc_graphed_whole_matches_launch_by_launch(dtype, tol):
+    """The DNC graphed whole (``MEMNETS_MODULE_GRAPHS=1``: input projection, the recurrence and
+    the readout as one graph, the backward recomputing it as another; off by default), from a
+    given state that takes gradients too: outputs, final state and every gradient equal to the
+    loops launched one by one, call after call."""
+    build, fi = BUILD["dnc"]
+    torch.manual_seed(0)
+    model = build().to(DEV, dtype)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(2, 5, fi, generator=g, dtype=dtype).to(DEV) for _ in range(4)]
+
+    def runs(graphs_on):
+        out = []
+        stand_in = graphs.stand_in() if not CUDA else contextlib.nullcontext()
+        with cuda_code_path(DEV), stand_in, env_var("MEMNETS_CUDA_GRAPHS", "1" if graphs_on else "0"), \
+                env_var("MEMNETS_MODULE_GRAPHS", "1"):
+            for i, x in enumerate(xs):
+                start = model.init_state(2, DEV, dtype)
+                leaves, spec = torch.utils._pytree.tree_flatten(start)
+                leaves = [(t + 0.1 * (i + 1) * t.abs().mean()).detach().requires_grad_() for t in leaves]
+                x = x.clone().requires_grad_()
+                model.zero_grad(set_to_none=True)
+                y, st = model(x, torch.utils._pytree.tree_unflatten(leaves, spec))
+                fin = torch.utils._pytree.tree_flatten(st)[0]
+                loss = (y * torch.linspace(-1, 1, y.numel(), dtype=dtype, device=DEV).view_as(y)).sum() \
+                    + sum(t.sin().sum() for t in fin)
+                grads = torch.autograd.grad(loss, [x, *leaves, *model.parameters()])
+                out.append([y.detach(), *(t.detach() for t in fin), *grads])
+        return out
+
+    graphs.clear()
+    eager = runs(False)
+    before = graphs.stats()
+    whole = runs(True)
+    after = graphs.stats()
+    assert after["modules"] - before.get("modules", 0) == len(xs)
+    assert not any(str(k[0][0]).startswith("dnc.forward") for k in graphs._CACHE)  # only the whole module's
+    for i, (a, b) in enumerate(zip(whole, eager)):
+        assert len(a) == len(b)
+        for u, v in zip(a, b):
+            torch.testing.assert_close(u, v, atol=tol, rtol=tol, msg=lambda m: f"call {i}: {m}")
+    graphs.clear()

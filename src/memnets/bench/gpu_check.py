@@ -41,7 +41,8 @@ install needed):
      the NTM (LSTM 100, memory 128x20), T=41. Target: at most 2.0x the LSTM's time. LSAM, the
      DNC and the NTM also once more with ``MEMNETS_CUDA_GRAPHS=0`` ("no graph replay"), the
      loops launched one by one; the NAM-TM once more with ``MEMNETS_MODULE_GRAPHS=0``, its layer
-     not graphed whole (the layer function's own graphs only). The NTM also at 4 and 8 warps per program
+     not graphed whole (the layer function's own graphs only), and the DNC with
+     ``MEMNETS_MODULE_GRAPHS=1``, graphed whole (off by default). The NTM also at 4 and 8 warps per program
      (``MEMNETS_NTM_WARPS``; 16 by default at this size), a comparison. Every model and its LSTM once more with the whole training
      step replayed from one CUDA graph each ("whole step graphed",
      :class:`memnets.train.graph_step.CUDAGraphStep`), the pair's ratio against the same target.
@@ -462,15 +463,16 @@ def _models_rows(bench, tiny: bool) -> None:
         row["meets"], row["target"] = None, "comparison (MEMNETS_CUDA_GRAPHS=0)"
         return row
 
-    def layer_only(name, cfg, build, B, T, Fi, base):
-        """The NAM-TM without its layer graphed whole (``MEMNETS_MODULE_GRAPHS=0``): cuDNN's
-        controller and the output layer launched from Python around the layer function's own
-        two graphs; a comparison."""
+    def module_graphs(value, name, cfg, build, B, T, Fi, base):
+        """The same row with ``MEMNETS_MODULE_GRAPHS=value``, a comparison: ``0`` the NAM-TM
+        without its layer graphed whole (cuDNN's controller and the output layer launched from
+        Python around the layer function's own two graphs); ``1`` the DNC graphed whole (its
+        backward recomputing the forward), which it is not by default."""
         from ..ops.gpu import env_var
-        with env_var("MEMNETS_MODULE_GRAPHS", "0"):
-            row = case(name + " (MEMNETS_MODULE_GRAPHS=0)", cfg, build, B, T, Fi)
+        with env_var("MEMNETS_MODULE_GRAPHS", value):
+            row = case(f"{name} (MEMNETS_MODULE_GRAPHS={value})", cfg, build, B, T, Fi)
         _pair(row, base, 2.0, "LSTM")
-        row["meets"], row["target"] = None, "comparison (MEMNETS_MODULE_GRAPHS=0)"
+        row["meets"], row["target"] = None, f"comparison (MEMNETS_MODULE_GRAPHS={value})"
         return row
 
     def warps(cfg, build, B, T, base):
@@ -510,7 +512,7 @@ def _models_rows(bench, tiny: bool) -> None:
         build = lambda Fi=Fi, D=D, Tn=Tn, L=L: NAMTuringMachine(Fi, D, num_tapes=Tn, tape_length=L)  # noqa: E731
         ours = case("NAM-TM", cfg, build, B, T_tm, Fi)
         _pair(ours, base, 2.0, "LSTM")
-        layer_only("NAM-TM", cfg, build, B, T_tm, Fi, base)
+        module_graphs("0", "NAM-TM", cfg, build, B, T_tm, Fi, base)
         whole("NAM-TM", cfg, build, B, T_tm, Fi, lstm_build(Fi, D))
     for Hc, N, W, R in ([(16, 8, 8, 2)] if tiny else [(64, 16, 20, 4), (256, 32, 64, 4)]):
         cfg = f"B={B} T={T_dnc} LSTM {Hc}, memory {N}x{W}, {R} reads"
@@ -519,6 +521,7 @@ def _models_rows(bench, tiny: bool) -> None:
                                                  controller_size=Hc)
         _pair(case("DNC", cfg, build, B, T_dnc, 9), base, 2.0, "LSTM")
         eager("DNC", cfg, build, B, T_dnc, 9, base)
+        module_graphs("1", "DNC", cfg, build, B, T_dnc, 9, base)
         whole("DNC", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
     for Hc, N, W in ([(16, 8, 8)] if tiny else [(100, 128, 20)]):
         cfg = f"B={B} T={T_dnc} LSTM {Hc}, memory {N}x{W}, 1 read 1 write"

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .._checks import check_input_dtype, check_positive_int, check_shape
 from ..ops._amp import float32_under_autocast
@@ -30,7 +31,7 @@ from ..ops.dnc import (DNCRecurrence, dnc_access_fused, dnc_allocation, dnc_dire
                        interface_permutation, interface_sizes)
 from ..ops.gpu import use_triton
 from ..ops.gpu.dnc import DNCRecurrenceTriton, applies as triton_applies
-from ..ops.gpu.graphs import fresh_zeros
+from ..ops.gpu.graphs import fresh_zeros, graphed_autograd, whole_module
 from ..ops.permute import inverse_permutation, permute
 from ..registry import register_model
 from ..ops._impl import resolve_impl, runs_fused
@@ -248,6 +249,20 @@ class DNC(nn.Module):
                           "per-step path instead of the fused one (convert the state with .to)", stacklevel=3)
         return ok
 
+    def _forward_graphed(self, x: torch.Tensor, state: DNCState):
+        """:meth:`_forward_scan` graphed whole on CUDA (:func:`memnets.ops.gpu.graphs.graphed_autograd`:
+        the input projection, the recurrence's graphs and the readout as one graph forward, and
+        the backward, which recomputes the forward, as another). Off by default (its backward
+        runs the recurrence's forward twice); ``MEMNETS_MODULE_GRAPHS=1`` turns it on."""
+        leaves, spec = tree_flatten(state)
+
+        def whole(x, *leaves):
+            y, new = self._forward_scan(x, tree_unflatten(list(leaves), spec))
+            return (y, *tree_flatten(new)[0])
+
+        outs = graphed_autograd(("dnc.module", id(self), self.impl), whole, (x, *leaves), tuple(self.parameters()))
+        return outs[0], tree_unflatten(list(outs[1:]), spec)
+
     def _forward_scan(self, x: torch.Tensor, state: DNCState):
         """The whole sequence through :class:`~memnets.ops.dnc.recurrence.DNCRecurrence` (fused path)."""
         cfg = self.config
@@ -300,6 +315,8 @@ class DNC(nn.Module):
         state = self.init_state(B, x.device, x.dtype) if state is None else state
         self._check_state(state, B)
         if runs_fused(self.impl) and not return_aux and self._scan_applies(x, state):
+            if use_triton(x) and whole_module(x, default=False):
+                return self._forward_graphed(x, state)
             return self._forward_scan(x, state)
         gx = self.ctrl_x(x).unbind(1)  # T x [B, 4C]
         offdiag = self._offdiag(x)

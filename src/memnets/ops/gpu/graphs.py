@@ -337,12 +337,14 @@ def _body(fn: Callable[..., Sequence[torch.Tensor]]) -> Callable[..., tuple]:
     return body
 
 
-def whole_module(x: torch.Tensor) -> bool:
+def whole_module(x: torch.Tensor, default: bool = True) -> bool:
     """Whether a module's whole forward on tensors like ``x`` should go through
-    :func:`graphed_autograd`: replay on for ``x`` (:func:`enabled`), ``MEMNETS_MODULE_GRAPHS`` not
-    ``0``, and not already inside a graphed function or another graph's capture (a whole
+    :func:`graphed_autograd`: replay on for ``x`` (:func:`enabled`), the module's choice
+    (``default``) unless ``MEMNETS_MODULE_GRAPHS`` says ``0`` (none) or ``1`` (every module
+    that can), and not already inside a graphed function or another graph's capture (a whole
     training step's, where the module's launches belong to that graph)."""
-    if _BODIES[0] or os.environ.get("MEMNETS_MODULE_GRAPHS", "1") == "0":
+    choice = os.environ.get("MEMNETS_MODULE_GRAPHS", "")
+    if _BODIES[0] or choice == "0" or (choice != "1" and not default):
         return False
     if _COUNTING[0] and not x.is_cuda:  # a launch count on CPU tensors: as on CUDA
         return switched_on()
