@@ -188,3 +188,24 @@ def test_whole_module_says_when():
     with graphs.counting():
         assert whole_module(x)  # a launch count takes CUDA's path on CPU tensors
     graphs.clear()
+
+
+def test_whole_step_warm_ups_make_no_module_graphs():
+    """The warm-up steps of a whole-step graph run the module's own path, as its capture does."""
+    from memnets.train.graph_step import CUDAGraphStep
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)
+    x, h, w = _inputs(0)
+
+    def loss_fn(x, h):
+        y, hn = _graphed(net, x, h) if whole_module(x) else net(x, h)
+        return (y * w).sum()
+
+    graphs.clear()
+    before = graphs.stats().get("modules", 0)
+    with graphs.stand_in():
+        step = CUDAGraphStep(loss_fn, opt, warmup=2, enabled=True)
+        for _ in range(4):
+            step(x.detach(), h.detach())
+    assert graphs.stats().get("modules", 0) == before
+    graphs.clear()

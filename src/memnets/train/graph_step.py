@@ -84,12 +84,14 @@ class _EagerGraph:
 
     def capture(self, fn: Callable[[], None]) -> None:
         self.fn = fn
-        fn()  # a capture records the launches; the stand-in runs them once, like the warm-ups
+        with _graphs.modules_off():  # inside a capture no module makes graphs of its own
+            fn()  # a capture records the launches; the stand-in runs them once, like the warm-ups
 
     def replay(self) -> None:
         assert self.fn is not None
         self.reset()
-        self.fn()
+        with _graphs.modules_off():
+            self.fn()
 
 
 class _Entry:
@@ -188,7 +190,8 @@ class CUDAGraphStep:
             return self._eager(inputs)
         if key in self._failed or self._seen[key] < self.warmup:
             self._seen[key] += 1
-            return self._side_stream(lambda: self._eager(inputs), inputs[0])
+            with _graphs.modules_off():  # as the capture will run it: no module graphs of their own
+                return self._side_stream(lambda: self._eager(inputs), inputs[0])
         return self._capture(key, inputs)
 
     def _side_stream(self, fn, like: torch.Tensor):

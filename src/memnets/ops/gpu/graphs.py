@@ -41,7 +41,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 __all__ = ["graphed", "graphed_autograd", "whole_module", "enabled", "switched_on", "stand_in", "standing_in", "listening", "clear", "MAX_GRAPHS", "stats",
-           "copy_all", "copy_groups", "counting", "fresh_copies", "fresh_zeros", "zeros_for_none", "side_stream"]
+           "copy_all", "copy_groups", "counting", "modules_off", "fresh_copies", "fresh_zeros", "zeros_for_none", "side_stream"]
 
 MAX_GRAPHS = 16
 _CACHE: "collections.OrderedDict[Hashable, _Entry]" = collections.OrderedDict()
@@ -57,6 +57,7 @@ _LOCK = threading.Lock()  # the cache's bookkeeping (replicas of nn.DataParallel
 # Process-wide, not per thread: autograd runs a CUDA backward on a worker thread of its own.
 _BODIES = [0]
 _COUNTING = [0]  # counting(): whole_module() as on CUDA
+_MODULES_OFF = [0]  # modules_off()
 
 
 def switched_on() -> bool:
@@ -344,11 +345,23 @@ def whole_module(x: torch.Tensor, default: bool = True) -> bool:
     that can), and not already inside a graphed function or another graph's capture (a whole
     training step's, where the module's launches belong to that graph)."""
     choice = os.environ.get("MEMNETS_MODULE_GRAPHS", "")
-    if _BODIES[0] or choice == "0" or (choice != "1" and not default):
+    if _BODIES[0] or _MODULES_OFF[0] or choice == "0" or (choice != "1" and not default):
         return False
     if _COUNTING[0] and not x.is_cuda:  # a launch count on CPU tensors: as on CUDA
         return switched_on()
     return enabled(x) and not _inside_capture(x)
+
+
+@contextlib.contextmanager
+def modules_off():
+    """No module graphed whole (:func:`whole_module` says no) while active: the warm-up steps
+    of :class:`memnets.train.graph_step.CUDAGraphStep`, whose capture runs the modules' own
+    paths (graphs of their own would only hold memory)."""
+    _MODULES_OFF[0] += 1
+    try:
+        yield
+    finally:
+        _MODULES_OFF[0] -= 1
 
 
 @contextlib.contextmanager
