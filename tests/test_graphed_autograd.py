@@ -209,3 +209,34 @@ def test_whole_step_warm_ups_make_no_module_graphs():
             step(x.detach(), h.detach())
     assert graphs.stats().get("modules", 0) == before
     graphs.clear()
+
+
+def test_a_module_whose_graph_fails_runs_its_own_path(monkeypatch):
+    """A graph of a module graphed whole that fails to capture (warned once) leaves that
+    module on its own path from then on (whole_module says no for its key), not running its
+    forward twice without graphs; the results stay right."""
+    net = _net()
+    key = ("test.fails", id(net))
+    real = graphs._EagerGraph.__init__
+
+    def broken(self, fn, static_in):
+        raise RuntimeError("capture refused")
+
+    x, h, w = _inputs(0)
+    graphs.clear()
+    with graphs.stand_in():
+        assert whole_module(x, key=key)
+        for i in range(2):  # the second call captures: it fails
+            if i == 1:
+                monkeypatch.setattr(graphs._EagerGraph, "__init__", broken)
+                with pytest.warns(RuntimeWarning, match="capture of"):
+                    y, hn = graphed_autograd(key, net, (x, h), net.parameters())
+            else:
+                y, hn = graphed_autograd(key, net, (x, h), net.parameters())
+        monkeypatch.setattr(graphs._EagerGraph, "__init__", real)
+        assert not whole_module(x, key=key) and whole_module(x, key=("test.other",))
+        got = torch.autograd.grad((y * w).sum(), [x, h, *net.parameters()])
+    y2, _ = net(x, h)
+    _close([y, *got], [y2, *torch.autograd.grad((y2 * w).sum(), [x, h, *net.parameters()])], "after the failure")
+    graphs.clear()
+    assert whole_module(x, key=key) is False  # outside the stand-in: CPU tensors take no graphs

@@ -216,7 +216,7 @@ class _NAMTMLayer(nn.Module):
         self.out = nn.Linear(hidden_size, hidden_size) if with_output else None
 
     def forward(self, x, tape, key_tape, h_r, h_w):
-        if runs_fused(self.impl) and use_triton(x) and whole_module(x):
+        if runs_fused(self.impl) and use_triton(x) and whole_module(x, key=self._graph_key()):
             return self._forward_graphed(x, tape, key_tape, h_r, h_w)
         B, T, _ = x.shape
         Tn, C, A = self.num_tapes, self.width, len(self.actions)
@@ -260,6 +260,11 @@ class _NAMTMLayer(nn.Module):
         aux = NAMTMAux(pos[..., 0, :], pos[..., 1, :], act[..., 0, :], act[..., 1, :])
         return y, (tape, key_tape, heads[:, :, 0], heads[:, :, 1]), aux
 
+    def _graph_key(self) -> tuple:
+        """The key of this layer's graphs: it and every Python value its forward depends on."""
+        return ("nam_tm.module", id(self), self.impl, tuple(self.order), self.normalize_heads, self.separate_erase,
+                self.transposed_keys)
+
     def _forward_graphed(self, x, tape, key_tape, h_r, h_w):
         """The CUDA path as two CUDA graphs: the whole layer (cuDNN's controller, the
         projections, both tape kernels and ``W_o``) replayed as one graph forward, and its
@@ -270,9 +275,7 @@ class _NAMTMLayer(nn.Module):
             y, fin, aux = self.forward(x, tape, key_tape, h_r, h_w)
             return ((y,) if y is not None else ()) + tuple(fin) + tuple(aux)
 
-        key = ("nam_tm.module", id(self), self.impl, tuple(self.order), self.normalize_heads, self.separate_erase,
-               self.transposed_keys)
-        outs = graphed_autograd(key, layer, (x, tape, key_tape, h_r, h_w), tuple(self.parameters()))
+        outs = graphed_autograd(self._graph_key(), layer, (x, tape, key_tape, h_r, h_w), tuple(self.parameters()))
         y, rest = (outs[0], outs[1:]) if self.out is not None else (None, outs)
         return y, tuple(rest[:4]), NAMTMAux(*rest[4:])
 

@@ -58,6 +58,7 @@ _LOCK = threading.Lock()  # the cache's bookkeeping (replicas of nn.DataParallel
 _BODIES = [0]
 _COUNTING = [0]  # counting(): whole_module() as on CUDA
 _MODULES_OFF = [0]  # modules_off()
+_MODULES_LOST: set = set()  # keys of modules graphed whole whose graph failed or was evicted
 
 
 def switched_on() -> bool:
@@ -132,6 +133,7 @@ def clear() -> None:
     _SEEN.clear()
     _FAILED.clear()
     _EVICTED.clear()
+    _MODULES_LOST.clear()
 
 
 def stats() -> dict:
@@ -325,6 +327,20 @@ def graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], *inputs: t
     return _graphed(key, fn, inputs)
 
 
+class _ModuleKey(tuple):
+    """The key a caller gave :func:`graphed_autograd`, marked as such inside its graphs' keys."""
+
+
+def _module_lost(key) -> None:
+    """A graph of a module graphed whole failed to capture or was pushed out of the cache: that
+    module runs its own path from now on (:func:`whole_module`), not its forward twice without
+    graphs. Called with the lock held."""
+    if isinstance(key, tuple):
+        for part in key:
+            if isinstance(part, _ModuleKey):
+                _MODULES_LOST.add(part[0])
+
+
 def _body(fn: Callable[..., Sequence[torch.Tensor]]) -> Callable[..., tuple]:
     """``fn`` marked as a graphed function's body while it runs (:data:`_BODIES`)."""
     def body(*inputs):
@@ -338,14 +354,18 @@ def _body(fn: Callable[..., Sequence[torch.Tensor]]) -> Callable[..., tuple]:
     return body
 
 
-def whole_module(x: torch.Tensor, default: bool = True) -> bool:
+def whole_module(x: torch.Tensor, default: bool = True, key: Hashable = None) -> bool:
     """Whether a module's whole forward on tensors like ``x`` should go through
     :func:`graphed_autograd`: replay on for ``x`` (:func:`enabled`), the module's choice
     (``default``) unless ``MEMNETS_MODULE_GRAPHS`` says ``0`` (none) or ``1`` (every module
     that can), and not already inside a graphed function or another graph's capture (a whole
-    training step's, where the module's launches belong to that graph)."""
+    training step's, where the module's launches belong to that graph). ``key``: the key the
+    module gives :func:`graphed_autograd`; once a graph of it failed to capture or was pushed out
+    of the cache, the module runs its own path."""
     choice = os.environ.get("MEMNETS_MODULE_GRAPHS", "")
     if _BODIES[0] or _MODULES_OFF[0] or choice == "0" or (choice != "1" and not default):
+        return False
+    if key is not None and key in _MODULES_LOST:
         return False
     if _COUNTING[0] and not x.is_cuda:  # a launch count on CPU tensors: as on CUDA
         return switched_on()
@@ -406,6 +426,7 @@ def _graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], inputs: t
         except Exception as e:  # noqa: BLE001 - the loop still runs, without a graph
             with _LOCK:
                 _FAILED.add(full)
+                _module_lost(key)
             _STATS["failures"] += 1
             warnings.warn(f"memnets: CUDA-graph capture of {key!r} failed ({type(e).__name__}: {e}); "
                           "running it without a graph", RuntimeWarning, stacklevel=3)
@@ -414,7 +435,9 @@ def _graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], inputs: t
         with _LOCK:
             _CACHE[full] = entry
             while len(_CACHE) > MAX_GRAPHS:
-                _EVICTED.add(_CACHE.popitem(last=False)[0])
+                lost = _CACHE.popitem(last=False)[0]
+                _EVICTED.add(lost)
+                _module_lost(lost[0])
                 _STATS["evictions"] += 1
     else:
         entry.load(inputs)
@@ -516,7 +539,7 @@ def graphed_autograd(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], i
         raise ValueError("graphed_autograd: `inputs` expected one tensor or more")
     # where the parameters are is part of the key: the graphs read them there
     name = key[0] if isinstance(key, tuple) and key and isinstance(key[0], str) else "module"
-    key = (name, key, tuple(p.data_ptr() for p in params))
+    key = (name, _ModuleKey((key,)), tuple(p.data_ptr() for p in params))
     params = tuple(p for p in params if p.requires_grad)
     _STATS["modules"] += 1
     fn = _body(fn)  # inside it, whole_module() says no (the module's own forward runs)
