@@ -240,3 +240,16 @@ def test_a_module_whose_graph_fails_runs_its_own_path(monkeypatch):
     _close([y, *got], [y2, *torch.autograd.grad((y2 * w).sum(), [x, h, *net.parameters()])], "after the failure")
     graphs.clear()
     assert whole_module(x, key=key) is False  # outside the stand-in: CPU tensors take no graphs
+
+
+def test_a_replica_runs_its_own_path():
+    """A replica made for one call (nn.DataParallel's: parameters that are not leaves) is not
+    graphed whole: its parameters are new at every call."""
+    net = _net()
+    x = torch.zeros(2, 5, 3, dtype=DT)
+    with graphs.stand_in():
+        assert whole_module(x, module=net)
+        replica = _net()
+        # as replicate() leaves them: outputs of an op (a broadcast), not leaves
+        replica.out._parameters["weight"] = replica.out.weight * 1.0
+        assert not whole_module(x, module=replica)

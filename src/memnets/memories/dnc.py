@@ -315,7 +315,7 @@ class DNC(nn.Module):
         state = self.init_state(B, x.device, x.dtype) if state is None else state
         self._check_state(state, B)
         if runs_fused(self.impl) and not return_aux and self._scan_applies(x, state):
-            if use_triton(x) and whole_module(x, default=False, key=("dnc.module", id(self), self.impl)):
+            if use_triton(x) and whole_module(x, default=False, key=("dnc.module", id(self), self.impl), module=self):
                 return self._forward_graphed(x, state)
             return self._forward_scan(x, state)
         gx = self.ctrl_x(x).unbind(1)  # T x [B, 4C]

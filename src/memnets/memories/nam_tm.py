@@ -216,7 +216,7 @@ class _NAMTMLayer(nn.Module):
         self.out = nn.Linear(hidden_size, hidden_size) if with_output else None
 
     def forward(self, x, tape, key_tape, h_r, h_w):
-        if runs_fused(self.impl) and use_triton(x) and whole_module(x, key=self._graph_key()):
+        if runs_fused(self.impl) and use_triton(x) and whole_module(x, key=self._graph_key(), module=self):
             return self._forward_graphed(x, tape, key_tape, h_r, h_w)
         B, T, _ = x.shape
         Tn, C, A = self.num_tapes, self.width, len(self.actions)

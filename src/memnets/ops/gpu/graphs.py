@@ -354,18 +354,23 @@ def _body(fn: Callable[..., Sequence[torch.Tensor]]) -> Callable[..., tuple]:
     return body
 
 
-def whole_module(x: torch.Tensor, default: bool = True, key: Hashable = None) -> bool:
+def whole_module(x: torch.Tensor, default: bool = True, key: Hashable = None,
+                 module: "torch.nn.Module | None" = None) -> bool:
     """Whether a module's whole forward on tensors like ``x`` should go through
     :func:`graphed_autograd`: replay on for ``x`` (:func:`enabled`), the module's choice
     (``default``) unless ``MEMNETS_MODULE_GRAPHS`` says ``0`` (none) or ``1`` (every module
     that can), and not already inside a graphed function or another graph's capture (a whole
     training step's, where the module's launches belong to that graph). ``key``: the key the
     module gives :func:`graphed_autograd`; once a graph of it failed to capture or was pushed out
-    of the cache, the module runs its own path."""
+    of the cache, the module runs its own path. ``module``: whose parameters the graphs would
+    read; a replica made for one call (``nn.DataParallel``'s, whose parameters are not leaves and
+    are new at every call) runs its own path."""
     choice = os.environ.get("MEMNETS_MODULE_GRAPHS", "")
     if _BODIES[0] or _MODULES_OFF[0] or choice == "0" or (choice != "1" and not default):
         return False
     if key is not None and key in _MODULES_LOST:
+        return False
+    if module is not None and not all(p.is_leaf for p in module.parameters()):
         return False
     if _COUNTING[0] and not x.is_cuda:  # a launch count on CPU tensors: as on CUDA
         return switched_on()
