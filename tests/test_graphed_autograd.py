@@ -253,3 +253,22 @@ def test_a_replica_runs_its_own_path():
         # as replicate() leaves them: outputs of an op (a broadcast), not leaves
         replica.out._parameters["weight"] = replica.out.weight * 1.0
         assert not whole_module(x, module=replica)
+
+
+def test_a_parameter_the_outputs_do_not_use_gets_no_gradient():
+    """As from autograd: a parameter (or input) the outputs do not depend on keeps ``grad`` None
+    (an optimiser then leaves it alone), call after call, replays included."""
+    net = _net()
+    spare = nn.Parameter(torch.ones(3, dtype=DT))
+    x, h, w = _inputs(0)
+    z = torch.zeros(2, dtype=DT, requires_grad=True)
+    with graphs.stand_in():
+        for _ in range(3):
+            net.zero_grad(set_to_none=True)
+            spare.grad = z.grad = None
+            y, hn = graphed_autograd(("test.spare", id(net)), lambda x, h, z: net(x, h), (x, h, z),
+                                     [*net.parameters(), spare])
+            (y * w).sum().backward()
+            assert spare.grad is None and z.grad is None
+            assert all(p.grad is not None for p in net.parameters())
+    graphs.clear()

@@ -59,6 +59,7 @@ _BODIES = [0]
 _COUNTING = [0]  # counting(): whole_module() as on CUDA
 _MODULES_OFF = [0]  # modules_off()
 _MODULES_LOST: set = set()  # keys of modules graphed whole whose graph failed or was evicted
+_UNUSED: dict = {}  # graphed_autograd: per backward key, the gradients that are None (zeros in the graph)
 
 
 def switched_on() -> bool:
@@ -134,6 +135,7 @@ def clear() -> None:
     _FAILED.clear()
     _EVICTED.clear()
     _MODULES_LOST.clear()
+    _UNUSED.clear()
 
 
 def stats() -> dict:
@@ -342,12 +344,14 @@ def _module_lost(key) -> None:
 
 
 def _body(fn: Callable[..., Sequence[torch.Tensor]]) -> Callable[..., tuple]:
-    """``fn`` marked as a graphed function's body while it runs (:data:`_BODIES`)."""
+    """``fn`` marked as a graphed function's body while it runs (:data:`_BODIES`), its outputs
+    made contiguous (inside the graph, so that a replay copies them all out in one multi-tensor
+    copy instead of one copy per strided view)."""
     def body(*inputs):
         with _LOCK:
             _BODIES[0] += 1
         try:
-            return tuple(fn(*inputs))
+            return tuple(t.contiguous() for t in fn(*inputs))
         finally:
             with _LOCK:
                 _BODIES[0] -= 1
@@ -510,14 +514,18 @@ class _Recomputed(torch.autograd.Function):
             pairs = [(outs[k], g) for k, g in zip(diff_out, gs) if outs[k].requires_grad]
             got = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True) \
                 if pairs else [None] * len(wrt)
+            # a tensor the outputs do not depend on gets no gradient (None, as from autograd);
+            # the graph returns zeros in its place, and which they are is known by the key
+            _UNUSED[key] = frozenset(i for i, g in enumerate(got) if g is None)
             zeros = iter(fresh_zeros([w for w, g in zip(wrt, got) if g is None]))
             return tuple(next(zeros) if g is None else g for g in got)
 
         key = (f"{ctx.key[0]}.backward",) + ctx.key[1:] + (tuple(want_in), tuple(want_p), tuple(diff_out))
         got = graphed(key, backward_fn, *inputs, *grads_in)
+        unused = _UNUSED.get(key, frozenset())
         out = [None] * (n_in + len(params))
-        for slot, g in zip(want_in + [n_in + j for j in want_p], got):
-            out[slot] = g
+        for i, (slot, g) in enumerate(zip(want_in + [n_in + j for j in want_p], got)):
+            out[slot] = None if i in unused else g
         return (None, None, None) + tuple(out)
 
 
