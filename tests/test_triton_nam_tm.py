@@ -426,14 +426,17 @@ def test_layer_scan_replayed_from_its_graphs_matches_cpu(kw, dtype, short_segmen
         _layer_scan_replayed(kw, dtype)
 
 
-def _layer_scan_replayed(kw, dtype):
+def _replayed_against_cpu(kw, dtype, calls, seed):
+    """``calls`` batches of one shape through the CUDA code path with the graphs' stand-in, each
+    against the CPU fused path (every output in the loss, or y alone, in turn); the model and the
+    graphs' statistics before and after."""
     from memnets.ops.gpu import graphs
     torch.manual_seed(0)
     m = NAMTuringMachine(6, 8, num_tapes=2, tape_length=6, **kw).to(dtype)
     graphs.clear()
     before = graphs.stats()
-    for i in range(4):
-        g = torch.Generator().manual_seed(10 + i)
+    for i in range(calls):
+        g = torch.Generator().manual_seed(seed + i)
         x = torch.randn(2, 7, 6, generator=g, dtype=dtype)
         st = NAMTMState(*(s + 0.3 * torch.randn(s.shape, generator=g, dtype=dtype) for s in m.init_state(2, dtype=dtype)))
 
@@ -449,7 +452,12 @@ def _layer_scan_replayed(kw, dtype):
         with graphs.stand_in():
             got = run(cuda_path(), used)
         _close(got, want, dtype, [f"call {i}, item {j}" for j in range(len(got))])
-    after = graphs.stats()
+    return m, before, graphs.stats()
+
+
+def _layer_scan_replayed(kw, dtype):
+    from memnets.ops.gpu import graphs
+    m, before, after = _replayed_against_cpu(kw, dtype, 4, 10)
     # one graph for the forward and one for the backward (layers alike share them), captured at
     # the second call; the third and fourth calls replay both for every layer
     assert after["captures"] - before.get("captures", 0) == 2
@@ -468,28 +476,7 @@ def test_layer_graphed_whole_matches_cpu(kw, dtype, short_segment):
     every output in the loss or y alone; inside, the layer function runs plainly (no graph of
     its own)."""
     from memnets.ops.gpu import graphs
-    torch.manual_seed(0)
-    m = NAMTuringMachine(6, 8, num_tapes=2, tape_length=6, **kw).to(dtype)
-    graphs.clear()
-    before = graphs.stats()
-    for i in range(5):
-        g = torch.Generator().manual_seed(20 + i)
-        x = torch.randn(2, 7, 6, generator=g, dtype=dtype)
-        st = NAMTMState(*(s + 0.3 * torch.randn(s.shape, generator=g, dtype=dtype) for s in m.init_state(2, dtype=dtype)))
-
-        def run(path, used):
-            xx, ss = x.clone().requires_grad_(), [s.clone().requires_grad_() for s in st]
-            with path:
-                y, s2, aux = m(xx, NAMTMState(*ss), return_aux=True)
-                outs = [y, *s2, *aux]
-                grads = _grads([outs[j] for j in used], [xx, *ss, *m.parameters()], seed=i)
-            return [*outs, *grads]
-        used = [0, 1, 2, 3, 4, 5, 6, 7, 8] if i % 2 == 0 else [0]
-        want = run(contextlib.nullcontext(), used)
-        with graphs.stand_in():
-            got = run(cuda_path(), used)
-        _close(got, want, dtype, [f"call {i}, item {j}" for j in range(len(got))])
-    after = graphs.stats()
+    m, before, after = _replayed_against_cpu(kw, dtype, 5, 20)
     assert after["modules"] - before.get("modules", 0) == 5 * m.num_layers
     assert not any(str(k[0][0]).startswith("nam_tm.layer") for k in graphs._CACHE)  # only the whole layers' graphs
     # per layer: the forward captured at the second call; the backward per outputs used
