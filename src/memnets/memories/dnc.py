@@ -249,7 +249,7 @@ class DNC(nn.Module):
                           "per-step path instead of the fused one (convert the state with .to)", stacklevel=3)
         return ok
 
-    def _forward_graphed(self, x: torch.Tensor, state: DNCState):
+    def _forward_graphed(self, key: tuple, x: torch.Tensor, state: DNCState):
         """:meth:`_forward_scan` graphed whole on CUDA (:func:`memnets.ops.gpu.graphs.graphed_autograd`:
         the input projection, the recurrence's graphs and the readout as one graph forward, and
         the backward, which recomputes the forward, as another). Off by default (its backward
@@ -260,7 +260,7 @@ class DNC(nn.Module):
             y, new = self._forward_scan(x, tree_unflatten(list(leaves), spec))
             return (y, *tree_flatten(new)[0])
 
-        outs = graphed_autograd(("dnc.module", id(self), self.impl), whole, (x, *leaves), tuple(self.parameters()))
+        outs = graphed_autograd(key, whole, (x, *leaves), tuple(self.parameters()))
         return outs[0], tree_unflatten(list(outs[1:]), spec)
 
     def _forward_scan(self, x: torch.Tensor, state: DNCState):
@@ -315,8 +315,9 @@ class DNC(nn.Module):
         state = self.init_state(B, x.device, x.dtype) if state is None else state
         self._check_state(state, B)
         if runs_fused(self.impl) and not return_aux and self._scan_applies(x, state):
-            if use_triton(x) and whole_module(x, default=False, key=("dnc.module", id(self), self.impl), module=self):
-                return self._forward_graphed(x, state)
+            key = ("dnc.module", id(self), self.impl)  # this module and what its forward depends on
+            if use_triton(x) and whole_module(x, default=False, key=key, module=self):
+                return self._forward_graphed(key, x, state)
             return self._forward_scan(x, state)
         gx = self.ctrl_x(x).unbind(1)  # T x [B, 4C]
         offdiag = self._offdiag(x)

@@ -216,8 +216,10 @@ class _NAMTMLayer(nn.Module):
         self.out = nn.Linear(hidden_size, hidden_size) if with_output else None
 
     def forward(self, x, tape, key_tape, h_r, h_w):
-        if runs_fused(self.impl) and use_triton(x) and whole_module(x, key=self._graph_key(), module=self):
-            return self._forward_graphed(x, tape, key_tape, h_r, h_w)
+        if runs_fused(self.impl) and use_triton(x):
+            key = self._graph_key()
+            if whole_module(x, key=key, module=self):
+                return self._forward_graphed(key, x, tape, key_tape, h_r, h_w)
         B, T, _ = x.shape
         Tn, C, A = self.num_tapes, self.width, len(self.actions)
         fused = runs_fused(self.impl)
@@ -265,7 +267,7 @@ class _NAMTMLayer(nn.Module):
         return ("nam_tm.module", id(self), self.impl, tuple(self.order), self.normalize_heads, self.separate_erase,
                 self.transposed_keys)
 
-    def _forward_graphed(self, x, tape, key_tape, h_r, h_w):
+    def _forward_graphed(self, key, x, tape, key_tape, h_r, h_w):
         """The CUDA path as two CUDA graphs: the whole layer (cuDNN's controller, the
         projections, both tape kernels and ``W_o``) replayed as one graph forward, and its
         backward (the layer recomputed and differentiated) as one more, by
@@ -275,7 +277,7 @@ class _NAMTMLayer(nn.Module):
             y, fin, aux = self.forward(x, tape, key_tape, h_r, h_w)
             return ((y,) if y is not None else ()) + tuple(fin) + tuple(aux)
 
-        outs = graphed_autograd(self._graph_key(), layer, (x, tape, key_tape, h_r, h_w), tuple(self.parameters()))
+        outs = graphed_autograd(key, layer, (x, tape, key_tape, h_r, h_w), tuple(self.parameters()))
         y, rest = (outs[0], outs[1:]) if self.out is not None else (None, outs)
         return y, tuple(rest[:4]), NAMTMAux(*rest[4:])
 

@@ -163,12 +163,27 @@ def _groups(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> list[
     return list(groups.values()) + alone
 
 
+def _index_groups(tensors: Sequence[torch.Tensor]) -> list[list[int]]:
+    """The indices of ``tensors`` grouped as :func:`copy_all` groups them against contiguous
+    buffers of their shapes: one group per dtype and device of the contiguous non-empty ones,
+    one for each other tensor. It depends only on what a graph's key holds (shapes, dtypes,
+    devices, contiguity), so a graph works it out once."""
+    groups: dict = {}
+    alone = []
+    for i, t in enumerate(tensors):
+        if t.is_contiguous() and t.numel() > 0:
+            groups.setdefault((t.dtype, t.device), []).append(i)
+        else:
+            alone.append([i])
+    return list(groups.values()) + alone
+
+
 def copy_groups(tensors: Sequence[torch.Tensor]) -> int:
     """How many copy calls :func:`copy_all` makes to copy ``tensors`` into contiguous buffers of
     their shapes, or such buffers into fresh tensors like them, as a replay does (the launches it
     costs on CUDA, where one multi-tensor copy of up to some tens of tensors is one kernel): one
     per dtype and device of the contiguous ones, one for each other tensor. Reads no data."""
-    return len(_groups(tensors, tensors))  # a buffer has its tensor's shape, and is contiguous
+    return len(_index_groups(tensors))  # a buffer has its tensor's shape, and is contiguous
 
 
 def copy_all(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
@@ -176,10 +191,15 @@ def copy_all(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None
     (buffers of the graph's own: no autograd record)."""
     with torch.no_grad():
         for d, s in _groups(dsts, srcs):
-            if len(d) == 1:
-                d[0].copy_(s[0])
-            else:
-                torch._foreach_copy_(d, s)
+            _copy_group(d, s)
+
+
+def _copy_group(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
+    """One group's copy: ``copy_`` for a single pair, else one ``torch._foreach_copy_``."""
+    if len(dsts) == 1:
+        dsts[0].copy_(srcs[0])
+    else:
+        torch._foreach_copy_(dsts, srcs)
 
 
 def fresh_copies(srcs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -252,21 +272,6 @@ class _CudaGraph:
             self.graph.replay()
 
 
-def _index_groups(tensors: Sequence[torch.Tensor]) -> list[list[int]]:
-    """The indices of ``tensors`` grouped as :func:`copy_all` groups them against contiguous
-    buffers of their shapes: one group per dtype and device of the contiguous non-empty ones,
-    one for each other tensor. It depends only on what a graph's key holds (shapes, dtypes,
-    devices, contiguity), so a graph works it out once."""
-    groups: dict = {}
-    alone = []
-    for i, t in enumerate(tensors):
-        if t.is_contiguous() and t.numel() > 0:
-            groups.setdefault((t.dtype, t.device), []).append(i)
-        else:
-            alone.append([i])
-    return list(groups.values()) + alone
-
-
 class _Entry:
     def __init__(self, fn, inputs, cuda: bool):
         self.static_in = tuple(torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t) for t in inputs)
@@ -279,20 +284,14 @@ class _Entry:
         """Copy ``inputs`` (of this graph's key) into its buffers."""
         with torch.no_grad():
             for bufs, idx in self.copy_in:
-                if len(idx) == 1:
-                    bufs[0].copy_(inputs[idx[0]])
-                else:
-                    torch._foreach_copy_(bufs, [inputs[i] for i in idx])
+                _copy_group(bufs, [inputs[i] for i in idx])
 
     def outputs(self) -> tuple[torch.Tensor, ...]:
         """Fresh copies of the graph's outputs."""
         out = [torch.empty_like(o) for o in self.graph.static_out]
         with torch.no_grad():
             for bufs, idx in self.copy_out:
-                if len(idx) == 1:
-                    out[idx[0]].copy_(bufs[0])
-                else:
-                    torch._foreach_copy_([out[i] for i in idx], bufs)
+                _copy_group([out[i] for i in idx], bufs)
         return tuple(out)
 
 
@@ -464,6 +463,19 @@ def _autocast_context(state: tuple, device: torch.device):
     return torch.autocast(device.type, enabled=bool(state[0]))
 
 
+def _named(key: tuple, part: str) -> tuple:
+    """The key of a :func:`graphed_autograd` graph: ``(<name>.<part>, ...the rest of key)``."""
+    return (f"{key[0]}.{part}",) + key[1:]
+
+
+def _without_grad(fn: Callable[..., Sequence[torch.Tensor]]) -> Callable[..., tuple]:
+    """``fn`` run under ``torch.no_grad()`` (a forward graph records no autograd graph)."""
+    def forward(*xs):
+        with torch.no_grad():
+            return tuple(fn(*xs))
+    return forward
+
+
 class _Recomputed(torch.autograd.Function):
     """:func:`graphed_autograd`'s function: forward and backward each one :func:`graphed` call."""
 
@@ -474,12 +486,7 @@ class _Recomputed(torch.autograd.Function):
         ctx.key, ctx.fn, ctx.n_in, ctx.autocast = key, fn, n_in, state
         ctx.versions = tuple(p._version for p in params)
         ctx.set_materialize_grads(False)
-
-        def forward_fn(*xs):
-            with torch.no_grad():
-                return tuple(fn(*xs))
-
-        outs = graphed((f"{key[0]}.forward",) + key[1:], forward_fn, *inputs)
+        outs = graphed(_named(key, "forward"), _without_grad(fn), *inputs)
         ctx.save_for_backward(*inputs)
         ctx.params = params  # read by the recomputation as they are now (their versions checked)
         ctx.out_meta = tuple((o.shape, o.dtype, o.device, o.is_floating_point()) for o in outs)
@@ -520,7 +527,7 @@ class _Recomputed(torch.autograd.Function):
             zeros = iter(fresh_zeros([w for w, g in zip(wrt, got) if g is None]))
             return tuple(next(zeros) if g is None else g for g in got)
 
-        key = (f"{ctx.key[0]}.backward",) + ctx.key[1:] + (tuple(want_in), tuple(want_p), tuple(diff_out))
+        key = _named(ctx.key, "backward") + (tuple(want_in), tuple(want_p), tuple(diff_out))
         got = graphed(key, backward_fn, *inputs, *grads_in)
         unused = _UNUSED.get(key, frozenset())
         out = [None] * (n_in + len(params))
@@ -557,8 +564,5 @@ def graphed_autograd(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], i
     _STATS["modules"] += 1
     fn = _body(fn)  # inside it, whole_module() says no (the module's own forward runs)
     if not torch.is_grad_enabled() or not (params or any(t.requires_grad for t in inputs)):
-        def forward_fn(*xs):
-            with torch.no_grad():
-                return tuple(fn(*xs))
-        return graphed((f"{name}.forward",) + key[1:], forward_fn, *inputs)
+        return graphed(_named(key, "forward"), _without_grad(fn), *inputs)
     return _Recomputed.apply(key, fn, len(inputs), *inputs, *params)
