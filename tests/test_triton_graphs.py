@@ -126,3 +126,36 @@ def test_dnc_graphed_whole_matches_launch_by_launch(dtype, tol):
         for u, v in zip(a, b):
             torch.testing.assert_close(u, v, atol=tol, rtol=tol, msg=lambda m: f"call {i}: {m}")
     graphs.clear()
+
+
+@pytest.mark.parametrize("name", ["nam_tm", "dnc"])
+def test_modules_graphed_whole_under_bf16_autocast(name):
+    """Under bf16 autocast a module graphed whole (the NAM-TM by default, the DNC with
+    ``MEMNETS_MODULE_GRAPHS=1``; the backward recomputes in the forward's autocast state) gives,
+    call after call, the gradients of its own path, finite."""
+    from memnets.memories.nam_tm import NAMTuringMachine
+    torch.manual_seed(0)
+    if name == "nam_tm":
+        model, fi = NAMTuringMachine(8, 16, num_tapes=2, tape_length=8, normalize_heads=True).to(DEV), 8
+    else:
+        build, fi = BUILD["dnc"]
+        model = build().to(DEV)
+    xs = [torch.randn(4, 6, fi, device=DEV) for _ in range(3)]
+    kind = "cuda" if CUDA else "cpu"
+    grads = {}
+    for flag in ("0", "1"):
+        graphs.clear()
+        stand_in = graphs.stand_in() if not CUDA else contextlib.nullcontext()
+        with env_var("MEMNETS_MODULE_GRAPHS", flag), cuda_code_path(DEV), stand_in:
+            before = graphs.stats().get("modules", 0)
+            grads[flag] = []
+            for x in xs:
+                with torch.autocast(kind, dtype=torch.bfloat16):
+                    y = model(x)[0]
+                grads[flag].append(torch.autograd.grad(y.float().square().mean(), list(model.parameters())))
+            assert (graphs.stats().get("modules", 0) > before) == (flag == "1")
+    graphs.clear()
+    for a, b in zip(grads["1"], grads["0"]):
+        for u, v in zip(a, b):
+            assert torch.isfinite(u).all()
+            torch.testing.assert_close(u, v)
