@@ -7,7 +7,7 @@ from torch import nn
 
 import memnets
 from memnets.models.lstm_baseline import LSTMAttentionBaseline
-from memnets.models.transformer import TransformerEncoder, UniversalTransformer, sinusoidal_embedding
+from memnets.models.transformer import ConvTransition, TransformerEncoder, UniversalTransformer, sinusoidal_embedding
 
 D, H = 16, 4
 
@@ -80,6 +80,70 @@ def test_universal_transformer_is_shared_layer_loop():
     torch.testing.assert_close(ut(x), ut.norm(s))
     assert ut.ponder_cost is None
     assert sum(p.numel() for p in ut.parameters()) == memnets.count_parameters(ut)
+
+
+def _conv_transition_by_hand(ct, x, mask=None):
+    """Position by position: h_i = ReLU(b + Σ_j W_j x_{i+j-1}) over j = 0, 1, 2, zero outside the
+    sequence and at dropped positions, twice."""
+    B, S, _ = x.shape
+    h = x
+    for conv in (ct.conv1, ct.conv2):
+        if mask is not None:
+            h = h * mask.to(h.dtype).unsqueeze(-1)
+        out = torch.empty(B, S, conv.out_channels, dtype=x.dtype)
+        for i in range(S):
+            acc = conv.bias.expand(B, -1).clone()
+            for j in range(3):
+                if 0 <= i + j - 1 < S:
+                    acc = acc + h[:, i + j - 1] @ conv.weight[:, :, j].T
+            out[:, i] = torch.relu(acc)
+        h = out
+    return h
+
+
+def test_conv_transition_matches_a_position_by_position_reference():
+    torch.manual_seed(11)
+    ct = ConvTransition(D, 24).double()
+    x = torch.randn(2, 6, D, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, 4:] = False
+    for m in (None, mask):
+        y, ref = ct(x, m), _conv_transition_by_hand(ct, x, m)
+        torch.testing.assert_close(y, ref)
+        g = torch.randn_like(y)
+        torch.testing.assert_close(torch.autograd.grad(y, x, g)[0], torch.autograd.grad(ref, x, g)[0])
+    # a dropped position's input reaches no kept position
+    x2 = x.detach().clone()
+    x2[1, 4:] += 5.0
+    torch.testing.assert_close(ct(x2, mask)[:, :4], ct(x.detach(), mask)[:, :4])
+    assert (ct(x2)[1, 3] - ct(x.detach())[1, 3]).abs().max() > 1e-3  # without the mask it does
+    assert torch.autograd.gradcheck(lambda t: ct(t, mask), (x.detach().clone().requires_grad_(),))
+    with pytest.raises(ValueError, match="`mask` expected"):
+        ct(x, mask[:, :5])
+
+
+def test_authors_universal_transformer_form():
+    """transition="conv", an input projection, no final LayerNorm, sinusoidal positions: the NAM
+    authors' UT, a loop of the shared pre-LN layer with the convolutional transition."""
+    torch.manual_seed(12)
+    ut = UniversalTransformer(D, H, num_steps=3, transition="conv", dim_feedforward=D, input_projection=True,
+                              final_norm=False).double()
+    assert ut.norm is None and ut.positions.table is None and isinstance(ut.layer.ff, ConvTransition)
+    # parameters: attention 4·D² + 4·D, two width-3 convolutions 2·(3·D² + D), projection D², two LayerNorms
+    assert memnets.count_parameters(ut) == 4 * D * D + 4 * D + 2 * (3 * D * D + D) + D * D + 4 * D
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    pos = sinusoidal_embedding(5, D, dtype=torch.float64)
+    steps = sinusoidal_embedding(3, D, dtype=torch.float64)
+    s = ut.proj(x)
+    for n in range(3):
+        t = s + pos + steps[n]
+        t = t + ut.layer.attn(ut.layer.norm1(t))
+        s = t + _conv_transition_by_hand(ut.layer.ff, ut.layer.norm2(t))
+    torch.testing.assert_close(ut(x), s)
+    with pytest.raises(ValueError, match="`transition` expected"):
+        UniversalTransformer(D, H, transition="sepconv")
+    with pytest.raises(ValueError, match="cannot be causal"):
+        UniversalTransformer(D, H, transition="conv", causal=True)
 
 
 def test_act_hand_cases():

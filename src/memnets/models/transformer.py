@@ -25,7 +25,7 @@ from ..attention import ATTENTION_KINDS, build_attention, check_mask
 from ..registry import register_model
 
 __all__ = [
-    "TransformerConfig", "TransformerLayer", "TransformerEncoder", "UniversalTransformer", "sinusoidal_embedding",
+    "ConvTransition", "TransformerConfig", "TransformerLayer", "TransformerEncoder", "UniversalTransformer", "sinusoidal_embedding",
 ]
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
@@ -63,34 +63,78 @@ def sinusoidal_embedding(length: int, dim: int, *, device=None, dtype=None) -> t
     return emb.to(dtype or torch.get_default_dtype())
 
 
+class ConvTransition(nn.Module):
+    """The convolutional transition of the Universal Transformer (Dehghani et al. 2019 §2.1, as in
+    the tensor2tensor code the NAM authors' UT follows; docs/maths.md §10): two 1-D convolutions of
+    width ``kernel_size`` along the sequence, zero-padded on both sides, each followed by ReLU and
+    dropout (the second ReLU too, as in that code). ``[B, S, d] → [B, S, d]``; with a key-padding
+    ``mask [B, S]`` the dropped positions are zeroed before each convolution, so they add nothing
+    to their neighbours."""
+
+    def __init__(self, d_model: int, dim_feedforward: int, kernel_size: int = 3, dropout: float = 0.0):
+        super().__init__()
+        k = check_positive_int("kernel_size", kernel_size)
+        self.pad = (k // 2, (k - 1) // 2)
+        self.conv1 = nn.Conv1d(d_model, dim_feedforward, k)
+        self.conv2 = nn.Conv1d(dim_feedforward, d_model, k)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        check_shape("x", x, ["B", "S", "d_model"], [None, None, self.conv1.in_channels])
+        mask = check_mask(mask, x.shape[0], x.shape[1])
+        keep = None if mask is None else mask.to(x.dtype).unsqueeze(1)  # [B, 1, S]
+        h = x.transpose(1, 2)  # [B, d, S]
+        for conv in (self.conv1, self.conv2):
+            if keep is not None:
+                h = h * keep
+            h = self.drop(torch.relu(conv(nn.functional.pad(h, self.pad))))
+        return h.transpose(1, 2)
+
+
+_TRANSITIONS = ("linear", "conv")
+
+
 class TransformerLayer(nn.Module):
     """One encoder layer: attention + feed-forward, each with residual, dropout, LayerNorm.
 
     Post-LN (``norm_first=False``): ``x = LN(x + Attn(x)); x = LN(x + FFN(x))``;
-    pre-LN: ``x = x + Attn(LN(x)); x = x + FFN(LN(x))``.
+    pre-LN: ``x = x + Attn(LN(x)); x = x + FFN(LN(x))``. The feed-forward is position-wise
+    (``transition="linear"``: Linear → activation → Dropout → Linear) or
+    :class:`ConvTransition` (``transition="conv"``).
     """
 
     def __init__(self, d_model: int, num_heads: int, dim_feedforward: int | None = None, dropout: float = 0.0,
                  attention: str = "softmax", causal: bool = False, norm_first: bool = False,
-                 activation: str = "relu", attention_options: dict | None = None):
+                 activation: str = "relu", attention_options: dict | None = None, transition: str = "linear"):
         super().__init__()
         if activation not in _ACTIVATIONS:
             raise ValueError(f"`activation` expected one of {tuple(_ACTIVATIONS)}, got {activation!r}")
+        if transition not in _TRANSITIONS:
+            raise ValueError(f"`transition` expected one of {_TRANSITIONS}, got {transition!r}")
+        if transition == "conv" and causal:
+            raise ValueError("transition='conv' looks at both neighbours: it cannot be causal")
         ff = 4 * d_model if dim_feedforward is None else check_positive_int("dim_feedforward", dim_feedforward)
         self.norm_first = bool(norm_first)
         self.attn = build_attention(attention, d_model, num_heads, causal=causal, dropout=dropout,
                                     **(attention_options or {}))
-        self.ff = nn.Sequential(nn.Linear(d_model, ff), _ACTIVATIONS[activation](), nn.Dropout(dropout),
-                                nn.Linear(ff, d_model))
+        self.conv = transition == "conv"
+        if self.conv:
+            self.ff = ConvTransition(d_model, ff, dropout=dropout)
+        else:
+            self.ff = nn.Sequential(nn.Linear(d_model, ff), _ACTIVATIONS[activation](), nn.Dropout(dropout),
+                                    nn.Linear(ff, d_model))
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.drop = nn.Dropout(dropout)
+
+    def _ff(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.ff(x, mask) if self.conv else self.ff(x)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.norm_first:
             x = x + self.drop(self.attn(self.norm1(x), mask))
-            return x + self.drop(self.ff(self.norm2(x)))
+            return x + self.drop(self._ff(self.norm2(x), mask))
         x = self.norm1(x + self.drop(self.attn(x, mask)))
-        return self.norm2(x + self.drop(self.ff(x)))
+        return self.norm2(x + self.drop(self._ff(x, mask)))
 
 
 def _check_attention(attention: str, causal: bool) -> None:
@@ -196,8 +240,16 @@ class UniversalTransformer(nn.Module):
             attention_options: as :class:`TransformerEncoder` (for the one shared layer).
         num_steps: how many times the layer is applied (the ACT maximum with ``act``).
         act, act_threshold: ACT halting and its threshold ``1 − ε`` in (0, 1].
-        norm_first: pre-LN shared layer plus a final LayerNorm (the paper's UT), else post-LN.
+        norm_first: pre-LN shared layer (the paper's UT), else post-LN.
         max_len: learned position embeddings of this many positions; ``None``: sinusoidal.
+        transition: the shared layer's feed-forward: ``"linear"`` (position-wise) or ``"conv"``
+            (:class:`ConvTransition`, two convolutions of width 3 along the sequence).
+        input_projection: a bias-free ``Linear(d_model, d_model)`` on the input before the first step.
+        final_norm: a LayerNorm on the output (default: with ``norm_first``).
+
+    The NAM authors' UT (the one behind Table 1 of the NAM paper; docs/maths.md §10) is
+    ``transition="conv", dim_feedforward=d_model, input_projection=True, final_norm=False`` with
+    sinusoidal positions (``max_len=None``).
 
     ``forward(x [B, S, d_model], mask [B, S] bool or None) -> [B, S, d_model]``.
     """
@@ -205,7 +257,8 @@ class UniversalTransformer(nn.Module):
     def __init__(self, d_model: int, num_heads: int, num_steps: int = 8, dim_feedforward: int | None = None,
                  dropout: float = 0.0, attention: str = "softmax", act: bool = False, act_threshold: float = 0.99,
                  norm_first: bool = True, max_len: int | None = None, causal: bool = False,
-                 activation: str = "relu", attention_options: dict | None = None):
+                 activation: str = "relu", attention_options: dict | None = None,
+                 transition: str = "linear", input_projection: bool = False, final_norm: bool | None = None):
         super().__init__()
         check_positive_int("num_steps", num_steps)
         _check_attention(attention, causal)
@@ -214,10 +267,12 @@ class UniversalTransformer(nn.Module):
         self.d_model, self.num_steps = d_model, num_steps
         self.act, self.act_threshold = bool(act), float(act_threshold)
         self.layer = TransformerLayer(d_model, num_heads, dim_feedforward, dropout, attention, causal,
-                                      norm_first, activation, attention_options)
+                                      norm_first, activation, attention_options, transition)
         self.positions = _Positions(d_model, max_len, fixed=True)
         self.drop = nn.Dropout(dropout)
-        self.norm = nn.LayerNorm(d_model) if norm_first else None
+        self.proj = nn.Linear(d_model, d_model, bias=False) if input_projection else None
+        final_norm = norm_first if final_norm is None else bool(final_norm)
+        self.norm = nn.LayerNorm(d_model) if final_norm else None
         self.halting = nn.Linear(d_model, 1) if act else None
         if self.halting is not None:
             nn.init.constant_(self.halting.bias, 1.0)  # start by halting early (as the UT code does)
@@ -232,7 +287,7 @@ class UniversalTransformer(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         mask = _check_input(x, self.d_model, mask)
         pos, steps = self._coordinates(x)
-        s = x
+        s = x if self.proj is None else self.proj(x)
         if not self.act:
             for n in range(self.num_steps):
                 s = self.layer(self.drop(s + pos + steps[n]), mask)
