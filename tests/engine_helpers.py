@@ -127,16 +127,38 @@ def checkpoint_step(run_dir: Path) -> int:
         return -1
 
 
-def _child(argv: list[str]) -> None:
+def child_environ(env: dict) -> None:
+    """Take the launching test's environment (``MEMNETS_DATA`` and the like): a forkserver child
+    inherits the server's, as it was when the server started."""
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def _child(argv: list[str], env: dict) -> None:
     from memnets.cli.main import main
 
+    child_environ(env)
     sys.stdout = open(os.devnull, "w")
     os._exit(main(argv))
 
 
+_CONTEXT: list = []
+
+
+def child_context():
+    """A ``forkserver`` context whose server has imported torch and the CLI: each child is forked
+    from that quiet process (no threads, no locks held), not from pytest's, whose OpenMP pool or
+    locks held by other threads could hang a forked child; the imports are paid once."""
+    if not _CONTEXT:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "memnets.cli.main", "memnets.train", "memnets.models.seq"])
+        _CONTEXT.append(ctx)
+    return _CONTEXT[0]
+
+
 def launch_train(cfg_path: Path, run_dir: Path, resume: bool) -> multiprocessing.Process:
     argv = ["train", str(cfg_path), "--run-dir", str(run_dir), "--quiet"] + (["--resume"] if resume else [])
-    proc = multiprocessing.get_context("fork").Process(target=_child, args=(argv,))
+    proc = child_context().Process(target=_child, args=(argv, dict(os.environ)))
     proc.start()
     return proc
 

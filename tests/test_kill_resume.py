@@ -1,8 +1,8 @@
 """SIGKILL a tiny `memnets train` run again and again; each `--resume` continues it, and the
 final metrics equal those of an uninterrupted run.
 
-Each run is a forked child process executing ``memnets.cli.main.main(argv)`` (the
-``memnets train`` command), so the import of torch is paid once; tests/test_resume.py covers
+Each run is a child process executing ``memnets.cli.main.main(argv)`` (the ``memnets train``
+command), forked from a server that has imported torch once (``engine_helpers.child_context``); tests/test_resume.py covers
 the same with a fresh interpreter.
 
 The kill points are deterministic, not timed: the child kills itself with SIGKILL at a given
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine_helpers import checkpoint_step, launch_train
+from engine_helpers import checkpoint_step, child_context, child_environ, launch_train
 
 from memnets.train import load_config, train
 
@@ -62,13 +62,14 @@ def _records(run_dir: Path) -> list[dict]:
 KILLS = [(3, "after"), (7, "during"), (12, "after"), (16, "during"), (24, "during"), (29, "after")]
 
 
-def _child_killed_at(argv: list[str], step: int, when: str, hold: str | None) -> None:
+def _child_killed_at(argv: list[str], step: int, when: str, hold: str | None, env: dict) -> None:
     """``memnets train argv`` that SIGKILLs itself at ``step`` (``when``: after / during its
     checkpoint). With ``hold``, it first waits there until the file ``hold + ".go"`` exists
     (having created ``hold + ".ready"``), so that the parent can act while it is alive."""
     from memnets.cli.main import main
     from memnets.train import checkpoint as ck
 
+    child_environ(env)
     save, write = ck.save_checkpoint, ck.atomic_write_text
 
     def die() -> None:
@@ -96,7 +97,7 @@ def _child_killed_at(argv: list[str], step: int, when: str, hold: str | None) ->
 def _launch_killed_at(cfg_path: Path, run_dir: Path, resume: bool, step: int, when: str,
                       hold: str | None = None) -> multiprocessing.Process:
     argv = ["train", str(cfg_path), "--run-dir", str(run_dir), "--quiet"] + (["--resume"] if resume else [])
-    proc = multiprocessing.get_context("fork").Process(target=_child_killed_at, args=(argv, step, when, hold))
+    proc = child_context().Process(target=_child_killed_at, args=(argv, step, when, hold, dict(os.environ)))
     proc.start()
     return proc
 
