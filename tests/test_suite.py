@@ -229,11 +229,37 @@ def test_table1_suites_train_every_model_of_a_task_alike():
     runs = suite_runs(sweep, "r")
     base = sweep.sweep["optim.lr"]
     extended = {p: g["optim.lr"] for p, g in sweep.sweep_for.items()}
-    for p, grid in extended.items():  # the base grid and steps past one of its edges
-        extra = set(grid) - set(base)
-        assert set(base) < set(grid) and (all(x > max(base) for x in extra) or all(x < min(base) for x in extra)), p
+    ladder = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
+    for p, grid in [("base", base), *extended.items()]:  # at least three neighbouring rates of the ladder
+        i = ladder.index(min(grid))
+        assert sorted(grid) == ladder[i:i + len(grid)] and len(grid) >= 3, p
     n_extra = sum(len(g) - len(base) for g in extended.values())
     assert len(runs) == 45 + n_extra and runs[0].name == "cpu-palindrome-transformer-lr0.0001-s0"
+
+
+def test_kept_table1_sweep_chose_inside_every_grid():
+    """From the kept sweep results: every preset's chosen rate lies inside its grid, or on an
+    edge where the figure is already >= 99% or the step past it diverged (kept apart in
+    results/table1-lr-sweep-diverged/): a choice on an edge extends the grid (docs/table1.md)."""
+    from memnets.cli.suite import sweep_table
+
+    sweep = load_suite("table1-lr-sweep")
+    runs = suite_runs(sweep, REPO / "no-such-runs-folder", results_dir=REPO / "results" / "table1-lr-sweep")
+    lines = sweep_table(sweep, runs).splitlines()
+    labels = [c.strip() for c in lines[0].strip("|").split("|")][2:-1]
+    diverged = {d.name for d in (REPO / "results" / "table1-lr-sweep-diverged").iterdir()}
+    checked = 0
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        preset, figs, chosen = cells[0], dict(zip(labels, cells[2:-1])), cells[-1]
+        grid = [lab for lab in labels if figs[lab]]
+        assert chosen in grid, (preset, chosen)  # every run of the grid is kept and finished
+        if chosen in (grid[0], grid[-1]):
+            past = labels[labels.index(chosen) + (1 if chosen == grid[-1] else -1)]
+            edge_ok = float(figs[chosen].split()[0]) >= 99.0
+            assert edge_ok or f"{preset.replace('/', '-')}-{past}-s0" in diverged, (preset, chosen, grid)
+        checked += 1
+    assert checked == 15
 
 
 def _fake_run(d: Path, backbone: str, task: str, seed: int, accs: tuple[float, float, float], params=1000):
