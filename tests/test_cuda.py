@@ -374,7 +374,7 @@ def test_graphed_autograd_of_a_cudnn_rnn_module_matches_plain_autograd(cuda_side
         want = [y, hn, *torch.autograd.grad((y * w).sum() + hn.sum(), [x, h0, *block.parameters()])]
         with cuda_side.path(), stand_in:
             assert graphs.whole_module(x, key=key, module=block)
-            y, hn = graphs.graphed_autograd(key, block, (x, h0), block.parameters())
+            y, hn = graphs.graphed_autograd(key, block, (x, h0), block.parameters(), module=block)
             got = [y, hn, *torch.autograd.grad((y * w).sum() + hn.sum(), [x, h0, *block.parameters()])]
         for j, (a, b) in enumerate(zip(got, want)):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=lambda m: f"batch {i}, item {j}: {m}")

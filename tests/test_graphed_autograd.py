@@ -43,7 +43,7 @@ def _inputs(seed, grad_h=True):
 
 
 def _graphed(net, x, h):
-    return graphed_autograd(("test.net", id(net)), net, (x, h), net.parameters())
+    return graphed_autograd(("test.net", id(net)), net, (x, h), net.parameters(), module=net)
 
 
 def _grads(loss, x, h, net):
@@ -96,7 +96,8 @@ def test_overlapping_calls_and_a_graphed_call_inside():
     xs = [_inputs(i) for i in range(3)]
     with graphs.stand_in():
         for _ in range(3):  # eager, capture, replay
-            outs = [graphed_autograd(("test.overlap", id(net)), module, (x, h), net.parameters()) for x, h, _ in xs]
+            outs = [graphed_autograd(("test.overlap", id(net)), module, (x, h), net.parameters(), module=net)
+                    for x, h, _ in xs]
             loss = sum((y * w).sum() + hn.sum() for (y, hn), (_, _, w) in zip(outs, xs))
             got = torch.autograd.grad(loss, [t for x, h, _ in xs for t in (x, h)] + list(net.parameters()))
     assert "test.inner" not in str(list(graphs._CACHE))  # never a graph of its own
@@ -137,7 +138,7 @@ def test_recomputes_under_the_forwards_autocast():
     with graphs.stand_in():
         for _ in range(3):
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                (y2,) = graphed_autograd("test.amp", lambda t: (net(t),), (x,), net.parameters())
+                (y2,) = graphed_autograd("test.amp", lambda t: (net(t),), (x,), net.parameters(), module=net)
             assert y2.dtype == torch.bfloat16
             got = torch.autograd.grad(y2.float().square().sum(), [x, *net.parameters()])
     _close(got, want, "autocast")
@@ -272,3 +273,104 @@ def test_a_parameter_the_outputs_do_not_use_gets_no_gradient():
             assert spare.grad is None and z.grad is None
             assert all(p.grad is not None for p in net.parameters())
     graphs.clear()
+
+
+def test_the_recomputation_reads_the_parameters_through_aliases():
+    """In the backward the module reads fresh leaves sharing its parameters' storage, not the
+    parameters themselves (whose accumulator nodes belong to the caller's graph and stream: on
+    CUDA a gradient taken through them invalidates the capture); after it the module holds its
+    parameters again, and its cuDNN-style RNN reads them (its flat weights follow)."""
+    net = _net()
+    seen = []
+
+    def look(mod, args):
+        seen.append((torch.is_grad_enabled(), mod.weight is net_weight, mod.weight.data_ptr() == net_weight.data_ptr(),
+                     mod.weight.requires_grad, mod.weight.is_leaf))
+    net_weight = net.out.weight
+    rnn_weight, rnn_seen = net.rnn.weight_ih_l0, []
+
+    def look_rnn(mod, args):  # the list cuDNN reads: the aliases, not flattened anew (same storage)
+        rnn_seen.append((torch.is_grad_enabled(), mod._flat_weights[0] is mod.weight_ih_l0,
+                         mod._flat_weights[0] is rnn_weight, mod._flat_weights[0].data_ptr() == rnn_weight.data_ptr()))
+    hook = net.out.register_forward_pre_hook(look)
+    hook_rnn = net.rnn.register_forward_pre_hook(look_rnn)
+    x, h, w = _inputs(0)
+    graphs.clear()
+    try:
+        with graphs.stand_in():
+            for _ in range(3):
+                y, hn = _graphed(net, x, h)
+                torch.autograd.grad((y * w).sum() + hn.sum(), [x, *net.parameters()])
+    finally:
+        hook.remove()
+        hook_rnn.remove()
+    assert any(s[0] for s in rnn_seen)
+    assert all(listed and (fresh != s_grad) and shared for s_grad, listed, fresh, shared in rnn_seen)
+    recomputed = [s for s in seen if s[0]]  # the backward's forwards (the graphed forwards run without grad)
+    assert recomputed and all(not same and shared and grad and leaf for _, same, shared, grad, leaf in recomputed)
+    assert net.out.weight is net_weight and all(isinstance(p, nn.Parameter) for p in net.parameters())
+    assert all(a is b for a, b in zip(net.rnn._flat_weights, [getattr(net.rnn, n) for n in net.rnn._flat_weights_names]))
+    y2, hn2 = net(x, h)
+    torch.testing.assert_close(y2, y, rtol=0, atol=0)
+    graphs.clear()
+
+
+def test_tied_parameters_get_one_gradient():
+    """A parameter held by two submodules is read through one alias in both places: its
+    gradient is the sum over both uses, as plain autograd's."""
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return (self.b(torch.tanh(self.a(x))),)
+
+    torch.manual_seed(0)
+    net = Tied().to(DT)
+    x = torch.randn(4, 3, dtype=DT, requires_grad=True)
+    graphs.clear()
+    with graphs.stand_in():
+        for _ in range(3):
+            (y,) = graphed_autograd(("test.tied", id(net)), net, (x,), net.parameters(), module=net)
+            got = torch.autograd.grad(y.square().sum(), [x, *net.parameters()])
+    (y2,) = net(x)
+    _close(got, torch.autograd.grad(y2.square().sum(), [x, *net.parameters()]), "tied parameters")
+    assert net.b.weight is net.a.weight
+    graphs.clear()
+
+
+def test_module_must_hold_the_parameters():
+    net, other = _net(), _net()
+    x, h, _ = _inputs(0)
+    with pytest.raises(ValueError, match="`params` must be a parameter of `module`"):
+        graphed_autograd("test.own", net, (x, h), other.parameters(), module=net)
+    with pytest.raises(TypeError, match="`module` expected an nn.Module"):
+        graphed_autograd("test.own", net, (x, h), net.parameters(), module=lambda t: t)
+
+
+def test_a_failed_capture_gives_the_generator_back_its_state():
+    """A CUDA-graph capture that fails leaves the default generator in capture mode (every
+    random draw after it would raise); around the capture its state cloned before is set back,
+    and only on a failure."""
+    class Gen:
+        def __init__(self):
+            self.states, self.state = [], "before"
+
+        def clone_state(self):
+            return f"clone of {self.state}"
+
+        def graphsafe_set_state(self, st):
+            self.states.append(st)
+
+    gen = Gen()
+    with graphs.rng_restored_on_failure(generator=gen):
+        gen.state = "captured"
+    assert gen.states == []
+    gen.state = "before"
+    with pytest.raises(RuntimeError, match="invalidated"):
+        with graphs.rng_restored_on_failure(generator=gen):
+            gen.state = "in capture mode"
+            raise RuntimeError("capture invalidated")
+    assert gen.states == ["clone of before"]

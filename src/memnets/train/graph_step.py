@@ -204,13 +204,14 @@ class CUDAGraphStep:
         torch.cuda.current_stream(like.device).wait_stream(s)
         return out
 
-    def _record(self, body: Callable[[], None]):
+    def _record(self, body: Callable[[], None], device: "torch.device | None" = None):
         """``body`` captured into a CUDA graph in this step's one memory pool, then replayed once
         (the capture ran nothing: that replay is this call's step)."""
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # a capture that fails must not leave the device's generator in capture mode
+        with _graphs.rng_restored_on_failure(device), torch.cuda.graph(graph, pool=self._pool):
             body()
         graph.replay()
         return graph
@@ -234,7 +235,7 @@ class CUDAGraphStep:
 
         try:
             if static[0].is_cuda:
-                graph = self._record(body)
+                graph = self._record(body, static[0].device)
             else:
                 graph = _EagerGraph(lambda: self.optimizer.zero_grad(set_to_none=True))
                 graph.capture(body)

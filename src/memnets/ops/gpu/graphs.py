@@ -35,13 +35,15 @@ import functools
 import os
 import threading
 import warnings
+import weakref
 from typing import Callable, Hashable, Sequence
 
 import torch
 from torch.autograd.function import once_differentiable
 
 __all__ = ["graphed", "graphed_autograd", "whole_module", "enabled", "switched_on", "stand_in", "standing_in", "listening", "clear", "MAX_GRAPHS", "stats",
-           "copy_all", "copy_groups", "counting", "modules_off", "fresh_copies", "fresh_zeros", "zeros_for_none", "side_stream"]
+           "copy_all", "copy_groups", "counting", "modules_off", "fresh_copies", "fresh_zeros", "zeros_for_none", "side_stream",
+           "rng_restored_on_failure"]
 
 MAX_GRAPHS = 16
 _CACHE: "collections.OrderedDict[Hashable, _Entry]" = collections.OrderedDict()
@@ -238,6 +240,40 @@ def zeros_for_none(grads: Sequence[torch.Tensor | None], likes: Sequence[torch.T
     return [next(zeros) if g is None else g.contiguous() for g in grads]
 
 
+def _default_generator(device) -> "torch.Generator | None":
+    """The default CUDA generator of ``device`` (an index, a device or None: the current one)."""
+    if not torch.cuda.is_available():
+        return None
+    index = torch.device(device).index if device is not None and not isinstance(device, int) else device
+    if index is None:
+        index = torch.cuda.current_device()
+    gens = torch.cuda.default_generators
+    return gens[index] if index < len(gens) else None
+
+
+@contextlib.contextmanager
+def rng_restored_on_failure(device=None, generator: "torch.Generator | None" = None):
+    """Around a CUDA-graph capture: if it fails, the device's default generator gets back the
+    state it had before the capture began.
+
+    ``torch.cuda.graph`` registers the default generator with the graph when the capture begins
+    and takes it out of capture mode only when the capture ends well; a capture that is
+    invalidated (an operation CUDA cannot capture) raises before that, and the generator stays in
+    capture mode: from then on every random number drawn on that device outside a capture
+    (dropout, ``torch.randn``) raises "Offset increment outside graph capture encountered
+    unexpectedly". What the capture drew was counted apart from the generator's offset (as the
+    graph's own), so the state cloned before it is exactly the state to go on from.
+    ``generator``: that generator instead of the default one (tests)."""
+    gen = generator if generator is not None else _default_generator(device)
+    saved = gen.clone_state() if gen is not None and hasattr(gen, "clone_state") else None
+    try:
+        yield
+    except BaseException:
+        if saved is not None:
+            gen.graphsafe_set_state(saved)
+        raise
+
+
 class _EagerGraph:
     """The stand-in: ``replay`` reruns the function on the static inputs and writes its results
     into the static outputs, as a CUDA graph's replay does."""
@@ -264,7 +300,8 @@ class _CudaGraph:
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA calls of other threads (nn.DataParallel's replicas) do not break it
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+        with rng_restored_on_failure(self.device), \
+                torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.static_out = tuple(fn(*static_in))
 
     def replay(self) -> None:
@@ -480,10 +517,10 @@ class _Recomputed(torch.autograd.Function):
     """:func:`graphed_autograd`'s function: forward and backward each one :func:`graphed` call."""
 
     @staticmethod
-    def forward(ctx, key, fn, n_in, *tensors):
+    def forward(ctx, key, fn, module, n_in, *tensors):
         inputs, params = tensors[:n_in], tensors[n_in:]
         state = _autocast_state(inputs[0].device)
-        ctx.key, ctx.fn, ctx.n_in, ctx.autocast = key, fn, n_in, state
+        ctx.key, ctx.fn, ctx.module, ctx.n_in, ctx.autocast = key, fn, module, n_in, state
         ctx.versions = tuple(p._version for p in params)
         ctx.set_materialize_grads(False)
         outs = graphed(_named(key, "forward"), _without_grad(fn), *inputs)
@@ -502,22 +539,29 @@ class _Recomputed(torch.autograd.Function):
                 raise RuntimeError("graphed_autograd: a parameter was modified in place between the forward and "
                                    "the backward (e.g. an optimizer step before backward()); its gradient "
                                    "would be of the new values")
-        need = ctx.needs_input_grad[3:]
+        need = ctx.needs_input_grad[4:]
         want_in = [i for i in range(n_in) if need[i]]
         want_p = [j for j in range(len(params)) if need[n_in + j]]
         diff_out = [k for k, m in enumerate(ctx.out_meta) if m[3] and grads[k] is not None]
         if not diff_out or not (want_in or want_p):
-            return (None, None, None) + (None,) * (n_in + len(params))
-        fn, state, device = ctx.fn, ctx.autocast, inputs[0].device
+            return (None,) * 4 + (None,) * (n_in + len(params))
+        fn, module, state, device = ctx.fn, ctx.module, ctx.autocast, inputs[0].device
         grads_in = zeros_for_none([grads[k] for k in diff_out],
                                   [(ctx.out_meta[k][0], ctx.out_meta[k][1], ctx.out_meta[k][2]) for k in diff_out])
 
         def backward_fn(*xs):
             ins, gs = xs[:n_in], xs[n_in:]
-            with torch.enable_grad(), _autocast_context(state, device):
+            # the module reads its parameters through fresh leaves that share their storage
+            # (_reading_aliases): differentiated directly, a parameter's gradient would go to the
+            # accumulator node the caller's graph holds, made on the caller's stream, and its
+            # stream sync with the capture's stream invalidates the capture
+            wanted = set(want_p)
+            aliases = [p.detach().requires_grad_(j in wanted) for j, p in enumerate(params)] if module is not None \
+                else list(params)
+            with torch.enable_grad(), _autocast_context(state, device), _reading_aliases(module, params, aliases):
                 leaves = [t.detach().requires_grad_(i in want_in) for i, t in enumerate(ins)]
                 outs = tuple(fn(*leaves))
-            wrt = [leaves[i] for i in want_in] + [params[j] for j in want_p]
+            wrt = [leaves[i] for i in want_in] + [aliases[j] for j in want_p]
             pairs = [(outs[k], g) for k, g in zip(diff_out, gs) if outs[k].requires_grad]
             got = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True) \
                 if pairs else [None] * len(wrt)
@@ -528,16 +572,58 @@ class _Recomputed(torch.autograd.Function):
             return tuple(next(zeros) if g is None else g for g in got)
 
         key = _named(ctx.key, "backward") + (tuple(want_in), tuple(want_p), tuple(diff_out))
-        got = graphed(key, backward_fn, *inputs, *grads_in)
+        if module is None and want_p and inputs[0].is_cuda:  # see backward_fn: not capturable
+            got = tuple(backward_fn(*inputs, *grads_in))
+        else:
+            got = graphed(key, backward_fn, *inputs, *grads_in)
         unused = _UNUSED.get(key, frozenset())
         out = [None] * (n_in + len(params))
         for i, (slot, g) in enumerate(zip(want_in + [n_in + j for j in want_p], got)):
             out[slot] = None if i in unused else g
-        return (None, None, None) + tuple(out)
+        return (None,) * 4 + tuple(out)
+
+
+@contextlib.contextmanager
+def _reading_aliases(module: "torch.nn.Module | None", params: Sequence[torch.Tensor],
+                     aliases: Sequence[torch.Tensor]):
+    """While active, ``module`` (and its submodules) hold ``aliases[j]`` where they held
+    ``params[j]`` (tied parameters in every place); the parameters are put back after.
+
+    An RNN module (``nn.LSTM``, ``nn.GRU``: ``_flat_weights``) keeps a list of its weights for
+    cuDNN, and when its forward finds other weight objects there it flattens them into a new
+    buffer, moving them (``set_``) to new storage. Its list is therefore set to the aliases here,
+    and put back after, as it was: the aliases keep the parameters' storage and layout, so cuDNN
+    reads them in place, and the parameters themselves never move (their addresses are in the
+    graphs' keys and in a captured optimiser step)."""
+    if module is None:
+        yield
+        return
+    by_id = {id(p): a for p, a in zip(params, aliases)}
+    swapped, lists = [], []
+    try:
+        for sub in module.modules():
+            for name, p in list(sub._parameters.items()):
+                if p is not None and id(p) in by_id:
+                    swapped.append((sub, name, p))
+                    sub._parameters[name] = by_id[id(p)]
+        for sub in module.modules():
+            names = getattr(sub, "_flat_weights_names", None)
+            if names is not None and hasattr(sub, "_flat_weights"):
+                lists.append((sub, sub.__dict__.get("_flat_weights"), sub.__dict__.get("_flat_weight_refs")))
+                flat = [getattr(sub, n) if hasattr(sub, n) else None for n in names]
+                sub.__dict__["_flat_weights"] = flat
+                sub.__dict__["_flat_weight_refs"] = [weakref.ref(w) if w is not None else None for w in flat]
+        yield
+    finally:
+        for sub, flat, refs in reversed(lists):
+            sub.__dict__["_flat_weights"], sub.__dict__["_flat_weight_refs"] = flat, refs
+        for sub, name, p in reversed(swapped):
+            sub._parameters[name] = p
 
 
 def graphed_autograd(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
-                     params: Sequence[torch.Tensor] = ()) -> tuple[torch.Tensor, ...]:
+                     params: Sequence[torch.Tensor] = (), module: "torch.nn.Module | None" = None
+                     ) -> tuple[torch.Tensor, ...]:
     """``fn(*inputs)``, differentiable in ``inputs`` and ``params``, its forward one
     :func:`graphed` call and its backward another: a module's whole forward (a cuDNN RNN, the
     projections, the kernels' loops) replays as one CUDA graph and its backward as one more.
@@ -553,10 +639,24 @@ def graphed_autograd(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], i
     ``<key[0]>.forward`` and ``<key[0]>.backward`` (``key[0]`` a string; else ``module``). A parameter changed in place between
     the forward and its backward is refused. Double backward is not supported. Where replay is
     off (CPU tensors outside :func:`stand_in`, ``MEMNETS_CUDA_GRAPHS=0``) the same holds, without
-    graphs; without gradients to compute it is one :func:`graphed` call."""
+    graphs; without gradients to compute it is one :func:`graphed` call.
+
+    ``module``: the module whose parameters ``params`` are (``fn`` reads them from it). The
+    recomputation in the backward then reads them through fresh leaves that share their storage,
+    and the gradients are taken with respect to those: taken with respect to a parameter itself,
+    its gradient would pass through the accumulator node of the caller's autograd graph, which
+    belongs to the caller's stream, and that cross-stream wait invalidates the capture. Without
+    ``module`` the parameters are differentiated directly, and on CUDA the backward then runs
+    without a graph of its own."""
     inputs, params = tuple(inputs), tuple(params)
     if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
         raise ValueError("graphed_autograd: `inputs` expected one tensor or more")
+    if module is not None:
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"graphed_autograd: `module` expected an nn.Module, got {type(module).__name__}")
+        own = {id(p) for p in module.parameters()}
+        if any(id(p) not in own for p in params):
+            raise ValueError("graphed_autograd: every tensor of `params` must be a parameter of `module`")
     # where the parameters are is part of the key: the graphs read them there
     name = key[0] if isinstance(key, tuple) and key and isinstance(key[0], str) else "module"
     key = (name, _ModuleKey((key,)), tuple(p.data_ptr() for p in params))
@@ -565,4 +665,4 @@ def graphed_autograd(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], i
     fn = _body(fn)  # inside it, whole_module() says no (the module's own forward runs)
     if not torch.is_grad_enabled() or not (params or any(t.requires_grad for t in inputs)):
         return graphed(_named(key, "forward"), _without_grad(fn), *inputs)
-    return _Recomputed.apply(key, fn, len(inputs), *inputs, *params)
+    return _Recomputed.apply(key, fn, module, len(inputs), *inputs, *params)
