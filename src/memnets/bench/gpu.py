@@ -31,6 +31,7 @@ import json
 import math
 import statistics
 import time
+import warnings
 from typing import Callable
 
 import torch
@@ -130,9 +131,12 @@ class _Bench:
             row["note"] = "skipped: section time budget spent"
         else:
             fn = None
+            caught: list = []
             try:
-                fn = make()
-                t = time_first_then_median(fn, self.device, warmup=warmup, repeat=repeat)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", RuntimeWarning)
+                    fn = make()
+                    t = time_first_then_median(fn, self.device, warmup=warmup, repeat=repeat)
                 row["first_ms"], row["ms"] = t["first_ms"], t["ms"]
                 row["repeats"] = repeat
                 self.section_spent += t["timed_s"]
@@ -147,6 +151,15 @@ class _Bench:
                 del fn
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
+            # a CUDA-graph capture that failed inside the row (the row then timed a path without
+            # that graph): kept with the row, so the table says which of its graphs it lacked
+            failed = [str(w.message) for w in caught if "capture" in str(w.message) and "failed" in str(w.message)]
+            if failed:
+                row["capture_failures"] = [m[:400] for m in failed[:4]]
+                row["note"] = (row["note"] + "; " if row["note"] else "") + \
+                    f"{len(failed)} graph capture(s) failed: {failed[0][:120]}"
+            for w in caught:  # shown as they would have been
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
             if row["ms"] is not None and self.device.type == "cuda":
                 row["peak_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2 ** 30, 2)
             if self.device.type == "cuda":
