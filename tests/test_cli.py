@@ -121,6 +121,19 @@ def test_train_eval_table(tmp_path, capsys):
     assert main(["table", str(run), "--eval", "bad.json"]) == 2
     assert "not a saved evaluation" in capsys.readouterr().err
 
+    # --at last: each run at its last evaluation (results.json's "final"), not the selected one
+    final = json.loads((run / "results.json").read_text())["final"]
+    assert main(["table", str(run), "--at", "last", "--metric", "tok_acc"]) == 0
+    tab = capsys.readouterr().out
+    assert f"{100 * final['od_hard']['tok_acc']:.1f}" in tab and "last evaluation" in tab, tab
+    assert main(["table", str(run), "--at", "last", "--eval", "eval-heldout.json"]) == 2
+    assert "give one" in capsys.readouterr().err
+    broken = tmp_path / "nofinal"
+    broken.mkdir()
+    (broken / "results.json").write_text(json.dumps({k: v for k, v in res.items() if k != "final"}))
+    assert main(["table", str(broken), "--at", "last"]) == 2
+    assert "no last evaluation" in capsys.readouterr().err
+
     out_md = tmp_path / "t.md"
     assert main(["table", str(run), str(tmp_path / "missing"), "--out", str(out_md)]) == 0
     cap = capsys.readouterr()

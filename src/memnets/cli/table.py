@@ -5,7 +5,7 @@ Table 1: models are columns, task × split are rows, plus a parameter-count row;
 the sequence accuracy (or ``--metric``) at the epoch selected by the OD-easy accuracy, read
 from each run's ``results.json``. ``--paper`` alone prints the paper's own Table 1 (seed
 000); with run directories it prints ours beside the paper's: per cell the mean over the runs
-of that task and model (seeds), the per-seed values, and the paper's figure. Runs of the
+of that task and model (seeds), the per-seed values, and the paper's figure. ``--at last`` reads each run's last evaluation (the end of its budget) instead. Runs of the
 other families (``"family"`` in ``results.json``) give their family's table
 (:meth:`memnets.train.task.Task.format_table`), one per family, each under a heading when
 there are several.
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["add_parser", "family_tables", "format_table1", "format_table1_vs_paper", "load_results", "paper_cell",
+__all__ = ["add_parser", "at_last_evaluation", "family_tables", "format_table1", "format_table1_vs_paper", "load_results", "paper_cell",
            "with_evaluation", "PAPER_TABLE1", "MODEL_ORDER"]
 
 MODEL_ORDER = ["TF", "LSTM", "UT", "DNC", "LSAM", "NAM-TM", "No Jmp", "NTM", "LSAM (stack)", "biLSTM"]
@@ -53,6 +53,10 @@ def add_parser(sub) -> None:
                    help="score each run by the file of this name in its directory, written by `memnets eval "
                         "--save` (e.g. on splits drawn independently of those that selected the model), "
                         "instead of its results.json's evaluation; runs without it are left out")
+    p.add_argument("--at", choices=("selected", "last"), default="selected",
+                   help="which evaluation of each run: the one the selection split chose (default, the "
+                        "table's rule) or the run's last (the end of its training budget, no selection); "
+                        "algorithmic-task runs only, not with --eval")
     p.add_argument("--out", default=None, help="also write the table to this file")
     p.set_defaults(func=_run)
 
@@ -291,6 +295,20 @@ def with_evaluation(results: list[dict], name: str) -> list[dict]:
     return out
 
 
+def at_last_evaluation(results: list[dict]) -> list[dict]:
+    """``results`` (from :func:`load_results`) scored at each run's last evaluation
+    (``results.json``'s ``"final"``, written at the end of its training) instead of the one its
+    selection split chose: their ``"splits"`` replaced, ``"evaluated"`` saying so. ValueError
+    naming the run when one has no last evaluation."""
+    out = []
+    for r in results:
+        final = r.get("final")
+        if not isinstance(final, dict) or not final or not all(isinstance(m, dict) for m in final.values()):
+            raise ValueError(f"{r.get('run_dir', '?')}: its results.json has no last evaluation (\"final\")")
+        out.append(dict(r, splits=final, evaluated={"at": "last", "epoch": r.get("epochs")}))
+    return out
+
+
 def _run(args) -> int:
     from ..train.task import family_of
     from .main import UsageError
@@ -307,9 +325,20 @@ def _run(args) -> int:
         if not results:
             raise UsageError(f"no results.json in {', '.join(map(str, args.run_dirs))} (expected run "
                              "directories of finished `memnets train` runs)")
+        at_last = getattr(args, "at", "selected") == "last"
+        if at_last and args.eval:
+            raise UsageError("--at last and --eval: give one (--eval scores saved weights, --at last the run's own "
+                             "last evaluation)")
         if args.eval:
             try:
                 results = with_evaluation(results, args.eval)
+            except ValueError as e:
+                raise UsageError(str(e)) from e
+        if at_last:
+            if any(family_of(r) not in (None, "nsp") for r in results):
+                raise UsageError("--at last is for algorithmic-task runs (Table 1)")
+            try:
+                results = at_last_evaluation(results)
             except ValueError as e:
                 raise UsageError(str(e)) from e
         for r in results:
@@ -333,6 +362,8 @@ def _run(args) -> int:
                           for r in results}, key=str)
             text += (f"\n\nScored from `{args.eval}` in each run's folder (`memnets eval --save`): "
                      + "; ".join(f"{c} weights, draw {d}, {n} samples per split" for c, d, n in how) + ".")
+        if at_last:
+            text += "\n\nEach run at its last evaluation (the end of its training budget), not at the one its selection split chose."
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
