@@ -17,7 +17,7 @@ from memnets.cli.main import main
 
 MODELS = ["LSAM", "LSAM bi", "NAM-TM", "DNC", "NTM"]
 GRAPHED = {"LSAM": ("lsam.forward", "lsam.backward"), "LSAM bi": ("lsam.forward", "lsam.backward"),
-           "DNC": ("dnc.forward", "dnc.backward"), "NTM": ("ntm.forward", "ntm.backward"),
+           "DNC": ("dnc.module.forward", "dnc.module.backward"), "NTM": ("ntm.forward", "ntm.backward"),
            "NAM-TM": ("nam_tm.module.forward", "nam_tm.module.backward")}
 
 
@@ -147,10 +147,10 @@ def _launches_child(tmp_path, *args, graphs=True):
                     reason="triton (and numpy, for its interpreter) not installed")
 def test_bench_launches_runs_triton_kernels_through_the_interpreter(tmp_path):
     """Every row's counts are positive and the table says Triton ran. With graph replay, each call
-    of a graphed loop (LSAM's, the DNC's and the NTM's, forward and backward: once each a step)
-    counts one replay and its copies instead of what ran inside it; the loops' per-time-step
-    launches are gone. The NAM-TM's kernels hold the time loop (no launch per time step either way);
-    there the whole layer is graphed (controller to W_o), forward and backward."""
+    of a graphed loop (LSAM's and the NTM's, forward and backward: once each a step) counts one
+    replay and its copies instead of what ran inside it; the loops' per-time-step launches are
+    gone. The NAM-TM's and the DNC's whole layers are graphed, forward and backward (the NAM-TM's
+    kernels hold the time loop: no launch per time step either way)."""
     res, printed = _launches_child(tmp_path)
     assert res["triton_interpret"] == "1" and res["triton_used"] is True and res["graph_replay"] is True
     assert [r["model"] for r in res["rows"]] == MODELS
@@ -161,11 +161,12 @@ def test_bench_launches_runs_triton_kernels_through_the_interpreter(tmp_path):
         assert r["graph_replays"] == len(GRAPHED[name])
         inside = sum(v["launches_inside"] for v in loops.values())
         assert r["graph_copies"] == sum(v["copies"] for v in loops.values())
-        if name == "NAM-TM":
-            # the layer graphed whole (controller, projections, both kernels, W_o), its backward
-            # recomputing the forward: the eager count is the step's own path, counted apart;
-            # no launch per time step either way
-            assert r["marginal_per_t"] == 0 and r["graphed_marginal_per_t"] == 0, name
+        if name in ("NAM-TM", "DNC"):
+            # the layer graphed whole (the NAM-TM: controller, projections, both kernels, W_o; the
+            # DNC: input projection, the recurrence, the readout), its backward recomputing the
+            # forward: the eager count is the step's own path, counted apart; the NAM-TM launches
+            # nothing per time step either way, the DNC's own path its loop's 4
+            assert r["marginal_per_t"] == (0 if name == "NAM-TM" else 4) and r["graphed_marginal_per_t"] == 0, name
             assert 2 * r["graphed_step"] < r["launches_step"] and inside > r["launches_step"], name
             continue
         assert r["graphed_step"] == r["launches_step"] - inside + r["graph_replays"] + r["graph_copies"], name

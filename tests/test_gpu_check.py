@@ -16,7 +16,7 @@ from memnets.bench import gpu_check
 
 ROWS = {
     "models": ["nn.LSTM (CPU)", "LSAM", "nn.LSTM (CPU) bi", "LSAM bi", "NAM-TM", "NAM-TM (MEMNETS_MODULE_GRAPHS=0)", "DNC",
-               "DNC (MEMNETS_MODULE_GRAPHS=1)", "NTM",
+               "DNC (MEMNETS_MODULE_GRAPHS=0)", "NTM",
                "nn.LSTM (CPU) (whole step graphed)", "LSAM (whole step graphed)", "NAM-TM (whole step graphed)",
                "DNC (whole step graphed)", "NTM (whole step graphed)"],
     "attention": ["sdpa (flash)", "fla chunk_linear_attn", "nam_attention", "nam_attention impl=torch",

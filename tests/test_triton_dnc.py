@@ -224,7 +224,8 @@ def test_triton_dnc_step_launches_few_ops_around_its_loops():
 
     torch.manual_seed(0)
     m = DNC(3, 2, memory_slots=N, word_size=W, read_heads=R, controller_size=4).to(DEV)
-    with gpu.env_var("MEMNETS_CUDA_GRAPHS", "0" if CUDA else "1"):  # on CUDA: every op issued from Python
+    # on CUDA: every op issued from Python; the layer's own path (not graphed whole, as it is by default)
+    with gpu.env_var("MEMNETS_CUDA_GRAPHS", "0" if CUDA else "1"), gpu.env_var("MEMNETS_MODULE_GRAPHS", "0"):
         c = count_step(m, torch.randn(2, 4, 3, device=DEV), lambda x: m(x)[0], DEV, replay=True)
     # the ops inside the loops are counted by loop (graph_aten), not by name: take them out
     fwd = sum(c.aten["fwd"].values()) - sum(c.graph_aten["fwd"].values())

@@ -130,7 +130,7 @@ def test_dnc_graphed_whole_matches_launch_by_launch(dtype, tol):
 
 @pytest.mark.parametrize("name", ["nam_tm", "dnc"])
 def test_modules_graphed_whole_under_bf16_autocast(name):
-    """Under bf16 autocast a module graphed whole (the NAM-TM by default, the DNC with
+    """Under bf16 autocast a module graphed whole (the NAM-TM and the DNC, by default and with
     ``MEMNETS_MODULE_GRAPHS=1``; the backward recomputes in the forward's autocast state) gives,
     call after call, the gradients of its own path, finite."""
     from memnets.memories.nam_tm import NAMTuringMachine

@@ -41,8 +41,8 @@ install needed):
      the NTM (LSTM 100, memory 128x20), T=41. Target: at most 2.0x the LSTM's time. LSAM, the
      DNC and the NTM also once more with ``MEMNETS_CUDA_GRAPHS=0`` ("no graph replay"), the
      loops launched one by one; the NAM-TM once more with ``MEMNETS_MODULE_GRAPHS=0``, its layer
-     not graphed whole (the layer function's own graphs only), and the DNC with
-     ``MEMNETS_MODULE_GRAPHS=1``, graphed whole (off by default). The NTM also at 4 and 8 warps per program
+     not graphed whole (the layer function's own graphs only), and the DNC likewise
+     (``MEMNETS_MODULE_GRAPHS=0``: its recurrence's graphs only). The NTM also at 4 and 8 warps per program
      (``MEMNETS_NTM_WARPS``; 16 by default at this size), a comparison. Every model and its LSTM once more with the whole training
      step replayed from one CUDA graph each ("whole step graphed",
      :class:`memnets.train.graph_step.CUDAGraphStep`), the pair's ratio against the same target.
@@ -466,8 +466,9 @@ def _models_rows(bench, tiny: bool) -> None:
     def module_graphs(value, name, cfg, build, B, T, Fi, base):
         """The same row with ``MEMNETS_MODULE_GRAPHS=value``, a comparison: ``0`` the NAM-TM
         without its layer graphed whole (cuDNN's controller and the output layer launched from
-        Python around the layer function's own two graphs); ``1`` the DNC graphed whole (its
-        backward recomputing the forward), which it is not by default."""
+        Python around the layer function's own two graphs), the DNC without its layer graphed
+        whole (the projections and the readout launched from Python around the recurrence's
+        graphs)."""
         from ..ops.gpu import env_var
         with env_var("MEMNETS_MODULE_GRAPHS", value):
             row = case(f"{name} (MEMNETS_MODULE_GRAPHS={value})", cfg, build, B, T, Fi)
@@ -521,7 +522,7 @@ def _models_rows(bench, tiny: bool) -> None:
                                                  controller_size=Hc)
         _pair(case("DNC", cfg, build, B, T_dnc, 9), base, 2.0, "LSTM")
         eager("DNC", cfg, build, B, T_dnc, 9, base)
-        module_graphs("1", "DNC", cfg, build, B, T_dnc, 9, base)
+        module_graphs("0", "DNC", cfg, build, B, T_dnc, 9, base)
         whole("DNC", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
     for Hc, N, W in ([(16, 8, 8)] if tiny else [(100, 128, 20)]):
         cfg = f"B={B} T={T_dnc} LSTM {Hc}, memory {N}x{W}, 1 read 1 write"
