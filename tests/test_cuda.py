@@ -382,3 +382,43 @@ def test_graphed_autograd_of_a_cudnn_rnn_module_matches_plain_autograd(cuda_side
     assert after.get("failures", 0) == before.get("failures", 0)  # both graphs captured
     assert after["replays"] - before.get("replays", 0) >= 2 * 3  # forward and backward, batches 3 to 5
     graphs.clear()
+
+
+def test_a_failed_capture_leaves_random_numbers_working(cuda_side):
+    """A graphed function whose capture fails (on CUDA: it reads a value back to the host, which
+    invalidates the capture) warns and runs without a graph, and the device's random numbers
+    still work after it (a failed ``torch.cuda.graph`` capture used to leave the default
+    generator in capture mode: every later draw raised). On the CPU the stand-in's capture
+    fails the same way (the function raises on its second call)."""
+    import contextlib
+
+    from memnets.ops.gpu import graphs
+
+    dev = cuda_side.device
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            x.sum().item()  # a read back to the host: not capturable
+        elif not x.is_cuda and len(calls) == 2:  # the stand-in's capture is the second call
+            raise RuntimeError("not capturable")
+        return (x * 2,)
+
+    graphs.clear()
+    before = graphs.stats().get("failures", 0)
+    x = torch.arange(4.0, device=dev)
+    stand_in = contextlib.nullcontext() if cuda_side.is_cuda else graphs.stand_in()
+    with cuda_side.path(), stand_in:
+        for i in range(3):  # eager, the capture that fails, then eager for good
+            if i == 1:
+                with pytest.warns(RuntimeWarning, match="capture of"):
+                    (y,) = graphs.graphed(("test.uncapturable",), fn, x)
+            else:
+                (y,) = graphs.graphed(("test.uncapturable",), fn, x)
+            assert torch.equal(y, 2 * x)
+    assert graphs.stats().get("failures", 0) == before + 1
+    r = torch.rand(1000, device=dev)  # raised on CUDA before the fix
+    kept = torch.nn.functional.dropout(torch.ones(1000, device=dev), 0.5, training=True)
+    assert 0.3 < r.mean().item() < 0.7 and 300 < int((kept != 0).sum()) < 700
+    graphs.clear()
