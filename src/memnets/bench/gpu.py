@@ -158,8 +158,8 @@ class _Bench:
                 row["capture_failures"] = [m[:400] for m in failed[:4]]
                 row["note"] = (row["note"] + "; " if row["note"] else "") + \
                     f"{len(failed)} graph capture(s) failed: {failed[0][:120]}"
-            for w in caught:  # shown as they would have been
-                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+            for w in caught:  # shown as they would have been (the caller's filters apply)
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             if row["ms"] is not None and self.device.type == "cuda":
                 row["peak_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2 ** 30, 2)
             if self.device.type == "cuda":
