@@ -89,6 +89,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def spawn_on_a_free_port(worker, rest: tuple, run_dir: Path, nprocs: int = 2, tries: int = 3) -> None:
+    """``mp.spawn(worker, args=(nprocs, port, *rest))`` on a free port. The port is free when
+    chosen, but another process may take it before rank 0 binds it: a start that fails for that
+    reason is made again on another port, ``run_dir`` (the workers' run folder) cleared first."""
+    import shutil
+
+    import torch.multiprocessing as mp
+
+    for attempt in range(tries):
+        try:
+            mp.spawn(worker, args=(nprocs, free_port(), *rest), nprocs=nprocs, join=True)
+            return
+        except Exception as e:  # noqa: BLE001 - only a taken port is tried again
+            taken = "eaddrinuse" in str(e).lower() or "address already in use" in str(e).lower()
+            if not taken or attempt + 1 == tries:
+                raise
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def _ddp_worker(rank: int, world: int, port: int, cfg_dict: dict, run_dir: str) -> None:
     from memnets.train import config_from_dict, train
 
@@ -105,7 +124,7 @@ def ddp_matches_single(cfg, tmp_path: Path, rtol: float = 1e-4, atol: float = 1e
 
     from memnets.train import config_to_dict, train
 
-    mp.spawn(_ddp_worker, args=(2, free_port(), config_to_dict(cfg), str(tmp_path / "ddp")), nprocs=2, join=True)
+    spawn_on_a_free_port(_ddp_worker, (config_to_dict(cfg), str(tmp_path / "ddp")), tmp_path / "ddp")
     threads = torch.get_num_threads()
     try:
         single = train(cfg, tmp_path / "single", quiet=True)

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from engine_helpers import spawn_on_a_free_port
 
 from memnets.train import ModelConfig, OptimConfig, RunConfig, TaskConfig, train
 
@@ -29,19 +28,13 @@ def _worker(rank: int, world: int, port: int, run_dir: str) -> None:
     assert res["world_size"] == world
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _losses(run_dir):
     return [json.loads(x)["loss"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed gloo missing")
 def test_ddp_two_processes_match_single(tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path / "ddp")), nprocs=2, join=True)
+    spawn_on_a_free_port(_worker, (str(tmp_path / "ddp"),), tmp_path / "ddp")
     threads = torch.get_num_threads()
     try:
         single = train(_cfg(), tmp_path / "single", quiet=True)
