@@ -263,7 +263,7 @@ class DNC(nn.Module):
             y, new = self._forward_scan(x, tree_unflatten(list(leaves), spec))
             return (y, *tree_flatten(new)[0])
 
-        outs = graphed_autograd(key, whole, (x, *leaves), tuple(self.parameters()), module=self)
+        outs = graphed_autograd(key, whole, (x, *leaves), module=self)
         return outs[0], tree_unflatten(list(outs[1:]), spec)
 
     def _forward_scan(self, x: torch.Tensor, state: DNCState):

@@ -277,7 +277,7 @@ class _NAMTMLayer(nn.Module):
             y, fin, aux = self.forward(x, tape, key_tape, h_r, h_w)
             return ((y,) if y is not None else ()) + tuple(fin) + tuple(aux)
 
-        outs = graphed_autograd(key, layer, (x, tape, key_tape, h_r, h_w), tuple(self.parameters()), module=self)
+        outs = graphed_autograd(key, layer, (x, tape, key_tape, h_r, h_w), module=self)
         y, rest = (outs[0], outs[1:]) if self.out is not None else (None, outs)
         return y, tuple(rest[:4]), NAMTMAux(*rest[4:])
 

@@ -622,7 +622,7 @@ def _reading_aliases(module: "torch.nn.Module | None", params: Sequence[torch.Te
 
 
 def graphed_autograd(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
-                     params: Sequence[torch.Tensor] = (), module: "torch.nn.Module | None" = None
+                     params: "Sequence[torch.Tensor] | None" = None, module: "torch.nn.Module | None" = None
                      ) -> tuple[torch.Tensor, ...]:
     """``fn(*inputs)``, differentiable in ``inputs`` and ``params``, its forward one
     :func:`graphed` call and its backward another: a module's whole forward (a cuDNN RNN, the
@@ -641,22 +641,27 @@ def graphed_autograd(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], i
     off (CPU tensors outside :func:`stand_in`, ``MEMNETS_CUDA_GRAPHS=0``) the same holds, without
     graphs; without gradients to compute it is one :func:`graphed` call.
 
-    ``module``: the module whose parameters ``params`` are (``fn`` reads them from it). The
+    ``module``: the module whose parameters ``params`` are (``fn`` reads them from it; ``params``
+    left out: all of them). The
     recomputation in the backward then reads them through fresh leaves that share their storage,
     and the gradients are taken with respect to those: taken with respect to a parameter itself,
     its gradient would pass through the accumulator node of the caller's autograd graph, which
     belongs to the caller's stream, and that cross-stream wait invalidates the capture. Without
     ``module`` the parameters are differentiated directly, and on CUDA the backward then runs
     without a graph of its own."""
-    inputs, params = tuple(inputs), tuple(params)
+    inputs = tuple(inputs)
     if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
         raise ValueError("graphed_autograd: `inputs` expected one tensor or more")
-    if module is not None:
-        if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"graphed_autograd: `module` expected an nn.Module, got {type(module).__name__}")
-        own = {id(p) for p in module.parameters()}
-        if any(id(p) not in own for p in params):
-            raise ValueError("graphed_autograd: every tensor of `params` must be a parameter of `module`")
+    if module is not None and not isinstance(module, torch.nn.Module):
+        raise TypeError(f"graphed_autograd: `module` expected an nn.Module, got {type(module).__name__}")
+    if params is None:  # the module's own parameters (none without a module)
+        params = tuple(module.parameters()) if module is not None else ()
+    else:
+        params = tuple(params)
+        if module is not None:
+            own = {id(p) for p in module.parameters()}
+            if any(id(p) not in own for p in params):
+                raise ValueError("graphed_autograd: every tensor of `params` must be a parameter of `module`")
     # where the parameters are is part of the key: the graphs read them there
     name = key[0] if isinstance(key, tuple) and key and isinstance(key[0], str) else "module"
     key = (name, _ModuleKey((key,)), tuple(p.data_ptr() for p in params))
