@@ -68,3 +68,28 @@ def triton_marks() -> list:
     return [pytest.mark.interpret, pytest.mark.usefixtures("triton_interpreter"),
             pytest.mark.skipif(bool(missing), reason=f"not installed: {', '.join(missing)} "
                                "(pip install 'memnets[gpu]' numpy)")]
+
+
+class _Counting:
+    """A Triton kernel whose launches are counted (``kernel[grid](...)``)."""
+
+    def __init__(self, kernel, name, counts):
+        self.kernel, self.name, self.counts = kernel, name, counts
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            self.counts[self.name] += 1
+            return launch(*args, **kwargs)
+        return run
+
+
+def counting_kernels(module, monkeypatch, names=("forward_step", "backward_step", "forward_seq", "backward_seq")):
+    """Count the launches of ``module.kernels()``'s kernels by name."""
+    import collections
+
+    counts = collections.Counter()
+    real = module.kernels()
+    monkeypatch.setattr(module, "kernels", lambda: tuple(_Counting(k, n, counts) for k, n in zip(real, names)))
+    return counts

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import triton_marks
+from helpers import counting_kernels, triton_marks
 
 CUDA = torch.cuda.is_available()
 pytestmark = triton_marks()
@@ -55,11 +55,14 @@ def _run(model, x, leaves):
     return outs, torch.autograd.grad(loss, inputs)
 
 
+@pytest.mark.parametrize("loop", ["kernel", "steps"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 2e-4)])
 @pytest.mark.parametrize("T,state", [(4, "zero"), (6, "random")])
-def test_triton_dnc_matches_the_reference(T, state, dtype, tol, monkeypatch):
+def test_triton_dnc_matches_the_reference(T, state, dtype, tol, loop, monkeypatch):
     """DNC.forward on the CUDA path (Triton kernels) against the per-equation reference: outputs,
-    final state, the gradients of every parameter, the input and the initial state."""
+    final state, the gradients of every parameter, the input and the initial state; the time loop
+    in one kernel each way and one launch per step (``MEMNETS_TIME_LOOP``)."""
+    monkeypatch.setenv("MEMNETS_TIME_LOOP", loop)
     torch.manual_seed(0)
     B, F, C = 2, 3, 4
     ref = DNC(F, 2, memory_slots=N, word_size=W, read_heads=R, controller_size=C, impl="reference")
@@ -97,12 +100,15 @@ def _fn_inputs(B, T, F, C, n, w, r, seed, dtype=torch.float64):
             rn(B, r, w), rn(4 * C, r * w + C)]
 
 
+@pytest.mark.parametrize("loop", ["kernel", "steps"])
 @pytest.mark.parametrize("alloc3d", [True, False])
-def test_triton_dnc_recurrence_matches_the_cpu_recurrence_float64(alloc3d, monkeypatch):
+def test_triton_dnc_recurrence_matches_the_cpu_recurrence_float64(alloc3d, loop, monkeypatch):
     """The autograd Function against the CPU fused recurrence (same signature), values and
     gradients, float64; 3 read heads and a controller of 3 (blocks of 4: masked lanes), the
-    allocation's backward as one [N, N, N] product and slot by slot."""
+    allocation's backward as one [N, N, N] product and slot by slot; the time loop in one kernel
+    and one launch per step."""
     monkeypatch.setattr(tl_dnc, "ALLOC3D_MAX", 1 << 20 if alloc3d else 0)
+    monkeypatch.setenv("MEMNETS_TIME_LOOP", loop)
     args = [t.requires_grad_() for t in _fn_inputs(2, 3, 2, 3, N, W, 3, seed=5)]
     cargs = [a.detach().cpu().requires_grad_() for a in args]
     got = tl_dnc.DNCRecurrenceTriton.apply((3, W), *args)
@@ -177,6 +183,33 @@ def test_triton_dnc_applies_to_one_controller_layer_only():
         y, _ = m.to(DEV)(x.to(DEV))
     torch.testing.assert_close(y.cpu(), y_ref, atol=1e-12, rtol=1e-12)
     assert tl_dnc.launches_per_step() == {"forward": 2, "backward": 2}
+
+
+@pytest.mark.parametrize("loop", ["auto", "kernel", "steps"])
+def test_triton_dnc_time_loop_in_one_kernel_or_one_launch_per_step(loop, monkeypatch):
+    """The whole time loop is one launch forward and one backward (whatever T) where the recurrent
+    weight is small or ``MEMNETS_TIME_LOOP=kernel``; ``=steps`` launches the step kernels T times
+    each way. The choice: by W_0's size (the gpu-check DNCs: LSTM 64 in one kernel, LSTM 256 per
+    step), and a value it does not know is refused by name."""
+    monkeypatch.setenv("MEMNETS_TIME_LOOP", loop)
+    for T in (2, 5):
+        counts = counting_kernels(tl_dnc, monkeypatch)
+        args = [t.requires_grad_() for t in _fn_inputs(2, T, 2, 3, N, W, R, seed=3, dtype=torch.float32)]
+        out = tl_dnc.DNCRecurrenceTriton.apply((R, W), *args)
+        sum(o.sum() for o in out).backward()
+        if loop == "steps":
+            assert dict(counts) == {"forward_step": T, "backward_step": T}
+        else:
+            assert dict(counts) == {"forward_seq": 1, "backward_seq": 1}
+        monkeypatch.undo()
+        monkeypatch.setenv("MEMNETS_TIME_LOOP", loop)
+    want = {"auto": (True, False), "kernel": (True, True), "steps": (False, False)}[loop]
+    assert (tl_dnc.time_loop_in_kernel(64, 4, 20), tl_dnc.time_loop_in_kernel(256, 4, 64)) == want
+    assert tl_dnc.launches_per_step(64, 4, 20) == ({"forward": 0, "backward": 0} if want[0] else
+                                                   {"forward": 2, "backward": 2})
+    monkeypatch.setenv("MEMNETS_TIME_LOOP", "fused")
+    with pytest.raises(ValueError, match="MEMNETS_TIME_LOOP expected one of auto, kernel, steps"):
+        tl_dnc.time_loop_in_kernel(64, 4, 20)
 
 
 @pytest.mark.parametrize("used", [(0,), (0, 3, 7)], ids=["outputs-only", "some-finals"])

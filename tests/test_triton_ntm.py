@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import triton_marks
+from helpers import counting_kernels, triton_marks
 
 CUDA = torch.cuda.is_available()
 pytestmark = triton_marks()
@@ -35,9 +35,12 @@ def _run(m, x, state, cuda_path):
 CASES = [dict(), dict(read_heads=2, write_heads=2, shift_range=2), dict(controller="mlp")]
 
 
+@pytest.mark.parametrize("loop", ["kernel", "steps"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-9), (torch.float32, 1e-4)], ids=["f64", "f32"])
 @pytest.mark.parametrize("kw", CASES, ids=["lstm", "2r2w-shift2", "mlp"])
-def test_triton_ntm_matches_the_pytorch_path(kw, dtype, tol):
+def test_triton_ntm_matches_the_pytorch_path(kw, dtype, tol, loop, monkeypatch):
+    """The time loop in one kernel each way, and one launch per step (``MEMNETS_TIME_LOOP``)."""
+    monkeypatch.setenv("MEMNETS_TIME_LOOP", loop)
     torch.manual_seed(0)
     m = NTM(3, 4, memory_slots=7, word_size=5, controller_size=6, **kw).to(DEV, dtype)
     with torch.no_grad():  # away from the focused start, so that every head's gradient is exercised
@@ -116,6 +119,25 @@ def test_triton_ntm_checks_its_arguments():
     P2 = (R + Hw) * (W + 3 + 2) + 2 * Hw * W  # an even shift count
     with pytest.raises(ValueError, match="odd shift count"):
         tl_ntm.NTMScanTriton.apply(*args[:4], z(P2, C, device=DEV), z(P2, device=DEV), *args[6:], 2, True)
+
+
+@pytest.mark.parametrize("loop", ["auto", "steps"])
+def test_triton_ntm_time_loop_in_one_kernel_or_one_launch_per_step(loop, monkeypatch):
+    """One launch each way for the whole loop where W_rh is small (the gpu-check NTM's 400 x 120
+    included), T launches each way with ``MEMNETS_TIME_LOOP=steps``."""
+    monkeypatch.setenv("MEMNETS_TIME_LOOP", loop)
+    assert tl_ntm.time_loop_in_kernel(4 * 100, 20 + 100) == (loop == "auto")
+    torch.manual_seed(3)
+    m = NTM(3, 4, memory_slots=5, word_size=3, controller_size=4).to(DEV)
+    for T in (2, 4):
+        counts = counting_kernels(tl_ntm, monkeypatch)
+        with gpu.cuda_path():
+            y, _ = m(torch.randn(2, T, 3, device=DEV))
+            y.sum().backward()
+        want = {"forward_step": T, "backward_step": T} if loop == "steps" else {"forward_seq": 1, "backward_seq": 1}
+        assert dict(counts) == want
+        monkeypatch.undo()
+        monkeypatch.setenv("MEMNETS_TIME_LOOP", loop)
 
 
 def test_triton_ntm_warps_follow_the_memory_tile_or_the_environment(monkeypatch):

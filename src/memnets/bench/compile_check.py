@@ -165,9 +165,11 @@ class _Attention(torch.nn.Module):
         return (nam_attention(q, k, v, is_causal=self.causal, impl="triton"),)
 
 
-def _cases() -> list[tuple[str, Callable[[], torch.nn.Module], int, int, tuple]]:
-    """``(name, build, input size, T, dtypes)``: small sizes in float32 and float64, and the
-    widths ``make gpu-check`` times (float32), whose registers matter."""
+def _cases() -> list[tuple]:
+    """``(name, build, input size, T, dtypes[, environment])``: small sizes in float32 and float64,
+    and the widths ``make gpu-check`` times (float32), whose registers matter. The DNC and the
+    NTM also with their time loop one launch per step (``MEMNETS_TIME_LOOP=steps``; by default
+    the whole loop is one kernel at these sizes, :mod:`memnets.ops.gpu.rows`)."""
     from ..memories.dnc import DNC
     from ..memories.lsam import LSAM
     from ..memories.nam_tm import NAMTuringMachine
@@ -175,7 +177,7 @@ def _cases() -> list[tuple[str, Callable[[], torch.nn.Module], int, int, tuple]]
 
     both, f32 = (torch.float32, torch.float64), (torch.float32,)
     att = (torch.bfloat16, torch.float16)
-    return [
+    cases = [
         ("nam_attention causal, d=64", lambda: _Attention(8, 64, True), 3 * 8 * 64, 256, att),
         ("nam_attention, d=64", lambda: _Attention(8, 64, False), 3 * 8 * 64, 256, att),
         ("nam_attention causal, d=128", lambda: _Attention(4, 128, True), 3 * 4 * 128, 256, (torch.bfloat16,)),
@@ -200,6 +202,10 @@ def _cases() -> list[tuple[str, Callable[[], torch.nn.Module], int, int, tuple]]
         ("NTM LSTM 100, memory 128x20", lambda: NTM(9, 8, memory_slots=128, word_size=20, read_heads=1,
                                                     write_heads=1, controller_size=100), 9, 3, f32),
     ]
+    steps = {"MEMNETS_TIME_LOOP": "steps"}
+    loops = [(f"{c[0]}, loop per step",) + c[1:] + (steps,) for c in cases
+             if c[0].startswith(("DNC", "NTM")) and "256" not in c[0]]  # the DNC at 256 runs per step anyway
+    return cases + loops
 
 
 def run(arches: tuple[int, ...] = (90,), *, only: str | None = None, usage: bool = True,
@@ -208,18 +214,22 @@ def run(arches: tuple[int, ...] = (90,), *, only: str | None = None, usage: bool
     contains it. Returns ``{"records": [...], "cases": [...], "failed": n, "triton": version}``."""
     import triton
 
-    from ..ops.gpu import cuda_code_path
+    from ..ops.gpu import cuda_code_path, env_var
 
     records: list[dict] = []
     cases = []
     for arch in arches:
-        for name, build, fi, T, dtypes in _cases():
+        for name, build, fi, T, dtypes, *env in _cases():
             if only and only.lower() not in name.lower():
                 continue
             for dt in dtypes:
                 n0 = len(records)
                 err = None
-                with compile_only(arch, records, usage=usage), cuda_code_path("cpu"):
+                with contextlib.ExitStack() as stack:
+                    for k, v in (env[0] if env else {}).items():
+                        stack.enter_context(env_var(k, v))
+                    stack.enter_context(compile_only(arch, records, usage=usage))
+                    stack.enter_context(cuda_code_path("cpu"))
                     torch.manual_seed(0)
                     model = build().to(dt)
                     x = torch.randn(1, T, fi, dtype=dt, requires_grad=True)

@@ -43,7 +43,9 @@ install needed):
      loops launched one by one; the NAM-TM once more with ``MEMNETS_MODULE_GRAPHS=0``, its layer
      not graphed whole (the layer function's own graphs only), and the DNC likewise
      (``MEMNETS_MODULE_GRAPHS=0``: its recurrence's graphs only). The NTM also at 4 and 8 warps per program
-     (``MEMNETS_NTM_WARPS``; 16 by default at this size), a comparison. Every model and its LSTM once more with the whole training
+     (``MEMNETS_NTM_WARPS``; 16 by default at this size), a comparison. The DNC at LSTM 64 and the
+     NTM, whose time loop is one kernel each way at these widths, once more with it one launch per
+     step (``MEMNETS_TIME_LOOP=steps``), as a loop runs it and with the whole step graphed. Every model and its LSTM once more with the whole training
      step replayed from one CUDA graph each ("whole step graphed",
      :class:`memnets.train.graph_step.CUDAGraphStep`), the pair's ratio against the same target.
    - ``attention``: ``nam_attention`` forward+backward, bf16, B=1 H=8 d=64, S=32K, non-causal
@@ -419,6 +421,8 @@ def _models_rows(bench, tiny: bool) -> None:
     from ..memories.lsam import LSAM
     from ..memories.nam_tm import NAMTuringMachine
     from ..memories.ntm import NTM
+    from ..ops.gpu.dnc import time_loop_in_kernel as time_loop_in_kernel_dnc
+    from ..ops.gpu.ntm import time_loop_in_kernel as time_loop_in_kernel_ntm
     from .gpu import _train_step
 
     dev = bench.device
@@ -451,7 +455,21 @@ def _models_rows(bench, tiny: bool) -> None:
         _pair(ours, base, 2.0, "LSTM, both whole step graphed")
         if cuda and not all((r.get("whole_step") or {}).get("replayed") for r in (base, ours)):
             ours["meets"] = None  # one side ran eagerly: not on equal terms
-        return ours
+        return ours, base
+
+    def time_loop(name, cfg, build, B, T, Fi, base, whole_base):
+        """The same rows with the recurrence's time loop one launch per step
+        (``MEMNETS_TIME_LOOP=steps``: the step kernel and a cuBLAS call each way per step) instead
+        of one kernel for the whole loop (the default at these widths): as a loop runs it, and
+        with the whole step graphed (where the kernels' own time shows), comparisons."""
+        from ..ops.gpu import env_var
+        from ..ops.gpu.rows import TIME_LOOP_ENV
+        with env_var(TIME_LOOP_ENV, "steps"):
+            rows = [(case(f"{name} ({TIME_LOOP_ENV}=steps)", cfg, build, B, T, Fi), base),
+                    (case(f"{name} ({TIME_LOOP_ENV}=steps)", cfg, build, B, T, Fi, graphed=True), whole_base)]
+        for row, against in rows:
+            _pair(row, against, 2.0, "LSTM")
+            row["meets"], row["target"] = None, f"comparison ({TIME_LOOP_ENV}=steps)"
 
     def eager(name, cfg, build, B, T, Fi, base):
         """The same row with the loops launched one by one (``MEMNETS_CUDA_GRAPHS=0``): its
@@ -523,7 +541,9 @@ def _models_rows(bench, tiny: bool) -> None:
         _pair(case("DNC", cfg, build, B, T_dnc, 9), base, 2.0, "LSTM")
         eager("DNC", cfg, build, B, T_dnc, 9, base)
         module_graphs("0", "DNC", cfg, build, B, T_dnc, 9, base)
-        whole("DNC", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
+        _, whole_base = whole("DNC", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
+        if time_loop_in_kernel_dnc(Hc, R, W):
+            time_loop("DNC", cfg, build, B, T_dnc, 9, base, whole_base)
     for Hc, N, W in ([(16, 8, 8)] if tiny else [(100, 128, 20)]):
         cfg = f"B={B} T={T_dnc} LSTM {Hc}, memory {N}x{W}, 1 read 1 write"
         base = lstm(cfg, 9, Hc, B, T_dnc)
@@ -531,7 +551,9 @@ def _models_rows(bench, tiny: bool) -> None:
                                             write_heads=1, controller_size=Hc)
         _pair(case("NTM", cfg, build, B, T_dnc, 9), base, 2.0, "LSTM")
         eager("NTM", cfg, build, B, T_dnc, 9, base)
-        whole("NTM", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
+        _, whole_base = whole("NTM", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
+        if time_loop_in_kernel_ntm(4 * Hc, W + Hc):
+            time_loop("NTM", cfg, build, B, T_dnc, 9, base, whole_base)
         if cuda:
             warps(cfg, build, B, T_dnc, base)
 

@@ -1,5 +1,5 @@
-"""The DNC recurrence as Triton kernels (docs/maths.md §8): two launches per time step forward,
-two per time step backward.
+"""The DNC recurrence as Triton kernels (docs/maths.md §8): the whole time loop in one launch
+forward and one backward, or two launches per time step each way.
 
 Forward, per step ``t`` (one LSTM controller layer; B batch rows, N slots of width W, R read
 heads; ``X_t = [r_{t-1} | h_{t-1}]``)::
@@ -25,6 +25,15 @@ interface's nonlinearities, ``W_ξᵀ dξ``, the LSTM pointwise), writing ``dz_t
 one matmul ``dX_t = dz_t W_0`` follows (the gradient of ``[r_{t-1} | h_{t-1}]``). The weight
 gradients (``W_x``, ``b_x``, ``W_0``, ``W_ξ``, ``b_ξ``) and ``dx`` are matmuls after the loop.
 
+**The whole loop in one kernel.** Every batch row is one program and depends on no other, so
+``forward_seq`` runs the time loop inside the program: each step it adds its own row of
+``X_t W_0ᵀ`` to the input part (a row-by-matrix product, :mod:`memnets.ops.gpu.rows`), then
+does the step as above; ``backward_seq`` likewise walks the steps back, each followed by its
+row of ``dz_t W_0``. One launch each way instead of 2T, and the state stays with its program
+from step to step. Each program reads all of ``W_0`` every step, so this is the form where
+``W_0`` is small (:func:`time_loop_in_kernel`; the gpu-check DNC at LSTM 64 takes it, the one at
+LSTM 256 keeps the per-step form); ``MEMNETS_TIME_LOOP=kernel`` / ``steps`` chooses.
+
 :class:`DNCRecurrenceTriton` has the signature and results of
 :class:`memnets.ops.dnc.DNCRecurrence` for one controller layer (:func:`applies`);
 ``DNC.forward`` runs it where :func:`memnets.ops.gpu.use_triton` says so (CUDA), and the tests
@@ -40,7 +49,7 @@ from torch.autograd.function import once_differentiable
 
 from ..dnc.layout import interface_layout, interface_permutation
 from ..permute import inverse_permutation
-from . import lazy_kernels
+from . import lazy_kernels, rows
 from .graphs import fresh_copies, graphed, zeros_for_none
 
 __all__ = ["DNCRecurrenceTriton", "EPS", "applies", "launches_per_step"]
@@ -53,7 +62,7 @@ ALLOC3D_MAX = 16  # slot blocks up to this size take the allocation's backward a
 
 @lazy_kernels
 def kernels():
-    """``(forward_step, backward_step)``, compiled on first use (Triton reads
+    """``(forward_step, backward_step, forward_seq, backward_seq)``, compiled on first use (Triton reads
     ``TRITON_INTERPRET`` when a kernel is defined, so defining them lazily lets a process
     choose the interpreter before its first DNC step)."""
     import triton
@@ -67,11 +76,10 @@ def kernels():
     # and Triton's interpreter look a kernel's names up
     globals()["_prod_combine"] = _times
 
-    @triton.jit(do_not_specialize=["t"])
-    def forward_step(Z, CB, X, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, t, B, C, N, W, R, I, eps,
-                     BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr):
-        # the buffers [T(+1), B, ...] of every step; this step reads index t and writes t + 1
-        t64 = t.to(tl.int64)
+    @triton.jit
+    def _forward_body(Z, CB, X, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, t64, B, C, N, W, R, I, eps,
+                      BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr):
+        # the buffers [T(+1), B, ...] of every step; step t64 (int64) reads index t and writes t + 1
         z_ptr = Z + t64 * B * 4 * C
         cp_ptr = CB + t64 * B * C
         c_ptr = cp_ptr + B * C
@@ -207,14 +215,13 @@ def kernels():
         rd = tl.sum(wr[:, :, None] * M[None, :, :], 1)  # [BR, BW]
         tl.store(xo + ir[:, None] * W + iw[None, :], rd, mask=mrw)
 
-    @triton.jit(do_not_specialize=["t", "s"])
-    def backward_step(Z, CB, wxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, DHR, dx_ptr,
-                      GM, GU, GL, GP, GWR, GWW, GC, GXI, DZ, t, s, B, C, N, W, R, I, eps,
-                      BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr,
-                      ALLOC3D: tl.constexpr):
-        # forward buffers [T(+1), B, ...] (step t: index t and t + 1); the carried gradients
+    @triton.jit
+    def _backward_body(Z, CB, wxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, DHR, dx_ptr,
+                       GM, GU, GL, GP, GWR, GWW, GC, GXI, DZ, t64, s, B, C, N, W, R, I, eps,
+                       BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr,
+                       ALLOC3D: tl.constexpr):
+        # forward buffers [T(+1), B, ...] (step t64: index t and t + 1); the carried gradients
         # [2, B, ...]: read index s, write 1 − s
-        t64 = t.to(tl.int64)
         z_ptr = Z + t64 * B * 4 * C
         cp_ptr = CB + t64 * B * C
         c_ptr = cp_ptr + B * C
@@ -474,7 +481,55 @@ def kernels():
         tl.store(gwr_out + offs_r, gwrp, mask=mrn)
         tl.store(gww_out + b * N + inn, gwwp, mask=mn)
 
-    return forward_step, backward_step
+    @triton.jit(do_not_specialize=["t"])
+    def forward_step(Z, CB, X, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, t, B, C, N, W, R, I, eps,
+                     BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr):
+        _forward_body(Z, CB, X, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, t.to(tl.int64), B, C, N, W, R, I,
+                      eps, BC, BN, BW, BR, BI)
+
+    @triton.jit(do_not_specialize=["T"])
+    def forward_seq(Z, CB, X, w0_ptr, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, T, B, C, N, W, R, I, eps,
+                    BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr,
+                    BX: tl.constexpr, BJ: tl.constexpr):
+        # the whole time loop: Z holds x_t W_xᵀ + b_x and gets its row's X_t W_0ᵀ added here
+        b = tl.program_id(0).to(tl.int64)
+        XW = R * W + C
+        for t in range(T):
+            t64 = tl.full([], 0, tl.int64) + t
+            _row_addmv(Z + (t64 * B + b) * 4 * C, w0_ptr, X + (t64 * B + b) * XW, 4 * C, XW, BX, BJ)
+            tl.debug_barrier()  # the row's z_t, written by every thread, read by others
+            _forward_body(Z, CB, X, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, t64, B, C, N, W, R, I, eps,
+                          BC, BN, BW, BR, BI)
+            tl.debug_barrier()  # the state at t + 1, read by the next step
+
+    @triton.jit(do_not_specialize=["t", "s"])
+    def backward_step(Z, CB, wxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, DHR, dx_ptr,
+                      GM, GU, GL, GP, GWR, GWW, GC, GXI, DZ, t, s, B, C, N, W, R, I, eps,
+                      BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr,
+                      ALLOC3D: tl.constexpr):
+        _backward_body(Z, CB, wxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, DHR, dx_ptr, GM, GU, GL, GP, GWR, GWW, GC, GXI,
+                       DZ, t.to(tl.int64), s, B, C, N, W, R, I, eps, BC, BN, BW, BR, BI, ALLOC3D)
+
+    @triton.jit(do_not_specialize=["T"])
+    def backward_seq(Z, CB, wxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, DHR, dx_ptr,
+                     GM, GU, GL, GP, GWR, GWW, GC, GXI, DZ, w0_ptr, T, B, C, N, W, R, I, eps,
+                     BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr,
+                     ALLOC3D: tl.constexpr, BG: tl.constexpr, BJ: tl.constexpr):
+        # the whole time loop back: after each step the row's dX = dz_t W_0 (the next step's dx_ptr)
+        b = tl.program_id(0).to(tl.int64)
+        XW = R * W + C
+        for i in range(T):
+            t64 = tl.full([], 0, tl.int64) + (T - 1 - i)
+            _backward_body(Z, CB, wxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, DHR, dx_ptr, GM, GU, GL, GP, GWR, GWW, GC,
+                           GXI, DZ, t64, i % 2, B, C, N, W, R, I, eps, BC, BN, BW, BR, BI, ALLOC3D)
+            tl.debug_barrier()  # the row's dz_t, written by every thread, read by others
+            _row_vecmm(dx_ptr + b * XW, w0_ptr, DZ + (t64 * B + b) * 4 * C, 4 * C, XW, BG, BJ)
+            tl.debug_barrier()  # dX, read by the next step
+
+    # called functions, and the helpers' names, are looked up in the module's globals
+    globals().update(triton=triton, tl=tl, _forward_body=_forward_body, _backward_body=_backward_body, _row_addmv=rows.kernels()[0],
+                     _row_vecmm=rows.kernels()[1])
+    return forward_step, backward_step, forward_seq, backward_seq
 
 
 def _p2(n: int) -> int:
@@ -496,10 +551,19 @@ def _warps(BN: int, BW: int, BR: int, backward: bool) -> int:
     return 8 if backward or big > 4096 else 4
 
 
-def launches_per_step() -> dict:
+def launches_per_step(C: int | None = None, R: int | None = None, W: int | None = None) -> dict:
     """Launches per time step of :class:`DNCRecurrenceTriton`: forward (one addmm, one Triton
-    kernel) and backward (one Triton kernel, one mm)."""
+    kernel) and backward (one Triton kernel, one mm); none for a DNC of controller ``C``, ``R``
+    reads of width ``W`` whose time loop runs in one kernel (:func:`time_loop_in_kernel`)."""
+    if C is not None and time_loop_in_kernel(C, R, W):
+        return {"forward": 0, "backward": 0}
     return {"forward": 2, "backward": 2}
+
+
+def time_loop_in_kernel(C: int, R: int, W: int) -> bool:
+    """Whether the whole time loop runs in one launch each way (:mod:`memnets.ops.gpu.rows`):
+    the recurrent weight ``W_0 [4C, R·W + C]`` small enough, or ``MEMNETS_TIME_LOOP`` says so."""
+    return rows.time_loop_in_kernel(4 * C, R * W + C)
 
 
 def applies(h0: torch.Tensor, mem0: torch.Tensor, upper=()) -> bool:
@@ -543,10 +607,12 @@ def _check(dims, tensors, upper) -> None:
         raise ValueError("DNC recurrence: every tensor must be on one device")
 
 
-def _forward_loop(x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0, *, R, W):
+def _forward_loop(x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0, *, R, W,
+                  in_kernel=None):
     """The forward time loop on its arguments alone (what :func:`graphed` captures): the
-    per-step buffers ``(X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW)``, all of its own."""
-    fwd, _ = kernels()
+    per-step buffers ``(X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW)``, all of its own. ``in_kernel``:
+    the whole loop in one launch (None: :func:`time_loop_in_kernel` chooses)."""
+    fwd, _, fwd_seq, _ = kernels()
     x, w_x, b_x, w_xi, b_xi, w0 = (t.contiguous() for t in (x, w_x, b_x, w_xi, b_xi, w0))
     B, T, F = x.shape
     C, N, I, RW = w_x.shape[0] // 4, mem0.shape[1], w_xi.shape[0], R * W
@@ -562,6 +628,12 @@ def _forward_loop(x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, w
     w0T = w0.t()
     blk = _blocks(C, N, W, R, I)
     nw = _warps(blk["BN"], blk["BW"], blk["BR"], False)
+    if time_loop_in_kernel(C, R, W) if in_kernel is None else in_kernel:
+        # one launch: each program adds its row of X_t W_0ᵀ to GX itself
+        BX = rows.block(RW + C)
+        fwd_seq[(B,)](GX, CB, X, w0, w_xi, b_xi, XI, MEM, U, LNK, PREC, WR, WW, T, B, C, N, W, R, I, EPS, **blk,
+                      BX=BX, BJ=rows.tile(BX), num_warps=nw)
+        return X, CB, GX, XI, MEM, U, LNK, PREC, WR, WW
     for t in range(T):
         torch.addmm(GX[t], X[t], w0T, out=Z[t])
         fwd[(B,)](Z, CB, X, w_xi, b_xi, XI, MEM, U, LNK, PREC, WR, WW, t, B, C, N, W, R, I, EPS, **blk,
@@ -570,10 +642,10 @@ def _forward_loop(x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, w
 
 
 def _backward_loop(Z, CB, w_xi, XI, MEM, U, LNK, PREC, WR, WW, dHR, w0, dhT, dM, du, dL, dp, dwr, dww, dcT, *,
-                   R, W):
+                   R, W, in_kernel=None):
     """The backward time loop on its arguments alone: ``(DX, DZ, GXI, gM, gu, gL, gp, gwr, gww,
     gc)``, the carried gradients in two buffers each, ``[T % 2]`` the one the last step wrote."""
-    _, bwd = kernels()
+    _, bwd, _, bwd_seq = kernels()
     T, B, C4 = Z.shape
     C, N, I, RW = C4 // 4, MEM.shape[2], w_xi.shape[0], R * W
     w0 = w0.contiguous()
@@ -587,6 +659,13 @@ def _backward_loop(Z, CB, w_xi, XI, MEM, U, LNK, PREC, WR, WW, dHR, w0, dhT, dM,
     DZ, GXI = Z.new_empty(T, B, 4 * C), Z.new_empty(T, B, I)
     blk = _blocks(C, N, W, R, I)
     nw = _warps(blk["BN"], blk["BW"], blk["BR"], True)
+    if time_loop_in_kernel(C, R, W) if in_kernel is None else in_kernel:
+        # one launch: each program makes its row of dz_t W_0 itself
+        BG = rows.block(4 * C)
+        bwd_seq[(B,)](Z, CB, w_xi, XI, MEM, U, LNK, PREC, WR, WW, dHR, DX, gM, gu, gL, gp, gwr, gww, gc, GXI, DZ, w0,
+                      T, B, C, N, W, R, I, EPS, **blk, ALLOC3D=blk["BN"] <= ALLOC3D_MAX, BG=BG, BJ=rows.tile(BG),
+                      num_warps=nw)
+        return DX, DZ, GXI, gM, gu, gL, gp, gwr, gww, gc
     s = 0
     for t in range(T - 1, -1, -1):
         o = 1 - s
@@ -605,27 +684,29 @@ def _interface_order(R: int, W: int, device: torch.device) -> tuple[torch.Tensor
     return perm, inverse_permutation(perm)
 
 
-def _forward_graph_perm(x, w_x, b_x, w_xi, b_xi, *rest, R, W):
+def _forward_graph_perm(x, w_x, b_x, w_xi, b_xi, *rest, R, W, in_kernel=None):
     """:func:`_forward_loop` on the interface layer's rows in their storage order (docs/maths.md
     §8), gathered into the kernels' order inside the graph."""
     perm, _ = _interface_order(R, W, x.device)
-    return _forward_loop(x, w_x, b_x, w_xi.index_select(0, perm), b_xi.index_select(0, perm), *rest, R=R, W=W)
+    return _forward_loop(x, w_x, b_x, w_xi.index_select(0, perm), b_xi.index_select(0, perm), *rest, R=R, W=W,
+                         in_kernel=in_kernel)
 
 
-def _backward_graph_perm(x, w_x, w_xi, *rest, R, W):
+def _backward_graph_perm(x, w_x, w_xi, *rest, R, W, in_kernel=None):
     """:func:`_backward_graph` for :func:`_forward_graph_perm`: the interface layer's gradients
     gathered back to its storage order."""
     perm, inv = _interface_order(R, W, x.device)
-    out = _backward_graph(x, w_x, w_xi.index_select(0, perm), *rest, R=R, W=W)
+    out = _backward_graph(x, w_x, w_xi.index_select(0, perm), *rest, R=R, W=W, in_kernel=in_kernel)
     return (*out[:3], out[3].index_select(0, inv), out[4].index_select(0, inv), *out[5:])
 
 
-def _backward_graph(x, w_x, w_xi, w0, X, Z, CB, XI, MEM, U, LNK, PREC, WR, WW, dHR, dhT, *carried, R, W):
+def _backward_graph(x, w_x, w_xi, w0, X, Z, CB, XI, MEM, U, LNK, PREC, WR, WW, dHR, dhT, *carried, R, W,
+                    in_kernel=None):
     """What :class:`DNCRecurrenceTriton` replays backward: :func:`_backward_loop`, then the
     gradients of the input, the weights and the initial state: ``(dx, dw_x, db_x, dw_xi, db_xi,
     dh0, dc0, dmem0, dusage0, dlink0, dprec0, dwr0, dww0, dreads0, dw0)``, every one contiguous."""
     DX, DZ, GXI, gM, gu, gL, gp, gwr, gww, gc = _backward_loop(Z, CB, w_xi, XI, MEM, U, LNK, PREC, WR, WW, dHR, w0,
-                                                               dhT, *carried, R=R, W=W)
+                                                               dhT, *carried, R=R, W=W, in_kernel=in_kernel)
     T, B, C4 = Z.shape
     F, C, I, RW, TB = x.shape[2], C4 // 4, w_xi.shape[0], R * W, T * B
     s = T % 2  # the buffer the last step wrote
@@ -654,10 +735,12 @@ class DNCRecurrenceTriton(torch.autograd.Function):
         R, W = (int(d) for d in dims[:2])
         stored = len(dims) == 3  # w_xi and b_xi in storage order, gathered inside the graph
         fn = _forward_graph_perm if stored else _forward_loop
-        X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW = graphed(("dnc.forward", R, W, stored),
-                                                          functools.partial(fn, R=R, W=W), *tensors)
+        in_kernel = time_loop_in_kernel(w_x.shape[0] // 4, R, W)  # the loop's form: part of the graphs' keys
+        X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW = graphed(("dnc.forward", R, W, stored, in_kernel),
+                                                          functools.partial(fn, R=R, W=W, in_kernel=in_kernel),
+                                                          *tensors)
         T, RW = x.shape[1], R * W
-        ctx.dims, ctx.stored = (R, W), stored
+        ctx.dims, ctx.stored, ctx.in_kernel = (R, W), stored, in_kernel
         ctx.set_materialize_grads(False)  # backward makes the zeros of unused outputs itself, in one fill
         ctx.save_for_backward(x, w_x, w_xi, w0, X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW)
         # copies, so that the outputs hold none of the per-step buffers: one multi-tensor copy (the
@@ -678,8 +761,9 @@ class DNCRecurrenceTriton(torch.autograd.Function):
         dHR, *carried, dhT = zeros_for_none(given, likes)
         # the loop and every gradient after it in one graphed function (its weights' products included)
         fn = _backward_graph_perm if ctx.stored else _backward_graph
-        grads = graphed(("dnc.backward", R, W, ctx.stored), functools.partial(fn, R=R, W=W), x, w_x, w_xi, w0, X,
-                        Z, CB, XI, MEM, U, LNK, PREC, WR, WW, dHR, dhT, *carried)
+        grads = graphed(("dnc.backward", R, W, ctx.stored, ctx.in_kernel),
+                        functools.partial(fn, R=R, W=W, in_kernel=ctx.in_kernel), x, w_x, w_xi, w0, X, Z, CB, XI, MEM,
+                        U, LNK, PREC, WR, WW, dHR, dhT, *carried)
         need = ctx.needs_input_grad
         return (None, *(g if n else None for g, n in zip(grads[:5], need[1:6])), *grads[5:14],
                 grads[14] if need[15] else None)

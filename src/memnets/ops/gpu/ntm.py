@@ -1,5 +1,5 @@
-"""The Neural Turing Machine's time loop as Triton kernels (docs/maths.md §7): two launches per
-time step forward, two backward.
+"""The Neural Turing Machine's time loop as Triton kernels (docs/maths.md §7): the whole loop
+in one launch each way, or two launches per time step forward and two backward.
 
 Forward, per step ``t`` (one program per sequence ``b`` of the batch)::
 
@@ -22,6 +22,12 @@ addressing) writing ``dp_t``, then ``dh_t = W_hᵀ dp_t`` in one pass over ``W_h
 controller's backward, writing ``dz_t``; one matmul ``d[r ; h]_{t-1} = dz_t W_rh`` follows. The
 weight gradients are matmuls after the loop.
 
+Where ``W_rh`` is small (:func:`time_loop_in_kernel`, :mod:`memnets.ops.gpu.rows`: the
+gpu-check NTM's 400 × 120 is), ``forward_seq`` and ``backward_seq`` run the whole loop in one
+launch each way: each program does its own row of the per-step product (``[r ; h]_{t-1}
+W_rhᵀ`` forward, ``dz_t W_rh`` backward) between the steps, which are the step kernels' bodies.
+``MEMNETS_TIME_LOOP=kernel`` / ``steps`` chooses.
+
 :func:`ntm_scan_triton` runs it for :class:`memnets.memories.ntm.NTM` where
 :func:`memnets.ops.gpu.use_triton` says so (CUDA); the tests run it on the CPU through Triton's
 interpreter against the NTM's step-by-step PyTorch path, float32 and float64.
@@ -33,10 +39,10 @@ import os
 
 import torch
 
-from . import lazy_kernels
+from . import lazy_kernels, rows
 from .graphs import fresh_copies, graphed, zeros_for_none
 
-__all__ = ["NTMScanTriton", "ntm_scan_triton", "applies", "MAX_SLOTS", "WARPS_ENV"]
+__all__ = ["NTMScanTriton", "ntm_scan_triton", "applies", "time_loop_in_kernel", "MAX_SLOTS", "WARPS_ENV"]
 
 EPS = 1e-6  # cosine's eps (memnets.ops.addressing)
 SHARP_EPS = 1e-12  # sharpening's eps
@@ -50,7 +56,7 @@ def _p2(n: int) -> int:
 
 @lazy_kernels
 def kernels():
-    """``(forward_step, backward_step)``, defined on first use (Triton reads
+    """``(forward_step, backward_step, forward_seq, backward_seq)``, defined on first use (Triton reads
     ``TRITON_INTERPRET`` when a kernel is defined)."""
     import triton
     import triton.language as tl
@@ -361,8 +367,53 @@ def kernels():
     globals().update(triton=triton, tl=tl, _sig=_sig, _tanh=_tanh, _softplus=_softplus, _softplus_grad=_softplus_grad,
                      _linear=_linear, _linear_t=_linear_t, _params=_params, _content=_content, _gather=_gather,
                      _address=_address, _address_bwd=_address_bwd, _controller=_controller,
-                     _store_params=_store_params, _store_aux=_store_aux, _load_aux=_load_aux)
-    return forward_step, backward_step
+                     _store_params=_store_params, _store_aux=_store_aux, _load_aux=_load_aux,
+                     _forward_step=forward_step, _backward_step=backward_step, _row_addmv=rows.kernels()[0],
+                     _row_vecmm=rows.kernels()[1])
+
+    @triton.jit(do_not_specialize=["T"])
+    def forward_seq(Z, Cs, Ms, Wr, Ww, RH, wh_ptr, bh_ptr, Pp, Aux, scr_ptr, wrh_ptr, T, B, G, K, N, W, C, RHW, PT,
+                    R: tl.constexpr, HW: tl.constexpr, S: tl.constexpr, LSTM: tl.constexpr,
+                    BN: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr, RB: tl.constexpr,
+                    BK: tl.constexpr, BJ: tl.constexpr):
+        """The whole time loop in one launch: ``Z`` holds ``gx`` and gets each step's row of
+        ``[r ; h]_{t-1} W_rhᵀ`` added here, then the step runs as :func:`forward_step`'s body."""
+        b = tl.program_id(0).to(tl.int64)
+        for t in range(T):
+            t0 = tl.full([], 0, tl.int64) + t
+            t1 = t0 + 1
+            _row_addmv(Z + (t0 * B + b) * G, wrh_ptr, RH + (t0 * B + b) * RHW, G, K, BK, BJ)
+            tl.debug_barrier()  # the row's z_t, written by every thread, read by others
+            _forward_step(Z + t0 * B * G, Cs + t0 * B * C, Cs + t1 * B * C, Ms + t0 * B * N * W, Ms + t1 * B * N * W,
+                          Wr + t0 * B * R * N, Wr + t1 * B * R * N, Ww + t0 * B * HW * N, Ww + t1 * B * HW * N,
+                          RH + t1 * B * RHW, wh_ptr, bh_ptr, Pp + t0 * B * PT, Aux + t0 * B * (R + HW) * 2 * N,
+                          scr_ptr, N, W, C, RHW, PT, R, HW, S, LSTM, BN, BW, BC, BS, RB)
+            tl.debug_barrier()  # the state at t + 1, read by the next step
+
+    @triton.jit(do_not_specialize=["T"])
+    def backward_seq(Z, Cs, Ms, Wr, Ww, Pp, Aux, wh_ptr, DRH, drhc_ptr, dMs, dWr, dWw, dCs, dZ, DP, scr_ptr, wrh_ptr,
+                     T, B, G, N, W, C, RHW, KIN, PT,
+                     R: tl.constexpr, HW: tl.constexpr, S: tl.constexpr, LSTM: tl.constexpr,
+                     BN: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr, RB: tl.constexpr,
+                     BG: tl.constexpr, BJ: tl.constexpr):
+        """The whole time loop back in one launch: each step as :func:`backward_step`'s body, then
+        the row's ``d[r ; h]_{t-1} = dz_t W_rh`` (the next step's ``drhc_ptr``)."""
+        b = tl.program_id(0).to(tl.int64)
+        for i in range(T):
+            t0 = tl.full([], 0, tl.int64) + (T - 1 - i)
+            t1 = t0 + 1
+            _backward_step(Z + t0 * B * G, Cs + t0 * B * C, Ms + t0 * B * N * W, Ms + t1 * B * N * W,
+                           Wr + t0 * B * R * N, Wr + t1 * B * R * N, Ww + t0 * B * HW * N, Ww + t1 * B * HW * N,
+                           Pp + t0 * B * PT, Aux + t0 * B * (R + HW) * 2 * N, wh_ptr, DRH + t0 * B * RHW, drhc_ptr,
+                           dMs + t1 * B * N * W, dMs + t0 * B * N * W, dWr + t1 * B * R * N, dWr + t0 * B * R * N,
+                           dWw + t1 * B * HW * N, dWw + t0 * B * HW * N, dCs + t1 * B * C, dCs + t0 * B * C,
+                           dZ + t0 * B * G, DP + t0 * B * PT, scr_ptr, N, W, C, RHW, KIN, PT, R, HW, S, LSTM, BN, BW,
+                           BC, BS, RB)
+            tl.debug_barrier()  # the row's dz_t, written by every thread, read by others
+            _row_vecmm(drhc_ptr + b * KIN, wrh_ptr, dZ + (t0 * B + b) * G, G, KIN, BG, BJ)
+            tl.debug_barrier()  # d[r ; h], read by the next step
+
+    return forward_step, backward_step, forward_seq, backward_seq
 
 
 def applies(memory_slots: int, word_size: int, controller_size: int) -> bool:
@@ -387,16 +438,23 @@ def _warps(BN: int, BW: int) -> int:
     return 2 if n <= 512 else 4 if n <= 2048 else 16
 
 
+def time_loop_in_kernel(G: int, K: int) -> bool:
+    """Whether the whole time loop runs in one launch each way (:mod:`memnets.ops.gpu.rows`): the
+    recurrent weight ``W_rh [G, K]`` small enough, or ``MEMNETS_TIME_LOOP`` says so."""
+    return rows.time_loop_in_kernel(G, K)
+
+
 def _row_block(BC: int) -> int:
     """Rows of ``W_h`` per tile of the heads' linear layer: tiles of at most 4,096 entries."""
     return max(1, min(32, 4096 // BC))
 
 
-def _forward_loop(gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0, *, meta):
+def _forward_loop(gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0, *, meta, in_kernel=None):
     """The forward time loop on its arguments alone (what :func:`graphed` captures):
     ``(Ms, Wr, Ww, Cs, RH, Z, Pp, Aux)``, every step's state, the heads' parameters ``Pp`` and
-    each head's content and shifted weightings ``Aux``, all buffers of its own."""
-    fwd, _ = kernels()
+    each head's content and shifted weightings ``Aux``, all buffers of its own. ``in_kernel``:
+    the whole loop in one launch (None: :func:`time_loop_in_kernel` chooses)."""
+    fwd, _, fwd_seq, _ = kernels()
     T, B, G = gx.shape
     N, W = M0.shape[1:]
     R, Hw, C = wr0.shape[1], ww0.shape[1], h0.shape[1]
@@ -410,19 +468,25 @@ def _forward_loop(gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0, *, meta):
     Ms[0], Wr[0], Ww[0], Cs[0] = M0, wr0, ww0, c0
     RH[0, :, : R * W], RH[0, :, R * W:] = r0.reshape(B, R * W), h0
     scratch = new(B, 2 * meta["BN"])  # each program's rows for the circular shift
-    for t in range(T):
-        torch.addmm(gx[t], RH[t, :, :K], w_rh.t(), out=Z[t])
-        fwd[(B,)](Z[t], Cs[t], Cs[t + 1], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], RH[t + 1],
-                  w_h, b_h, Pp[t], Aux[t], scratch, N, W, C, R * W + C, Pt, **meta)
+    if time_loop_in_kernel(G, K) if in_kernel is None else in_kernel:
+        Z.copy_(gx)  # one launch: each program adds its rows of [r ; h]_{t-1} W_rhᵀ
+        BK = rows.block(K)
+        fwd_seq[(B,)](Z, Cs, Ms, Wr, Ww, RH, w_h, b_h, Pp, Aux, scratch, w_rh, T, B, G, K, N, W, C, R * W + C, Pt,
+                      **meta, BK=BK, BJ=rows.tile(BK))
+    else:
+        for t in range(T):
+            torch.addmm(gx[t], RH[t, :, :K], w_rh.t(), out=Z[t])
+            fwd[(B,)](Z[t], Cs[t], Cs[t + 1], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], RH[t + 1],
+                      w_h, b_h, Pp[t], Aux[t], scratch, N, W, C, R * W + C, Pt, **meta)
     if not lstm:
         Cs[1:] = c0
     return Ms, Wr, Ww, Cs, RH, Z, Pp, Aux
 
 
-def _backward_loop(Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, dM, dwr, dww, dc, *, meta, K):
+def _backward_loop(Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, dM, dwr, dww, dc, *, meta, K, in_kernel=None):
     """The backward time loop on its arguments alone: ``(dZ, DP, drhc, dM_0, dwr_0, dww_0,
     dc_0)``, all buffers of its own."""
-    _, bwd = kernels()
+    _, bwd, _, bwd_seq = kernels()
     T, B, G = Z.shape
     N, W = Ms.shape[2:]
     R, C = Wr.shape[2], Cs.shape[2]
@@ -433,6 +497,11 @@ def _backward_loop(Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, dM, dwr, dww, dc
     dZ, DP = torch.empty_like(Z), Z.new_zeros(T, B, Pt)
     drhc = Z.new_zeros(B, K)  # d[r ; h]_t through the next step's z
     scratch = Z.new_empty(B, 2 * meta["BN"])  # each program's rows for the circular shift
+    if time_loop_in_kernel(G, K) if in_kernel is None else in_kernel:  # one launch
+        BG = rows.block(G)
+        bwd_seq[(B,)](Z, Cs, Ms, Wr, Ww, Pp, Aux, w_h, d_rh.contiguous(), drhc, dMs, dWr, dWw, dCs, dZ, DP, scratch,
+                      w_rh, T, B, G, N, W, C, R * W + C, K, Pt, **meta, BG=BG, BJ=rows.tile(BG))
+        return dZ, DP, drhc, dMs[0], dWr[0], dWw[0], dCs[0]
     for t in range(T - 1, -1, -1):
         bwd[(B,)](Z[t], Cs[t], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], Pp[t], Aux[t], w_h,
                   d_rh[t], drhc, dMs[t + 1], dMs[t], dWr[t + 1], dWr[t], dWw[t + 1], dWw[t], dCs[t + 1], dCs[t],
@@ -453,7 +522,7 @@ def _fresh_start(B, init, *, lstm, memory_init, like):
             r0.expand(B, -1, -1), h0.expand(B, -1), c0)
 
 
-def _forward_graph(x, w_x, b_x, w_rh, w_h, b_h, *init, meta, memory_init):
+def _forward_graph(x, w_x, b_x, w_rh, w_h, b_h, *init, meta, memory_init, in_kernel=None):
     """What :class:`NTMScanTriton` replays forward: the controller's input projection, the
     initial state (spread from the learned one when ``memory_init`` is given) and
     :func:`_forward_loop`."""
@@ -461,15 +530,16 @@ def _forward_graph(x, w_x, b_x, w_rh, w_h, b_h, *init, meta, memory_init):
     gx = torch.addmm(b_x, x.reshape(B * T, -1), w_x.t()).view(B, T, -1).transpose(0, 1)  # [T, B, G]
     if memory_init is not None:
         init = _fresh_start(B, init, lstm=meta["LSTM"], memory_init=memory_init, like=gx)
-    return _forward_loop(gx, w_rh, w_h, b_h, *init, meta=meta)
+    return _forward_loop(gx, w_rh, w_h, b_h, *init, meta=meta, in_kernel=in_kernel)
 
 
-def _backward_graph(x, w_x, w_rh, w_h, Z, Cs, Ms, Wr, Ww, Pp, Aux, RH, d_rh, dM, dwr, dww, dc, *, meta, K, fresh):
+def _backward_graph(x, w_x, w_rh, w_h, Z, Cs, Ms, Wr, Ww, Pp, Aux, RH, d_rh, dM, dwr, dww, dc, *, meta, K, fresh,
+                    in_kernel=None):
     """What :class:`NTMScanTriton` replays backward: :func:`_backward_loop`, then the weights'
     gradients, the input projection's, and (``fresh``) the learned initial state's, summed over
     the batch: ``(dx, dw_x, db_x, dw_rh, dw_h, db_h, *initial state's)``."""
     dZ, DP, drhc, dM0, dWr0, dWw0, dC0 = _backward_loop(Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, dM, dwr, dww,
-                                                        dc, meta=meta, K=K)
+                                                        dc, meta=meta, K=K, in_kernel=in_kernel)
     T, B, G = Z.shape
     R, W, C = Wr.shape[2], Ms.shape[3], Cs.shape[2]
     Pt, lstm = w_h.shape[0], meta["LSTM"]
@@ -541,11 +611,13 @@ class NTMScanTriton(torch.autograd.Function):
         init = tuple(args[n] for n in ("wr0", "ww0", "r0", "h0") + (("c0",) if lstm else ())) if fresh else \
             (M0, wr0, ww0, r0, h0, c0)
         mi = float(memory_init) if fresh else None
+        in_kernel = time_loop_in_kernel(G, K)  # the loop's form: part of the graphs' keys
         Ms, Wr, Ww, Cs, RH, Z, Pp, Aux = graphed(
-            ("ntm.forward", tuple(sorted(meta.items())), mi),
-            functools.partial(_forward_graph, meta=meta, memory_init=mi), x, w_x, b_x, w_rh, w_h, b_h, *init)
+            ("ntm.forward", tuple(sorted(meta.items())), mi, in_kernel),
+            functools.partial(_forward_graph, meta=meta, memory_init=mi, in_kernel=in_kernel), x, w_x, b_x, w_rh, w_h,
+            b_h, *init)
         ctx.save_for_backward(x, w_x, w_rh, w_h, Ms, Wr, Ww, Cs, RH, Z, Pp, Aux)
-        ctx.meta, ctx.K, ctx.fresh = meta, K, fresh
+        ctx.meta, ctx.K, ctx.fresh, ctx.in_kernel = meta, K, fresh, in_kernel
         ctx.set_materialize_grads(False)  # backward makes the zeros of unused outputs itself, in one fill
         # copies, so that the outputs hold none of the per-step buffers: one multi-tensor copy
         return tuple(fresh_copies((RH[1:], Ms[T], Wr[T], Ww[T], Cs[T])))
@@ -560,8 +632,8 @@ class NTMScanTriton(torch.autograd.Function):
         given = (d_rh, dM, dwr, dww, dc)
         likes = (RH[1:], Ms[T], Wr[T], Ww[T], Cs[T])
         d_rh, dM, dwr, dww, dc = zeros_for_none(given, likes)
-        out = graphed(("ntm.backward", tuple(sorted(meta.items())), K, fresh),
-                      functools.partial(_backward_graph, meta=meta, K=K, fresh=fresh),
+        out = graphed(("ntm.backward", tuple(sorted(meta.items())), K, fresh, ctx.in_kernel),
+                      functools.partial(_backward_graph, meta=meta, K=K, fresh=fresh, in_kernel=ctx.in_kernel),
                       x, w_x, w_rh, w_h, Z, Cs, Ms, Wr, Ww, Pp, Aux, RH, d_rh, dM, dwr, dww, dc)
         dx = out[0] if ctx.needs_input_grad[0] else None
         if not fresh:
