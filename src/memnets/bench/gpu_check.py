@@ -48,6 +48,9 @@ install needed):
      step (``MEMNETS_TIME_LOOP=steps``), as a loop runs it and with the whole step graphed. Every model and its LSTM once more with the whole training
      step replayed from one CUDA graph each ("whole step graphed",
      :class:`memnets.train.graph_step.CUDAGraphStep`), the pair's ratio against the same target.
+     The LSTM of LSAM's, the DNC's and the NTM's rows also with ``torch.backends.cudnn.allow_tf32
+     = False`` ("TF32 off"): by default cuDNN's RNNs multiply float32 in TF32 on tensor cores and
+     cuBLAS matmuls (ours) do not, so that row is the LSTM at our precision, a comparison.
    - ``attention``: ``nam_attention`` forward+backward, bf16, B=1 H=8 d=64, S=32K, non-causal
      and causal, beside flash SDPA and fla's ``chunk_linear_attn`` on the same normalised
      inputs. Target: at most 0.6 ms non-causal, 0.9 ms causal, or within 1.2x of fla's.
@@ -513,6 +516,26 @@ def _models_rows(bench, tiny: bool) -> None:
         name, build = lstm_build(Fi, D, bi)
         return case(name, cfg, build, B, T, Fi, {"baseline_row": True})
 
+    def lstm_fp32(cfg, Fi, D, B, T, ours, bi=False):
+        """cuDNN's LSTM once more with ``torch.backends.cudnn.allow_tf32 = False``: PyTorch lets
+        cuDNN's RNNs multiply float32 in TF32 on tensor cores by default, while matmuls (ours,
+        through cuBLAS and in our kernels) stay float32 unless ``torch.backends.cuda.matmul.
+        allow_tf32`` is set; this row is the LSTM at our precision. ``ours`` gets its ratio to it
+        (``ratio_lstm_tf32_off``), a comparison beside the target's default-settings ratio."""
+        if not cuda:
+            return
+        name, build = lstm_build(Fi, D, bi)
+        old = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = False
+        try:
+            base = case(name + " TF32 off", cfg, build, B, T, Fi, {"baseline_row": True})
+        finally:
+            torch.backends.cudnn.allow_tf32 = old
+        if ours.get("ms") and base.get("ms"):
+            ours["ratio_lstm_tf32_off"] = round(ours["ms"] / base["ms"], 3)
+            ours["note"] = ((ours.get("note") or "") + "; " if ours.get("note") else "") + \
+                f"{ours['ratio_lstm_tf32_off']:.2f}x the LSTM with TF32 off"
+
     B = 2 if tiny else 32
     T_lsam, T_tm, T_dnc = (6, 5, 6) if tiny else (100, 50, 41)
     for D, H in ([(16, 2)] if tiny else [(256, 8), (1024, 8)]):
@@ -522,6 +545,7 @@ def _models_rows(bench, tiny: bool) -> None:
             build = lambda D=D, H=H, bi=bi: LSAM(D, D, H, bidirectional=bi)  # noqa: E731
             ours = case("LSAM" + (" bi" if bi else ""), cfg, build, B, T_lsam, D)
             _pair(ours, base, 2.0, "LSTM")
+            lstm_fp32(cfg, D, D, B, T_lsam, ours, bi)
             eager("LSAM" + (" bi" if bi else ""), cfg, build, B, T_lsam, D, base)
             whole("LSAM" + (" bi" if bi else ""), cfg, build, B, T_lsam, D, lstm_build(D, D, bi))
     tm = [("bench", 8, 16, 2, 8)] if tiny else [("bench", 64, 128, 4, 32), ("paper", 256, 1024, 8, 32)]
@@ -538,7 +562,9 @@ def _models_rows(bench, tiny: bool) -> None:
         base = lstm(cfg, 9, Hc, B, T_dnc)
         build = lambda Hc=Hc, N=N, W=W, R=R: DNC(9, 8, memory_slots=N, word_size=W, read_heads=R,  # noqa: E731
                                                  controller_size=Hc)
-        _pair(case("DNC", cfg, build, B, T_dnc, 9), base, 2.0, "LSTM")
+        ours = case("DNC", cfg, build, B, T_dnc, 9)
+        _pair(ours, base, 2.0, "LSTM")
+        lstm_fp32(cfg, 9, Hc, B, T_dnc, ours)
         eager("DNC", cfg, build, B, T_dnc, 9, base)
         module_graphs("0", "DNC", cfg, build, B, T_dnc, 9, base)
         _, whole_base = whole("DNC", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
@@ -549,7 +575,9 @@ def _models_rows(bench, tiny: bool) -> None:
         base = lstm(cfg, 9, Hc, B, T_dnc)
         build = lambda Hc=Hc, N=N, W=W: NTM(9, 8, memory_slots=N, word_size=W, read_heads=1,  # noqa: E731
                                             write_heads=1, controller_size=Hc)
-        _pair(case("NTM", cfg, build, B, T_dnc, 9), base, 2.0, "LSTM")
+        ours = case("NTM", cfg, build, B, T_dnc, 9)
+        _pair(ours, base, 2.0, "LSTM")
+        lstm_fp32(cfg, 9, Hc, B, T_dnc, ours)
         eager("NTM", cfg, build, B, T_dnc, 9, base)
         _, whole_base = whole("NTM", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
         if time_loop_in_kernel_ntm(4 * Hc, W + Hc):
@@ -1130,7 +1158,10 @@ def _env(device: torch.device) -> dict[str, Any]:
         commit = None
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version, "fla": fla_version(),
             "python": sys.version.split()[0], "device": str(device), "git_commit": commit,
-            "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+            "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            # the float32 precision of the two sides' products (cuDNN's RNNs; cuBLAS matmuls, ours)
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+            "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32}
 
 
 # -------------------------------------------------------------------------------------- run
