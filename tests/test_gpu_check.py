@@ -18,14 +18,15 @@ ROWS = {
     "models": ["nn.LSTM (CPU)", "LSAM", "nn.LSTM (CPU) bi", "LSAM bi", "NAM-TM", "NAM-TM (MEMNETS_MODULE_GRAPHS=0)", "DNC",
                "DNC (MEMNETS_MODULE_GRAPHS=0)", "NTM",
                "nn.LSTM (CPU) (whole step graphed)", "LSAM (whole step graphed)", "NAM-TM (whole step graphed)",
-               "DNC (whole step graphed)", "NTM (whole step graphed)"],
+               "DNC (whole step graphed)", "NTM (whole step graphed)", "DNC (MEMNETS_TIME_LOOP=steps)",
+               "NTM (MEMNETS_TIME_LOOP=steps)", "DNC (MEMNETS_TIME_LOOP=steps) (whole step graphed)"],
     "attention": ["sdpa (flash)", "fla chunk_linear_attn", "nam_attention", "nam_attention impl=torch",
-                  "nam_attention impl=fla"],
+                  "nam_attention impl=fla", "chunk prefix sums (torch.cumsum)", "chunk prefix sums (Triton)"],
     "scan": ["fla chunk_delta_rule (p_e=p_w)", "nam_scan auto (p_e=p_w)",
              "fla chunk_dplr_delta_rule gk=0 (p_e!=p_w)", "nam_scan auto (p_e!=p_w)"],
 }
 NEEDS_CUDA = {"sdpa (flash)", "fla chunk_linear_attn", "nam_attention impl=fla", "fla chunk_delta_rule (p_e=p_w)",
-              "fla chunk_dplr_delta_rule gk=0 (p_e!=p_w)"}
+              "fla chunk_dplr_delta_rule gk=0 (p_e!=p_w)", "chunk prefix sums (Triton)"}
 
 
 def test_gpu_check_dry_run_writes_every_row(tmp_path, monkeypatch, capsys):

@@ -66,6 +66,27 @@ def test_triton_nam_attention_matches_the_reference(causal, B, H, L, S, dk, dv, 
     _close(got, ref, tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_causal_prefix_sums_over_many_steps_and_blocks(dtype, monkeypatch):
+    """The chunks' prefix sums: the kernel against ``torch.cumsum`` with chunk counts and entry
+    counts that are not multiples of its step and block (a carry over several steps, masked
+    lanes), then the causal attention with steps of 2 chunks, its backward's prefixes included."""
+    _, _, _, prefix = ca.kernels()
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(3, 37, 300, generator=g, dtype=torch.float64).to(DEV, dtype)
+    want = h.cumsum(1)
+    prefix[(3, -(-300 // 128))](h, 37, 300, G=8, BLOCK=128, num_warps=4)
+    torch.testing.assert_close(h, want, atol=1e-12 if dtype == torch.float64 else 1e-4, rtol=1e-12 if dtype ==
+                               torch.float64 else 1e-5)
+    monkeypatch.setattr(ca, "PREFIX_ROWS", 2)
+    monkeypatch.setattr(ca, "PREFIX_BLOCK", 16)
+    q, k, v = _inputs((2, 3, 330, 8), (2, 3, 330, 8), 5, dtype)  # 6 chunks of 64: 3 steps of 2
+    with gpu.cuda_path():
+        got = _grads(lambda a, b, c: nam_attention(a, b, c, is_causal=True, impl="triton"), q, k, v)
+    ref = _grads(lambda a, b, c: nam_attention_quadratic(a, b, c, is_causal=True), q, k, v)
+    _close(got, ref, 1e-10 if dtype == torch.float64 else 5e-5)
+
+
 def test_triton_nam_attention_half_path_on_float32_tiles(monkeypatch):
     """The kernels' half-precision branch (operand casts, TF32 products with the prefixes), on
     float32 tiles where the interpreter runs it; bfloat16 itself on a GPU (next test)."""

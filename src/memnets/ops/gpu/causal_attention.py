@@ -9,8 +9,9 @@ The sequence is cut into chunks of ``C`` steps. Forward, three launches:
 
 1. one program per chunk ``n`` and sequence: ``H_n = K_nᵀ V_n`` (``[dk, dv]``, float32), with
    μ applied to the keys as they are loaded;
-2. ``torch.cumsum`` over the chunks (causal: inclusive prefixes ``P_n = Σ_{m<=n} H_m``) or
-   ``torch.sum`` (non-causal: the one summary ``Kᵀ V``);
+2. the prefix sums over the chunks (causal: inclusive prefixes ``P_n = Σ_{m<=n} H_m``, one
+   program per sequence and block of the ``[dk, dv]`` entries, walking the chunks
+   :data:`PREFIX_ROWS` at a time) or ``torch.sum`` (non-causal: the one summary ``Kᵀ V``);
 3. one program per chunk: ``O_n = Q_n P_{n-1} + tril(Q_n K_nᵀ) V_n`` (causal) or
    ``O_n = Q_n (Kᵀ V)``.
 
@@ -52,13 +53,14 @@ __all__ = ["NAMAttentionTriton", "nam_attention_triton", "applies", "fast_on_cud
 MAX_HEAD_DIM = 128  # dk and dv: one program holds a [dk, dv] prefix and [C, dk], [C, dv] tiles
 FAST_HEAD_DIM = 64  # past it the backward spills registers on sm_90 (python -m memnets.bench.compile_check)
 CHUNK = 64
+PREFIX_ROWS, PREFIX_BLOCK = 32, 128  # the causal prefix sums: chunks a step, entries a program
 HALF = (torch.bfloat16, torch.float16)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
 @lazy_kernels
 def kernels():
-    """``(chunk_sums, forward_out, backward)``, defined on first use (see :func:`memnets.ops.gpu.lazy_kernels`)."""
+    """``(chunk_sums, forward_out, backward, chunk_prefix)``, defined on first use (see :func:`memnets.ops.gpu.lazy_kernels`)."""
     import triton
     import triton.language as tl
 
@@ -204,8 +206,26 @@ def kernels():
     # the kernels call these helpers by name: Triton looks a called function (and the helpers'
     # ``tl.constexpr`` annotations, strings under ``from __future__ import annotations``) up in
     # the kernel's module globals
+    @triton.jit(do_not_specialize=["n_chunks"])
+    def chunk_prefix(h_ptr, n_chunks, E, G: tl.constexpr, BLOCK: tl.constexpr):
+        """``h[b, n] ← Σ_{m<=n} h[b, m]`` in place for entries ``BLOCK·j ..`` of each chunk's
+        ``E`` (program ``(b, j)``), ``G`` chunks a step: their running sums within the step,
+        plus the carry of the steps before."""
+        b = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mc = cols < E
+        base = h_ptr + b * n_chunks * E
+        carry = tl.zeros([BLOCK], dtype=h_ptr.dtype.element_ty)
+        for n0 in range(0, n_chunks, G):
+            rows = n0 + tl.arange(0, G)
+            m = (rows < n_chunks)[:, None] & mc[None, :]
+            offs = rows[:, None].to(tl.int64) * E + cols[None, :]
+            x = tl.load(base + offs, mask=m, other=0.0)
+            tl.store(base + offs, tl.cumsum(x, 0) + carry[None, :], mask=m)
+            carry += tl.sum(x, 0)
+
     globals().update(triton=triton, tl=tl, _tile=_tile, _inv_norm=_inv_norm, _mm=_mm, _mm_state=_mm_state)
-    return chunk_sums, forward_out, backward
+    return chunk_sums, forward_out, backward, chunk_prefix
 
 
 def _block(d: int) -> int:
@@ -270,7 +290,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> N
 def _sums(x, y, *, norm: bool, scale: float, eps: float, causal: bool, C: int, bx: int, by: int):
     """Chunk sums ``(scale·μ(x_n))ᵀ y_n`` (``[N, chunks, bx, by]``), then their prefixes (causal)
     or their total (``[N, bx, by]``), in float32 (float64 for float64 inputs)."""
-    chunk_sums, _, _ = kernels()
+    chunk_sums, _, _, chunk_prefix = kernels()
     N, R, _ = x.shape
     nc = -(-R // C)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -278,7 +298,11 @@ def _sums(x, y, *, norm: bool, scale: float, eps: float, causal: bool, C: int, b
     chunk_sums[(nc * N,)](x, y, h, nc, R, x.shape[-1], y.shape[-1], x.stride(0), x.stride(1), y.stride(0),
                           y.stride(1), scale, eps, C=C, BX=bx, BY=by, NORM=norm, **_meta(x.dtype),
                           num_warps=_warps(bx, by))
-    return h.cumsum_(1) if causal else h.sum(1)
+    if not causal:
+        return h.sum(1)
+    E = bx * by
+    chunk_prefix[(N, -(-E // PREFIX_BLOCK))](h, nc, E, G=PREFIX_ROWS, BLOCK=PREFIX_BLOCK, num_warps=4)
+    return h
 
 
 def _modes(dtype: torch.dtype):
@@ -302,7 +326,7 @@ class NAMAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale: float, eps: float, causal: bool):
-        _, fwd, _ = kernels()
+        _, fwd, _, _ = kernels()
         N, L, dk = q.shape
         S, dv = k.shape[1], v.shape[2]
         BK, BV = _block(dk), _block(dv)
@@ -319,7 +343,7 @@ class NAMAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        _, _, bwd = kernels()
+        _, _, bwd, _ = kernels()
         q, k, v, P = ctx.saved_tensors
         N, L, dk = q.shape
         S, dv = k.shape[1], v.shape[2]
