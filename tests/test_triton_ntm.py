@@ -123,10 +123,15 @@ def test_triton_ntm_checks_its_arguments():
 
 @pytest.mark.parametrize("loop", ["auto", "steps"])
 def test_triton_ntm_time_loop_in_one_kernel_or_one_launch_per_step(loop, monkeypatch):
-    """One launch each way for the whole loop where W_rh is small (the gpu-check NTM's 400 x 120
-    included), T launches each way with ``MEMNETS_TIME_LOOP=steps``."""
+    """One launch each way for the whole loop where W_rh and the memory are small, T launches
+    each way with ``MEMNETS_TIME_LOOP=steps``. The gpu-check NTM (W_rh 400 x 120, memory
+    128 x 20) keeps the per-step form unless asked (its one-kernel backward spills registers)."""
     monkeypatch.setenv("MEMNETS_TIME_LOOP", loop)
-    assert tl_ntm.time_loop_in_kernel(4 * 100, 20 + 100) == (loop == "auto")
+    assert tl_ntm.time_loop_in_kernel(4 * 64, 20 + 64, 16, 20) == (loop == "auto")
+    assert not tl_ntm.time_loop_in_kernel(4 * 100, 20 + 100, 128, 20)
+    monkeypatch.setenv("MEMNETS_TIME_LOOP", "kernel")
+    assert tl_ntm.time_loop_in_kernel(4 * 100, 20 + 100, 128, 20)
+    monkeypatch.setenv("MEMNETS_TIME_LOOP", loop)
     torch.manual_seed(3)
     m = NTM(3, 4, memory_slots=5, word_size=3, controller_size=4).to(DEV)
     for T in (2, 4):

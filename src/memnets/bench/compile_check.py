@@ -168,8 +168,9 @@ class _Attention(torch.nn.Module):
 def _cases() -> list[tuple]:
     """``(name, build, input size, T, dtypes[, environment])``: small sizes in float32 and float64,
     and the widths ``make gpu-check`` times (float32), whose registers matter. The DNC and the
-    NTM also with their time loop one launch per step (``MEMNETS_TIME_LOOP=steps``; by default
-    the whole loop is one kernel at these sizes, :mod:`memnets.ops.gpu.rows`)."""
+    NTM also with their time loop in each form (``MEMNETS_TIME_LOOP=steps``: one launch per
+    step; ``=kernel``: the whole loop in one; by default as :mod:`memnets.ops.gpu.rows` and the
+    memory's module choose)."""
     from ..memories.dnc import DNC
     from ..memories.lsam import LSAM
     from ..memories.nam_tm import NAMTuringMachine
@@ -202,9 +203,9 @@ def _cases() -> list[tuple]:
         ("NTM LSTM 100, memory 128x20", lambda: NTM(9, 8, memory_slots=128, word_size=20, read_heads=1,
                                                     write_heads=1, controller_size=100), 9, 3, f32),
     ]
-    steps = {"MEMNETS_TIME_LOOP": "steps"}
-    loops = [(f"{c[0]}, loop per step",) + c[1:] + (steps,) for c in cases
-             if c[0].startswith(("DNC", "NTM")) and "256" not in c[0]]  # the DNC at 256 runs per step anyway
+    loops = [(f"{c[0]}, {label}",) + c[1:] + ({"MEMNETS_TIME_LOOP": form},) for c in cases
+             for form, label in (("steps", "loop per step"), ("kernel", "loop in one kernel"))
+             if c[0].startswith(("DNC", "NTM")) and "256" not in c[0]]  # the DNC at 256: per step
     return cases + loops
 
 

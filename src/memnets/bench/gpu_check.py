@@ -43,9 +43,10 @@ install needed):
      loops launched one by one; the NAM-TM once more with ``MEMNETS_MODULE_GRAPHS=0``, its layer
      not graphed whole (the layer function's own graphs only), and the DNC likewise
      (``MEMNETS_MODULE_GRAPHS=0``: its recurrence's graphs only). The NTM also at 4 and 8 warps per program
-     (``MEMNETS_NTM_WARPS``; 16 by default at this size), a comparison. The DNC at LSTM 64 and the
-     NTM, whose time loop is one kernel each way at these widths, once more with it one launch per
-     step (``MEMNETS_TIME_LOOP=steps``), as a loop runs it and with the whole step graphed. Every model and its LSTM once more with the whole training
+     (``MEMNETS_NTM_WARPS``; 16 by default at this size), a comparison. The DNC at LSTM 64, whose
+     time loop is one kernel each way by default, once more with it one launch per step
+     (``MEMNETS_TIME_LOOP=steps``), and the NTM, per step by default at 128 x 20, once more with
+     it one kernel (``=kernel``), as a loop runs them and with the whole step graphed. Every model and its LSTM once more with the whole training
      step replayed from one CUDA graph each ("whole step graphed",
      :class:`memnets.train.graph_step.CUDAGraphStep`), the pair's ratio against the same target.
      The LSTM of LSAM's, the DNC's and the NTM's rows also with ``torch.backends.cudnn.allow_tf32
@@ -460,19 +461,20 @@ def _models_rows(bench, tiny: bool) -> None:
             ours["meets"] = None  # one side ran eagerly: not on equal terms
         return ours, base
 
-    def time_loop(name, cfg, build, B, T, Fi, base, whole_base):
-        """The same rows with the recurrence's time loop one launch per step
-        (``MEMNETS_TIME_LOOP=steps``: the step kernel and a cuBLAS call each way per step) instead
-        of one kernel for the whole loop (the default at these widths): as a loop runs it, and
-        with the whole step graphed (where the kernels' own time shows), comparisons."""
+    def time_loop(name, cfg, build, B, T, Fi, base, whole_base, other):
+        """The same rows with the recurrence's time loop in its ``other`` form
+        (``MEMNETS_TIME_LOOP=steps``: the step kernel and a cuBLAS call each way per step;
+        ``=kernel``: the whole loop one kernel each way), as a loop runs it and with the whole step
+        graphed (where the kernels' own time shows), comparisons."""
         from ..ops.gpu import env_var
         from ..ops.gpu.rows import TIME_LOOP_ENV
-        with env_var(TIME_LOOP_ENV, "steps"):
-            rows = [(case(f"{name} ({TIME_LOOP_ENV}=steps)", cfg, build, B, T, Fi), base),
-                    (case(f"{name} ({TIME_LOOP_ENV}=steps)", cfg, build, B, T, Fi, graphed=True), whole_base)]
+        tag = f"{TIME_LOOP_ENV}={other}"
+        with env_var(TIME_LOOP_ENV, other):
+            rows = [(case(f"{name} ({tag})", cfg, build, B, T, Fi), base),
+                    (case(f"{name} ({tag})", cfg, build, B, T, Fi, graphed=True), whole_base)]
         for row, against in rows:
             _pair(row, against, 2.0, "LSTM")
-            row["meets"], row["target"] = None, f"comparison ({TIME_LOOP_ENV}=steps)"
+            row["meets"], row["target"] = None, f"comparison ({tag})"
 
     def eager(name, cfg, build, B, T, Fi, base):
         """The same row with the loops launched one by one (``MEMNETS_CUDA_GRAPHS=0``): its
@@ -568,8 +570,8 @@ def _models_rows(bench, tiny: bool) -> None:
         eager("DNC", cfg, build, B, T_dnc, 9, base)
         module_graphs("0", "DNC", cfg, build, B, T_dnc, 9, base)
         _, whole_base = whole("DNC", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
-        if time_loop_in_kernel_dnc(Hc, R, W):
-            time_loop("DNC", cfg, build, B, T_dnc, 9, base, whole_base)
+        if time_loop_in_kernel_dnc(Hc, R, W):  # the DNC at LSTM 256 has the per-step form alone
+            time_loop("DNC", cfg, build, B, T_dnc, 9, base, whole_base, "steps")
     for Hc, N, W in ([(16, 8, 8)] if tiny else [(100, 128, 20)]):
         cfg = f"B={B} T={T_dnc} LSTM {Hc}, memory {N}x{W}, 1 read 1 write"
         base = lstm(cfg, 9, Hc, B, T_dnc)
@@ -580,8 +582,9 @@ def _models_rows(bench, tiny: bool) -> None:
         lstm_fp32(cfg, 9, Hc, B, T_dnc, ours)
         eager("NTM", cfg, build, B, T_dnc, 9, base)
         _, whole_base = whole("NTM", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
-        if time_loop_in_kernel_ntm(4 * Hc, W + Hc):
-            time_loop("NTM", cfg, build, B, T_dnc, 9, base, whole_base)
+        # the other form of its time loop (at 128 x 20 the per-step one is the default)
+        other = "steps" if time_loop_in_kernel_ntm(4 * Hc, W + Hc, N, W) else "kernel"
+        time_loop("NTM", cfg, build, B, T_dnc, 9, base, whole_base, other)
         if cuda:
             warps(cfg, build, B, T_dnc, base)
 

@@ -22,10 +22,11 @@ addressing) writing ``dp_t``, then ``dh_t = W_hᵀ dp_t`` in one pass over ``W_h
 controller's backward, writing ``dz_t``; one matmul ``d[r ; h]_{t-1} = dz_t W_rh`` follows. The
 weight gradients are matmuls after the loop.
 
-Where ``W_rh`` is small (:func:`time_loop_in_kernel`, :mod:`memnets.ops.gpu.rows`: the
-gpu-check NTM's 400 × 120 is), ``forward_seq`` and ``backward_seq`` run the whole loop in one
-launch each way: each program does its own row of the per-step product (``[r ; h]_{t-1}
-W_rhᵀ`` forward, ``dz_t W_rh`` backward) between the steps, which are the step kernels' bodies.
+Where ``W_rh`` and the memory are small (:func:`time_loop_in_kernel`, :mod:`memnets.ops.gpu.rows`),
+``forward_seq`` and ``backward_seq`` run the whole loop in one launch each way: each program
+does its own row of the per-step product (``[r ; h]_{t-1} W_rhᵀ`` forward, ``dz_t W_rh``
+backward) between the steps, which are the step kernels' bodies. The gpu-check NTM (128 × 20)
+keeps the per-step form by default: there the one-kernel backward spills registers.
 ``MEMNETS_TIME_LOOP=kernel`` / ``steps`` chooses.
 
 :func:`ntm_scan_triton` runs it for :class:`memnets.memories.ntm.NTM` where
@@ -438,10 +439,17 @@ def _warps(BN: int, BW: int) -> int:
     return 2 if n <= 512 else 4 if n <= 2048 else 16
 
 
-def time_loop_in_kernel(G: int, K: int) -> bool:
-    """Whether the whole time loop runs in one launch each way (:mod:`memnets.ops.gpu.rows`): the
-    recurrent weight ``W_rh [G, K]`` small enough, or ``MEMNETS_TIME_LOOP`` says so."""
-    return rows.time_loop_in_kernel(G, K)
+LOOP_TILE_MAX = 2048  # memory tiles up to this many entries take the one-kernel loop by default
+
+
+def time_loop_in_kernel(G: int, K: int, N: int, W: int) -> bool:
+    """Whether the whole time loop runs in one launch each way (:mod:`memnets.ops.gpu.rows`), for
+    a recurrent weight ``W_rh [G, K]`` and a memory of ``N × W``: by default where ``W_rh`` is
+    small and the memory's tile has at most :data:`LOOP_TILE_MAX` entries. Past that the step
+    alone takes every register a thread has (16 warps, 128 registers), and the loop's buffer
+    pointers held across it spill (at 128 × 20, sm_90: 212 bytes a thread in the backward under
+    triton 3.9, 436 under 3.6; none per step). ``MEMNETS_TIME_LOOP`` overrides."""
+    return rows.time_loop_in_kernel(G, K, fits=_p2(N) * _p2(W) <= LOOP_TILE_MAX)
 
 
 def _row_block(BC: int) -> int:
@@ -468,7 +476,7 @@ def _forward_loop(gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0, *, meta, in_kern
     Ms[0], Wr[0], Ww[0], Cs[0] = M0, wr0, ww0, c0
     RH[0, :, : R * W], RH[0, :, R * W:] = r0.reshape(B, R * W), h0
     scratch = new(B, 2 * meta["BN"])  # each program's rows for the circular shift
-    if time_loop_in_kernel(G, K) if in_kernel is None else in_kernel:
+    if time_loop_in_kernel(G, K, N, W) if in_kernel is None else in_kernel:
         Z.copy_(gx)  # one launch: each program adds its rows of [r ; h]_{t-1} W_rhᵀ
         BK = rows.block(K)
         fwd_seq[(B,)](Z, Cs, Ms, Wr, Ww, RH, w_h, b_h, Pp, Aux, scratch, w_rh, T, B, G, K, N, W, C, R * W + C, Pt,
@@ -497,7 +505,7 @@ def _backward_loop(Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, dM, dwr, dww, dc
     dZ, DP = torch.empty_like(Z), Z.new_zeros(T, B, Pt)
     drhc = Z.new_zeros(B, K)  # d[r ; h]_t through the next step's z
     scratch = Z.new_empty(B, 2 * meta["BN"])  # each program's rows for the circular shift
-    if time_loop_in_kernel(G, K) if in_kernel is None else in_kernel:  # one launch
+    if time_loop_in_kernel(G, K, N, W) if in_kernel is None else in_kernel:  # one launch
         BG = rows.block(G)
         bwd_seq[(B,)](Z, Cs, Ms, Wr, Ww, Pp, Aux, w_h, d_rh.contiguous(), drhc, dMs, dWr, dWw, dCs, dZ, DP, scratch,
                       w_rh, T, B, G, N, W, C, R * W + C, K, Pt, **meta, BG=BG, BJ=rows.tile(BG))
@@ -611,7 +619,7 @@ class NTMScanTriton(torch.autograd.Function):
         init = tuple(args[n] for n in ("wr0", "ww0", "r0", "h0") + (("c0",) if lstm else ())) if fresh else \
             (M0, wr0, ww0, r0, h0, c0)
         mi = float(memory_init) if fresh else None
-        in_kernel = time_loop_in_kernel(G, K)  # the loop's form: part of the graphs' keys
+        in_kernel = time_loop_in_kernel(G, K, N, W)  # the loop's form: part of the graphs' keys
         Ms, Wr, Ww, Cs, RH, Z, Pp, Aux = graphed(
             ("ntm.forward", tuple(sorted(meta.items())), mi, in_kernel),
             functools.partial(_forward_graph, meta=meta, memory_init=mi, in_kernel=in_kernel), x, w_x, b_x, w_rh, w_h,

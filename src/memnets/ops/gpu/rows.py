@@ -23,17 +23,18 @@ KERNEL_LOOP_MAX = 1 << 16  # weight elements up to which the time loop runs in o
 TILE = 2048  # elements of W_0 one program holds at a time
 
 
-def time_loop_in_kernel(rows: int, cols: int) -> bool:
+def time_loop_in_kernel(rows: int, cols: int, fits: bool = True) -> bool:
     """Whether a recurrence whose per-step product has a ``[rows, cols]`` weight runs its whole
     time loop in one kernel (module docstring): ``MEMNETS_TIME_LOOP=kernel`` always,
     ``=steps`` never (one launch of the step's kernel and one matmul per step), unset or
-    ``auto`` when the weight has at most :data:`KERNEL_LOOP_MAX` elements."""
+    ``auto`` when the weight has at most :data:`KERNEL_LOOP_MAX` elements and the caller says
+    its step ``fits`` in a loop (registers to spare for the loop's pointers)."""
     choice = os.environ.get(TIME_LOOP_ENV, "auto").strip().lower() or "auto"
     if choice not in ("auto", "kernel", "steps"):
         raise ValueError(f"{TIME_LOOP_ENV} expected one of auto, kernel, steps, got {choice!r}")
     if choice != "auto":
         return choice == "kernel"
-    return rows * cols <= KERNEL_LOOP_MAX
+    return rows * cols <= KERNEL_LOOP_MAX and fits
 
 
 def block(n: int) -> int:
