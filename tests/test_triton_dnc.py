@@ -192,6 +192,7 @@ def test_triton_dnc_time_loop_in_one_kernel_or_one_launch_per_step(loop, monkeyp
     each way. The choice: by W_0's size (the gpu-check DNCs: LSTM 64 in one kernel, LSTM 256 per
     step), and a value it does not know is refused by name."""
     monkeypatch.setenv("MEMNETS_TIME_LOOP", loop)
+    monkeypatch.setenv("MEMNETS_CUDA_GRAPHS", "0")  # on CUDA: every launch issued, none captured
     for T in (2, 5):
         counts = counting_kernels(tl_dnc, monkeypatch)
         args = [t.requires_grad_() for t in _fn_inputs(2, T, 2, 3, N, W, R, seed=3, dtype=torch.float32)]
@@ -203,6 +204,7 @@ def test_triton_dnc_time_loop_in_one_kernel_or_one_launch_per_step(loop, monkeyp
             assert dict(counts) == {"forward_seq": 1, "backward_seq": 1}
         monkeypatch.undo()
         monkeypatch.setenv("MEMNETS_TIME_LOOP", loop)
+        monkeypatch.setenv("MEMNETS_CUDA_GRAPHS", "0")
     want = {"auto": (True, False), "kernel": (True, True), "steps": (False, False)}[loop]
     assert (tl_dnc.time_loop_in_kernel(64, 4, 20), tl_dnc.time_loop_in_kernel(256, 4, 64)) == want
     assert tl_dnc.launches_per_step(64, 4, 20) == ({"forward": 0, "backward": 0} if want[0] else

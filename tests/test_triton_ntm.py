@@ -132,6 +132,7 @@ def test_triton_ntm_time_loop_in_one_kernel_or_one_launch_per_step(loop, monkeyp
     monkeypatch.setenv("MEMNETS_TIME_LOOP", "kernel")
     assert tl_ntm.time_loop_in_kernel(4 * 100, 20 + 100, 128, 20)
     monkeypatch.setenv("MEMNETS_TIME_LOOP", loop)
+    monkeypatch.setenv("MEMNETS_CUDA_GRAPHS", "0")  # on CUDA: every launch issued, none captured
     torch.manual_seed(3)
     m = NTM(3, 4, memory_slots=5, word_size=3, controller_size=4).to(DEV)
     for T in (2, 4):
@@ -143,6 +144,7 @@ def test_triton_ntm_time_loop_in_one_kernel_or_one_launch_per_step(loop, monkeyp
         assert dict(counts) == want
         monkeypatch.undo()
         monkeypatch.setenv("MEMNETS_TIME_LOOP", loop)
+        monkeypatch.setenv("MEMNETS_CUDA_GRAPHS", "0")
 
 
 def test_triton_ntm_warps_follow_the_memory_tile_or_the_environment(monkeypatch):
