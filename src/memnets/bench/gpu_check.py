@@ -686,10 +686,7 @@ def _prefix_rows(bench, tiny: bool) -> None:
         h = torch.randn(*shape, device=dev)
         if which == "torch":
             return lambda: h.cumsum_(1)
-        _, _, _, prefix = ca.kernels()
-        E = d * d
-        grid = (shape[0], -(-E // ca.PREFIX_BLOCK))
-        return lambda: prefix[grid](h, shape[1], E, G=ca.PREFIX_ROWS, BLOCK=ca.PREFIX_BLOCK, num_warps=4)
+        return lambda: ca.chunk_prefix_(h)
     base = bench.measure("attention", "chunk prefix sums (torch.cumsum)", cfg, torch.float32,
                          lambda: make("torch"), warmup, repeat, extra={"baseline_row": True, "needs_cuda": False})
     if dev.type == "cuda":

@@ -47,8 +47,8 @@ import torch
 
 from . import lazy_kernels
 
-__all__ = ["NAMAttentionTriton", "nam_attention_triton", "applies", "fast_on_cuda", "MAX_HEAD_DIM", "FAST_HEAD_DIM",
-           "CHUNK"]
+__all__ = ["NAMAttentionTriton", "nam_attention_triton", "chunk_prefix_", "applies", "fast_on_cuda", "MAX_HEAD_DIM",
+           "FAST_HEAD_DIM", "CHUNK"]
 
 MAX_HEAD_DIM = 128  # dk and dv: one program holds a [dk, dv] prefix and [C, dk], [C, dv] tiles
 FAST_HEAD_DIM = 64  # past it the backward spills registers on sm_90 (python -m memnets.bench.compile_check)
@@ -60,7 +60,8 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 @lazy_kernels
 def kernels():
-    """``(chunk_sums, forward_out, backward, chunk_prefix)``, defined on first use (see :func:`memnets.ops.gpu.lazy_kernels`)."""
+    """``(chunk_sums, forward_out, backward, chunk_prefix)``, defined on first use (see
+    :func:`memnets.ops.gpu.lazy_kernels`)."""
     import triton
     import triton.language as tl
 
@@ -290,7 +291,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> N
 def _sums(x, y, *, norm: bool, scale: float, eps: float, causal: bool, C: int, bx: int, by: int):
     """Chunk sums ``(scale·μ(x_n))ᵀ y_n`` (``[N, chunks, bx, by]``), then their prefixes (causal)
     or their total (``[N, bx, by]``), in float32 (float64 for float64 inputs)."""
-    chunk_sums, _, _, chunk_prefix = kernels()
+    chunk_sums, _, _, _ = kernels()
     N, R, _ = x.shape
     nc = -(-R // C)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -298,9 +299,15 @@ def _sums(x, y, *, norm: bool, scale: float, eps: float, causal: bool, C: int, b
     chunk_sums[(nc * N,)](x, y, h, nc, R, x.shape[-1], y.shape[-1], x.stride(0), x.stride(1), y.stride(0),
                           y.stride(1), scale, eps, C=C, BX=bx, BY=by, NORM=norm, **_meta(x.dtype),
                           num_warps=_warps(bx, by))
-    if not causal:
-        return h.sum(1)
-    E = bx * by
+    return chunk_prefix_(h) if causal else h.sum(1)
+
+
+def chunk_prefix_(h: torch.Tensor) -> torch.Tensor:
+    """``h [N, chunks, ...]`` (contiguous, float32/float64) replaced by its inclusive prefix sums
+    over the chunks, in place by the ``chunk_prefix`` kernel; returns ``h``."""
+    _, _, _, chunk_prefix = kernels()
+    N, nc = h.shape[:2]
+    E = h[0, 0].numel()
     chunk_prefix[(N, -(-E // PREFIX_BLOCK))](h, nc, E, G=PREFIX_ROWS, BLOCK=PREFIX_BLOCK, num_warps=4)
     return h
 

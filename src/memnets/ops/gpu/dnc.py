@@ -62,8 +62,8 @@ ALLOC3D_MAX = 16  # slot blocks up to this size take the allocation's backward a
 
 @lazy_kernels
 def kernels():
-    """``(forward_step, backward_step, forward_seq, backward_seq)``, compiled on first use (Triton reads
-    ``TRITON_INTERPRET`` when a kernel is defined, so defining them lazily lets a process
+    """``(forward_step, backward_step, forward_seq, backward_seq)``, compiled on first use (Triton
+    reads ``TRITON_INTERPRET`` when a kernel is defined, so defining them lazily lets a process
     choose the interpreter before its first DNC step)."""
     import triton
     import triton.language as tl
@@ -527,13 +527,13 @@ def kernels():
             tl.debug_barrier()  # dX, read by the next step
 
     # called functions, and the helpers' names, are looked up in the module's globals
-    globals().update(triton=triton, tl=tl, _forward_body=_forward_body, _backward_body=_backward_body, _row_addmv=rows.kernels()[0],
-                     _row_vecmm=rows.kernels()[1])
+    row_addmv, row_vecmm = rows.kernels()
+    globals().update(triton=triton, tl=tl, _forward_body=_forward_body, _backward_body=_backward_body,
+                     _row_addmv=row_addmv, _row_vecmm=row_vecmm)
     return forward_step, backward_step, forward_seq, backward_seq
 
 
-def _p2(n: int) -> int:
-    return max(2, 1 << (n - 1).bit_length())
+_p2 = rows.block
 
 
 def _blocks(C: int, N: int, W: int, R: int, I: int) -> dict:

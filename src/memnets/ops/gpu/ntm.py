@@ -365,12 +365,13 @@ def kernels():
     # the kernels call these helpers by name: Triton (compiler and interpreter alike) looks a
     # called function up in the kernel's module globals, and the compiler resolves the helpers'
     # ``tl.constexpr`` annotations (strings here: ``from __future__ import annotations``) there too
+    row_addmv, row_vecmm = rows.kernels()
     globals().update(triton=triton, tl=tl, _sig=_sig, _tanh=_tanh, _softplus=_softplus, _softplus_grad=_softplus_grad,
                      _linear=_linear, _linear_t=_linear_t, _params=_params, _content=_content, _gather=_gather,
                      _address=_address, _address_bwd=_address_bwd, _controller=_controller,
                      _store_params=_store_params, _store_aux=_store_aux, _load_aux=_load_aux,
-                     _forward_step=forward_step, _backward_step=backward_step, _row_addmv=rows.kernels()[0],
-                     _row_vecmm=rows.kernels()[1])
+                     _forward_step=forward_step, _backward_step=backward_step, _row_addmv=row_addmv,
+                     _row_vecmm=row_vecmm)
 
     @triton.jit(do_not_specialize=["T"])
     def forward_seq(Z, Cs, Ms, Wr, Ww, RH, wh_ptr, bh_ptr, Pp, Aux, scr_ptr, wrh_ptr, T, B, G, K, N, W, C, RHW, PT,
