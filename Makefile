@@ -5,6 +5,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# pytest-xdist workers for the test tiers: one per core, at most 4 (each imports torch); files stay
+# whole on one worker (--dist loadfile). TEST_WORKERS=0 (or no pytest-xdist) runs one process.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))" 2>/dev/null || echo 2)
+XDIST  = $$($(BIN)/python -c "import xdist" 2>/dev/null && echo "$(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)")
 
 .PHONY: demo test test-slow test-fla test-triton bench venv clean
 
@@ -21,7 +25,7 @@ demo: $(STAMP)
 	$(BIN)/memnets demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not interpret" --timeout=600
+	$(BIN)/python -m pytest -q -m "not slow and not interpret" --timeout=600 $(XDIST)
 
 # The NAM -> fla mapping on fla's reference recurrences and, through Triton's interpreter, on
 # fla's own step-by-step kernels (CPU): installs the `gpu` extra (~300 MB of triton) and numpy.
@@ -34,7 +38,7 @@ test-fla: $(STAMP)
 # TRITON_INTERPRET is set for the whole run: triton decorates its own library when it is first
 # imported, so a process runs Triton either interpreted or compiled, never both.
 test-triton: test-fla
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "interpret and not slow" --timeout=1800
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "interpret and not slow" --timeout=1800 $(XDIST)
 
 # The C kernels (src/memnets/ops/_native) built with AddressSanitizer and UBSan, any finding
 # fatal, through the native tests and their edge cases (large and zero sizes, NaN, the cache):

@@ -81,15 +81,18 @@ class _Counting:
 
         def run(*args, **kwargs):
             self.counts[self.name] += 1
+            self.counts.warps.setdefault(self.name, set()).add(kwargs.get("num_warps"))
             return launch(*args, **kwargs)
         return run
 
 
 def counting_kernels(module, monkeypatch, names=("forward_step", "backward_step", "forward_seq", "backward_seq")):
-    """Count the launches of ``module.kernels()``'s kernels by name."""
+    """Count the launches of ``module.kernels()``'s kernels by name (``counts.warps``: the
+    ``num_warps`` each was launched with)."""
     import collections
 
     counts = collections.Counter()
+    counts.warps = {}
     real = module.kernels()
     monkeypatch.setattr(module, "kernels", lambda: tuple(_Counting(k, n, counts) for k, n in zip(real, names)))
     return counts

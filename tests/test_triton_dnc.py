@@ -214,6 +214,31 @@ def test_triton_dnc_time_loop_in_one_kernel_or_one_launch_per_step(loop, monkeyp
         tl_dnc.time_loop_in_kernel(64, 4, 20)
 
 
+def test_triton_dnc_warps_follow_the_tiles_or_the_environment(monkeypatch):
+    """Warps per program by the largest tile (4 forward and 8 backward for gpu-check's DNC at
+    LSTM 64), or ``MEMNETS_DNC_WARPS`` for both ways; the setting is part of the kernels' form
+    (every graph key of the DNC) and reaches the launches; a count Triton cannot take is refused."""
+    monkeypatch.delenv(tl_dnc.WARPS_ENV, raising=False)
+    monkeypatch.setenv("MEMNETS_CUDA_GRAPHS", "0")
+    blk = tl_dnc._blocks(64, 16, 20, 4, 0)
+    assert [tl_dnc._warps(blk["BN"], blk["BW"], blk["BR"], bwd) for bwd in (False, True)] == [4, 8]
+    assert tl_dnc._warps(8, 8, 2, True) == 2
+    auto = tl_dnc.kernel_form(64, 4, 20)
+    assert auto[1] is None
+    monkeypatch.setenv(tl_dnc.WARPS_ENV, "16")
+    assert [tl_dnc._warps(blk["BN"], blk["BW"], blk["BR"], bwd) for bwd in (False, True)] == [16, 16]
+    assert tl_dnc.kernel_form(64, 4, 20) == (auto[0], 16)
+    monkeypatch.setenv(tl_dnc.WARPS_ENV, "2")
+    counts = counting_kernels(tl_dnc, monkeypatch)
+    args = [t.requires_grad_() for t in _fn_inputs(2, 3, 2, 3, N, W, R, seed=3, dtype=torch.float64)]
+    out = tl_dnc.DNCRecurrenceTriton.apply((R, W), *args)
+    sum(o.sum() for o in out).backward()
+    assert sum(counts.values()) >= 2 and all(w == {2} for w in counts.warps.values())
+    monkeypatch.setenv(tl_dnc.WARPS_ENV, "3")
+    with pytest.raises(ValueError, match="MEMNETS_DNC_WARPS expected one of 1, 2, 4, 8, 16, 32"):
+        tl_dnc.kernel_form(64, 4, 20)
+
+
 @pytest.mark.parametrize("used", [(0,), (0, 3, 7)], ids=["outputs-only", "some-finals"])
 def test_triton_dnc_recurrence_with_outputs_left_out_of_the_loss(used):
     """Outputs that take no part in the loss reach backward as None (no zero gradient made per

@@ -45,7 +45,8 @@ install needed):
      (``MEMNETS_MODULE_GRAPHS=0``: its recurrence's graphs only). The NTM also at 4 and 8 warps per program
      (``MEMNETS_NTM_WARPS``; 16 by default at this size), a comparison. The DNC at LSTM 64, whose
      time loop is one kernel each way by default, once more with it one launch per step
-     (``MEMNETS_TIME_LOOP=steps``), and the NTM, per step by default at 128 x 20, once more with
+     (``MEMNETS_TIME_LOOP=steps``), and at 4 and 16 warps per program both ways
+     (``MEMNETS_DNC_WARPS``; by default 4 forward, 8 backward), comparisons; and the NTM, per step by default at 128 x 20, once more with
      it one kernel (``=kernel``), as a loop runs them and with the whole step graphed. Every model and its LSTM once more with the whole training
      step replayed from one CUDA graph each ("whole step graphed",
      :class:`memnets.train.graph_step.CUDAGraphStep`), the pair's ratio against the same target.
@@ -425,8 +426,9 @@ def _models_rows(bench, tiny: bool) -> None:
     from ..memories.lsam import LSAM
     from ..memories.nam_tm import NAMTuringMachine
     from ..memories.ntm import NTM
+    from ..ops.gpu.dnc import WARPS_ENV as DNC_WARPS
     from ..ops.gpu.dnc import time_loop_in_kernel as time_loop_in_kernel_dnc
-    from ..ops.gpu.ntm import time_loop_in_kernel as time_loop_in_kernel_ntm
+    from ..ops.gpu.ntm import WARPS_ENV as NTM_WARPS, time_loop_in_kernel as time_loop_in_kernel_ntm
     from .gpu import _train_step
 
     dev = bench.device
@@ -499,16 +501,15 @@ def _models_rows(bench, tiny: bool) -> None:
         row["meets"], row["target"] = None, f"comparison (MEMNETS_MODULE_GRAPHS={value})"
         return row
 
-    def warps(cfg, build, B, T, base):
-        """The NTM's kernels run one program per sequence, so its warps per program set how a
-        step's work spreads: the same step at other counts (``MEMNETS_NTM_WARPS``), a comparison."""
+    def warps(model, env, counts, cfg, build, B, T, Fi, base):
+        """The DNC's and the NTM's kernels run one program per sequence, so the warps per program
+        set how a step's work spreads: the same step at other counts (``env``), comparisons."""
         from ..ops.gpu import env_var
-        from ..ops.gpu.ntm import WARPS_ENV
-        for nw in (4, 8):
-            with env_var(WARPS_ENV, str(nw)):
-                row = case(f"NTM ({WARPS_ENV}={nw})", cfg, build, B, T, 9)
+        for nw in counts:
+            with env_var(env, str(nw)):
+                row = case(f"{model} ({env}={nw})", cfg, build, B, T, Fi)
             _pair(row, base, 2.0, "LSTM")
-            row["meets"], row["target"] = None, f"comparison ({WARPS_ENV})"
+            row["meets"], row["target"] = None, f"comparison ({env})"
 
     def lstm_build(Fi, D, bi=False):
         name = ("nn.LSTM (cuDNN)" if cuda else "nn.LSTM (CPU)") + (" bi" if bi else "")
@@ -572,6 +573,8 @@ def _models_rows(bench, tiny: bool) -> None:
         _, whole_base = whole("DNC", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
         if time_loop_in_kernel_dnc(Hc, R, W):  # the DNC at LSTM 256 has the per-step form alone
             time_loop("DNC", cfg, build, B, T_dnc, 9, base, whole_base, "steps")
+            if cuda:  # by default 4 warps forward, 8 backward at LSTM 64
+                warps("DNC", DNC_WARPS, (4, 16), cfg, build, B, T_dnc, 9, base)
     for Hc, N, W in ([(16, 8, 8)] if tiny else [(100, 128, 20)]):
         cfg = f"B={B} T={T_dnc} LSTM {Hc}, memory {N}x{W}, 1 read 1 write"
         base = lstm(cfg, 9, Hc, B, T_dnc)
@@ -586,7 +589,7 @@ def _models_rows(bench, tiny: bool) -> None:
         other = "steps" if time_loop_in_kernel_ntm(4 * Hc, W + Hc, N, W) else "kernel"
         time_loop("NTM", cfg, build, B, T_dnc, 9, base, whole_base, other)
         if cuda:
-            warps(cfg, build, B, T_dnc, base)
+            warps("NTM", NTM_WARPS, (4, 8), cfg, build, B, T_dnc, 9, base)
 
 
 def _attention_rows(bench, tiny: bool) -> None:

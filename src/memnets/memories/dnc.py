@@ -30,7 +30,7 @@ from ..ops.dnc import (DNCRecurrence, dnc_access_fused, dnc_allocation, dnc_dire
                        dnc_precedence, dnc_read_weights, dnc_retention, dnc_usage, dnc_write_weighting,
                        interface_permutation, interface_sizes)
 from ..ops.gpu import use_triton
-from ..ops.gpu.dnc import DNCRecurrenceTriton, applies as triton_applies, time_loop_in_kernel
+from ..ops.gpu.dnc import DNCRecurrenceTriton, applies as triton_applies, kernel_form
 from ..ops.gpu.graphs import fresh_zeros, graphed_autograd, whole_module
 from ..ops.permute import inverse_permutation, permute
 from ..registry import register_model
@@ -320,7 +320,7 @@ class DNC(nn.Module):
         if runs_fused(self.impl) and not return_aux and self._scan_applies(x, state):
             # this module and what its forward depends on (the form of the kernels' time loop included)
             key = ("dnc.module", id(self), self.impl,
-                   time_loop_in_kernel(cfg.controller_size, cfg.read_heads, cfg.word_size))
+                   *kernel_form(cfg.controller_size, cfg.read_heads, cfg.word_size))
             if use_triton(x) and whole_module(x, key=key, module=self):
                 return self._forward_graphed(key, x, state)
             return self._forward_scan(x, state)

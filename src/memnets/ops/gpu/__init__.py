@@ -26,7 +26,7 @@ import sys
 import torch
 
 __all__ = ["triton_ok", "interpreting", "decorating", "fix_interpreter", "lazy_kernels", "use_triton", "on_cuda_path", "cuda_path",
-           "cuda_code_path", "env_var"]
+           "cuda_code_path", "env_var", "warps_from_env"]
 
 _FORCED = [0]
 _COMPILE_ONLY = [0]  # inside compile_check.compile_only: launches compile for a GPU instead of running
@@ -79,6 +79,20 @@ def env_var(name: str, value: str | None):
             os.environ.pop(name, None)
         else:
             os.environ[name] = old
+
+
+WARP_COUNTS = (1, 2, 4, 8, 16, 32)
+
+
+def warps_from_env(name: str) -> int | None:
+    """The warps per program that the environment variable ``name`` asks a kernel for (one of
+    :data:`WARP_COUNTS`), or None where it is unset or empty: the kernel's own choice."""
+    env = os.environ.get(name, "").strip()
+    if not env:
+        return None
+    if env not in tuple(map(str, WARP_COUNTS)):
+        raise ValueError(f"{name} expected one of {', '.join(map(str, WARP_COUNTS))}, got {env!r}")
+    return int(env)
 
 
 def decorating():

@@ -49,10 +49,10 @@ from torch.autograd.function import once_differentiable
 
 from ..dnc.layout import interface_layout, interface_permutation
 from ..permute import inverse_permutation
-from . import lazy_kernels, rows
+from . import lazy_kernels, rows, warps_from_env
 from .graphs import fresh_copies, graphed, zeros_for_none
 
-__all__ = ["DNCRecurrenceTriton", "EPS", "applies", "launches_per_step"]
+__all__ = ["DNCRecurrenceTriton", "EPS", "WARPS_ENV", "applies", "kernel_form", "launches_per_step"]
 
 EPS = 1e-6  # inside every norm's square root, as memnets.ops.addressing
 MAX_SLOTS = 64  # one program holds the N × N link matrix and [R, N, N] products in registers
@@ -541,10 +541,17 @@ def _blocks(C: int, N: int, W: int, R: int, I: int) -> dict:
     return dict(BC=BC, BN=_p2(N), BW=_p2(W), BR=_p2(R), BI=max(2, min(_p2(I), max(2, 4096 // BC))))
 
 
+WARPS_ENV = "MEMNETS_DNC_WARPS"
+
+
 def _warps(BN: int, BW: int, BR: int, backward: bool) -> int:
     """Warps per program, sized to the largest [R, N, max(N, W)] tile so that the step stays in
     registers (for sm_90: the default DNC, 16 slots of 20, 4 reads, spills nothing at 4 warps
-    forward and 8 backward)."""
+    forward and 8 backward), unless ``MEMNETS_DNC_WARPS`` names a count for both (``make
+    gpu-check`` times the DNC at LSTM 64 at 4 and 16 beside its default)."""
+    env = warps_from_env(WARPS_ENV)
+    if env is not None:
+        return env
     big = BR * BN * max(BN, BW)
     if big <= 512:
         return 2 if big <= 128 else 4
@@ -564,6 +571,13 @@ def time_loop_in_kernel(C: int, R: int, W: int) -> bool:
     """Whether the whole time loop runs in one launch each way (:mod:`memnets.ops.gpu.rows`):
     the recurrent weight ``W_0 [4C, R·W + C]`` small enough, or ``MEMNETS_TIME_LOOP`` says so."""
     return rows.time_loop_in_kernel(4 * C, R * W + C)
+
+
+def kernel_form(C: int, R: int, W: int) -> tuple[bool, int | None]:
+    """What, besides the shapes, sets the kernels a DNC of controller ``C`` and ``R`` reads of
+    width ``W`` launches: its time loop's form (:func:`time_loop_in_kernel`) and the warps that
+    ``MEMNETS_DNC_WARPS`` asks for (None: by the tiles). Part of every graph key of the DNC."""
+    return time_loop_in_kernel(C, R, W), warps_from_env(WARPS_ENV)
 
 
 def applies(h0: torch.Tensor, mem0: torch.Tensor, upper=()) -> bool:
@@ -735,12 +749,13 @@ class DNCRecurrenceTriton(torch.autograd.Function):
         R, W = (int(d) for d in dims[:2])
         stored = len(dims) == 3  # w_xi and b_xi in storage order, gathered inside the graph
         fn = _forward_graph_perm if stored else _forward_loop
-        in_kernel = time_loop_in_kernel(w_x.shape[0] // 4, R, W)  # the loop's form: part of the graphs' keys
-        X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW = graphed(("dnc.forward", R, W, stored, in_kernel),
+        form = kernel_form(w_x.shape[0] // 4, R, W)  # the loop's form and the warps: part of the graphs' keys
+        in_kernel = form[0]
+        X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW = graphed(("dnc.forward", R, W, stored, *form),
                                                           functools.partial(fn, R=R, W=W, in_kernel=in_kernel),
                                                           *tensors)
         T, RW = x.shape[1], R * W
-        ctx.dims, ctx.stored, ctx.in_kernel = (R, W), stored, in_kernel
+        ctx.dims, ctx.stored, ctx.form = (R, W), stored, form
         ctx.set_materialize_grads(False)  # backward makes the zeros of unused outputs itself, in one fill
         ctx.save_for_backward(x, w_x, w_xi, w0, X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW)
         # copies, so that the outputs hold none of the per-step buffers: one multi-tensor copy (the
@@ -761,8 +776,8 @@ class DNCRecurrenceTriton(torch.autograd.Function):
         dHR, *carried, dhT = zeros_for_none(given, likes)
         # the loop and every gradient after it in one graphed function (its weights' products included)
         fn = _backward_graph_perm if ctx.stored else _backward_graph
-        grads = graphed(("dnc.backward", R, W, ctx.stored, ctx.in_kernel),
-                        functools.partial(fn, R=R, W=W, in_kernel=ctx.in_kernel), x, w_x, w_xi, w0, X, Z, CB, XI, MEM,
+        grads = graphed(("dnc.backward", R, W, ctx.stored, *ctx.form),
+                        functools.partial(fn, R=R, W=W, in_kernel=ctx.form[0]), x, w_x, w_xi, w0, X, Z, CB, XI, MEM,
                         U, LNK, PREC, WR, WW, dHR, dhT, *carried)
         need = ctx.needs_input_grad
         return (None, *(g if n else None for g, n in zip(grads[:5], need[1:6])), *grads[5:14],

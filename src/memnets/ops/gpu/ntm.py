@@ -36,11 +36,10 @@ interpreter against the NTM's step-by-step PyTorch path, float32 and float64.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
-from . import lazy_kernels, rows
+from . import lazy_kernels, rows, warps_from_env
 from .graphs import fresh_copies, graphed, zeros_for_none
 
 __all__ = ["NTMScanTriton", "ntm_scan_triton", "applies", "time_loop_in_kernel", "MAX_SLOTS", "WARPS_ENV"]
@@ -429,11 +428,9 @@ WARPS_ENV = "MEMNETS_NTM_WARPS"
 def _warps(BN: int, BW: int) -> int:
     """Warps per program: by the memory tile ``[BN, BW]``, the largest a program holds, unless
     ``MEMNETS_NTM_WARPS`` names a count (``make gpu-check`` times the NTM at 4 and 8 beside it)."""
-    env = os.environ.get(WARPS_ENV, "").strip()
-    if env:
-        if env not in ("1", "2", "4", "8", "16", "32"):
-            raise ValueError(f"{WARPS_ENV} expected one of 1, 2, 4, 8, 16, 32, got {env!r}")
-        return int(env)
+    env = warps_from_env(WARPS_ENV)
+    if env is not None:
+        return env
     n = BN * BW
     # past 2,048 entries, 16: at 128x20 (tile 128x32) on an H100, 16 warps 3.97 ms a training
     # step, 8 warps 4.23, 4 warps 5.33 (make gpu-check, results/gpu-check/2026-11-27-h100.json)
