@@ -77,7 +77,7 @@ def kernels():
     globals()["_prod_combine"] = _times
 
     @triton.jit
-    def _forward_body(Z, CB, X, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, t64, B, C, N, W, R, I, eps,
+    def _forward_body(Z, CB, X, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, t64, B, C, N, W, R, I, eps, zb,
                       BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr):
         # the buffers [T(+1), B, ...] of every step; step t64 (int64) reads index t and writes t + 1
         z_ptr = Z + t64 * B * 4 * C
@@ -97,7 +97,7 @@ def kernels():
         wr_ptr = wrp_ptr + B * R * N
         wwp_ptr = WW + t64 * B * N
         ww_ptr = wwp_ptr + B * N
-        b = tl.program_id(0)
+        b = tl.program_id(0) + zb
         ic = tl.arange(0, BC)
         mc = ic < C
         inn = tl.arange(0, BN)
@@ -217,7 +217,7 @@ def kernels():
 
     @triton.jit
     def _backward_body(Z, CB, wxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, DHR, dx_ptr,
-                       GM, GU, GL, GP, GWR, GWW, GC, GXI, DZ, t64, s, B, C, N, W, R, I, eps,
+                       GM, GU, GL, GP, GWR, GWW, GC, GXI, DZ, t64, s, B, C, N, W, R, I, eps, zb,
                        BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr,
                        ALLOC3D: tl.constexpr):
         # forward buffers [T(+1), B, ...] (step t64: index t and t + 1); the carried gradients
@@ -256,7 +256,7 @@ def kernels():
         gww_out = GWW + so_ * N
         gc_ptr = GC + si_ * C
         gc_out = GC + so_ * C
-        b = tl.program_id(0)
+        b = tl.program_id(0) + zb
         ic = tl.arange(0, BC)
         mc = ic < C
         inn = tl.arange(0, BN)
@@ -485,7 +485,7 @@ def kernels():
     def forward_step(Z, CB, X, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, t, B, C, N, W, R, I, eps,
                      BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr):
         _forward_body(Z, CB, X, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, t.to(tl.int64), B, C, N, W, R, I,
-                      eps, BC, BN, BW, BR, BI)
+                      eps, 0, BC, BN, BW, BR, BI)
 
     @triton.jit(do_not_specialize=["T"])
     def forward_seq(Z, CB, X, w0_ptr, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, T, B, C, N, W, R, I, eps,
@@ -498,8 +498,9 @@ def kernels():
             t64 = tl.full([], 0, tl.int64) + t
             _row_addmv(Z + (t64 * B + b) * 4 * C, w0_ptr, X + (t64 * B + b) * XW, 4 * C, XW, BX, BJ)
             tl.debug_barrier()  # the row's z_t, written by every thread, read by others
-            _forward_body(Z, CB, X, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, t64, B, C, N, W, R, I, eps,
-                          BC, BN, BW, BR, BI)
+            zb = (t64 // T).to(tl.int32)  # 0, unknown to the compiler (see below)
+            _forward_body(Z, CB, X, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, t64, B, C + zb, N + zb, W + zb,
+                          R + zb, I + zb, eps, zb, BC, BN, BW, BR, BI)
             tl.debug_barrier()  # the state at t + 1, read by the next step
 
     @triton.jit(do_not_specialize=["t", "s"])
@@ -508,7 +509,7 @@ def kernels():
                       BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr,
                       ALLOC3D: tl.constexpr):
         _backward_body(Z, CB, wxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, DHR, dx_ptr, GM, GU, GL, GP, GWR, GWW, GC, GXI,
-                       DZ, t.to(tl.int64), s, B, C, N, W, R, I, eps, BC, BN, BW, BR, BI, ALLOC3D)
+                       DZ, t.to(tl.int64), s, B, C, N, W, R, I, eps, 0, BC, BN, BW, BR, BI, ALLOC3D)
 
     @triton.jit(do_not_specialize=["T"])
     def backward_seq(Z, CB, wxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, DHR, dx_ptr,
@@ -520,8 +521,10 @@ def kernels():
         XW = R * W + C
         for i in range(T):
             t64 = tl.full([], 0, tl.int64) + (T - 1 - i)
+            zb = (t64 // T).to(tl.int32)  # 0, unknown to the compiler (see forward_seq)
             _backward_body(Z, CB, wxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, DHR, dx_ptr, GM, GU, GL, GP, GWR, GWW, GC,
-                           GXI, DZ, t64, i % 2, B, C, N, W, R, I, eps, BC, BN, BW, BR, BI, ALLOC3D)
+                           GXI, DZ, t64, i % 2, B, C + zb, N + zb, W + zb, R + zb, I + zb, eps, zb, BC, BN, BW, BR, BI,
+                           ALLOC3D)
             tl.debug_barrier()  # the row's dz_t, written by every thread, read by others
             _row_vecmm(dx_ptr + b * XW, w0_ptr, DZ + (t64 * B + b) * 4 * C, 4 * C, XW, BG, BJ)
             tl.debug_barrier()  # dX, read by the next step

@@ -218,10 +218,10 @@ def kernels():
 
     @triton.jit
     def forward_step(z_ptr, cprev_ptr, c_ptr, mprev_ptr, m_ptr, wrprev_ptr, wr_ptr, wwprev_ptr, ww_ptr, rh_ptr,
-                     wh_ptr, bh_ptr, p_ptr, aux_ptr, scr_ptr, N, W, C, RHW, PT,
+                     wh_ptr, bh_ptr, p_ptr, aux_ptr, scr_ptr, N, W, C, RHW, PT, zb,
                      R: tl.constexpr, HW: tl.constexpr, S: tl.constexpr, LSTM: tl.constexpr,
                      BN: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr, RB: tl.constexpr):
-        b = tl.program_id(0)
+        b = tl.program_id(0) + zb
         ci = tl.arange(0, BC)
         cm = ci < C
         ni = tl.arange(0, BN)
@@ -276,10 +276,10 @@ def kernels():
     @triton.jit
     def backward_step(z_ptr, cprev_ptr, mprev_ptr, m_ptr, wrprev_ptr, wr_ptr, wwprev_ptr, ww_ptr, p_ptr, aux_ptr,
                       wh_ptr, drh_ptr, drhc_ptr, dm_ptr, dmprev_ptr, dwr_ptr, dwrprev_ptr, dww_ptr,
-                      dwwprev_ptr, dc_ptr, dcprev_ptr, dz_ptr, dp_ptr, scr_ptr, N, W, C, RHW, KIN, PT,
+                      dwwprev_ptr, dc_ptr, dcprev_ptr, dz_ptr, dp_ptr, scr_ptr, N, W, C, RHW, KIN, PT, zb,
                       R: tl.constexpr, HW: tl.constexpr, S: tl.constexpr, LSTM: tl.constexpr,
                       BN: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr, RB: tl.constexpr):
-        b = tl.program_id(0)
+        b = tl.program_id(0) + zb
         ci = tl.arange(0, BC)
         cm = ci < C
         ni = tl.arange(0, BN)
@@ -385,10 +385,11 @@ def kernels():
             t1 = t0 + 1
             _row_addmv(Z + (t0 * B + b) * G, wrh_ptr, RH + (t0 * B + b) * RHW, G, K, BK, BJ)
             tl.debug_barrier()  # the row's z_t, written by every thread, read by others
+            zb = (t0 // T).to(tl.int32)  # 0, unknown to the compiler (memnets.ops.gpu.rows)
             _forward_step(Z + t0 * B * G, Cs + t0 * B * C, Cs + t1 * B * C, Ms + t0 * B * N * W, Ms + t1 * B * N * W,
                           Wr + t0 * B * R * N, Wr + t1 * B * R * N, Ww + t0 * B * HW * N, Ww + t1 * B * HW * N,
                           RH + t1 * B * RHW, wh_ptr, bh_ptr, Pp + t0 * B * PT, Aux + t0 * B * (R + HW) * 2 * N,
-                          scr_ptr, N, W, C, RHW, PT, R, HW, S, LSTM, BN, BW, BC, BS, RB)
+                          scr_ptr, N + zb, W + zb, C + zb, RHW, PT, zb, R, HW, S, LSTM, BN, BW, BC, BS, RB)
             tl.debug_barrier()  # the state at t + 1, read by the next step
 
     @triton.jit(do_not_specialize=["T"])
@@ -403,15 +404,16 @@ def kernels():
         for i in range(T):
             t0 = tl.full([], 0, tl.int64) + (T - 1 - i)
             t1 = t0 + 1
+            zb = (t0 // T).to(tl.int32)  # 0, unknown to the compiler (memnets.ops.gpu.rows)
             _backward_step(Z + t0 * B * G, Cs + t0 * B * C, Ms + t0 * B * N * W, Ms + t1 * B * N * W,
                            Wr + t0 * B * R * N, Wr + t1 * B * R * N, Ww + t0 * B * HW * N, Ww + t1 * B * HW * N,
                            Pp + t0 * B * PT, Aux + t0 * B * (R + HW) * 2 * N, wh_ptr, DRH + t0 * B * RHW, drhc_ptr,
                            dMs + t1 * B * N * W, dMs + t0 * B * N * W, dWr + t1 * B * R * N, dWr + t0 * B * R * N,
                            dWw + t1 * B * HW * N, dWw + t0 * B * HW * N, dCs + t1 * B * C, dCs + t0 * B * C,
-                           dZ + t0 * B * G, DP + t0 * B * PT, scr_ptr, N, W, C, RHW, KIN, PT, R, HW, S, LSTM, BN, BW,
+                           dZ + t0 * B * G, DP + t0 * B * PT, scr_ptr, N + zb, W + zb, C + zb, RHW, KIN, PT, zb, R, HW, S, LSTM, BN, BW,
                            BC, BS, RB)
             tl.debug_barrier()  # the row's dz_t, written by every thread, read by others
-            _row_vecmm(drhc_ptr + b * KIN, wrh_ptr, dZ + (t0 * B + b) * G, G, KIN, BG, BJ)
+            _row_vecmm(drhc_ptr + b * KIN, wrh_ptr, dZ + (t0 * B + b) * G, G + zb, KIN + zb, BG, BJ)
             tl.debug_barrier()  # d[r ; h], read by the next step
 
     return forward_step, backward_step, forward_seq, backward_seq
@@ -483,7 +485,7 @@ def _forward_loop(gx, w_rh, w_h, b_h, M0, wr0, ww0, r0, h0, c0, *, meta, in_kern
         for t in range(T):
             torch.addmm(gx[t], RH[t, :, :K], w_rh.t(), out=Z[t])
             fwd[(B,)](Z[t], Cs[t], Cs[t + 1], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], RH[t + 1],
-                      w_h, b_h, Pp[t], Aux[t], scratch, N, W, C, R * W + C, Pt, **meta)
+                      w_h, b_h, Pp[t], Aux[t], scratch, N, W, C, R * W + C, Pt, 0, **meta)
     if not lstm:
         Cs[1:] = c0
     return Ms, Wr, Ww, Cs, RH, Z, Pp, Aux
@@ -511,7 +513,7 @@ def _backward_loop(Z, Cs, Ms, Wr, Ww, Pp, Aux, w_rh, w_h, d_rh, dM, dwr, dww, dc
     for t in range(T - 1, -1, -1):
         bwd[(B,)](Z[t], Cs[t], Ms[t], Ms[t + 1], Wr[t], Wr[t + 1], Ww[t], Ww[t + 1], Pp[t], Aux[t], w_h,
                   d_rh[t], drhc, dMs[t + 1], dMs[t], dWr[t + 1], dWr[t], dWw[t + 1], dWw[t], dCs[t + 1], dCs[t],
-                  dZ[t], DP[t], scratch, N, W, C, R * W + C, K, Pt, **meta)
+                  dZ[t], DP[t], scratch, N, W, C, R * W + C, K, Pt, 0, **meta)
         torch.mm(dZ[t], w_rh, out=drhc)
     return dZ, DP, drhc, dMs[0], dWr[0], dWw[0], dCs[0]
 
