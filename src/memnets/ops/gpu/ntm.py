@@ -446,9 +446,9 @@ def time_loop_in_kernel(G: int, K: int, N: int, W: int) -> bool:
     """Whether the whole time loop runs in one launch each way (:mod:`memnets.ops.gpu.rows`), for
     a recurrent weight ``W_rh [G, K]`` and a memory of ``N × W``: by default where ``W_rh`` is
     small and the memory's tile has at most :data:`LOOP_TILE_MAX` entries. Past that the step
-    alone takes every register a thread has (16 warps, 128 registers), and the loop's buffer
-    pointers held across it spill (at 128 × 20, sm_90: 212 bytes a thread in the backward under
-    triton 3.9, 436 under 3.6; none per step). ``MEMNETS_TIME_LOOP`` overrides."""
+    alone takes every register a thread has (16 warps, 128 registers), and the loop's backward
+    spills under triton 3.6 (at 128 × 20, sm_90: 180 bytes a thread; 8 per step; none under 3.9).
+    ``MEMNETS_TIME_LOOP`` overrides."""
     return rows.time_loop_in_kernel(G, K, fits=_p2(N) * _p2(W) <= LOOP_TILE_MAX)
 
 
