@@ -199,3 +199,23 @@ def test_copies_go_as_one_multi_tensor_copy_per_group_of_like_tensors(monkeypatc
     buf = torch.empty(3)
     graphs.copy_all([buf, torch.empty(3)], [w, w])
     assert not buf.requires_grad  # the graph's buffers record no autograd history
+
+
+def test_the_dnc_kernels_form_in_its_graph_keys_follows_the_environment(monkeypatch):
+    """Whatever changes the DNC's kernels besides the shapes (its time loop's form, the warps
+    ``MEMNETS_DNC_WARPS`` asks for) is in ``kernel_form``, which every DNC graph key holds: a
+    graph captured under one setting is never replayed under another. Bad values are refused."""
+    from memnets.ops.gpu import dnc, warps_from_env
+
+    monkeypatch.delenv(dnc.WARPS_ENV, raising=False)
+    monkeypatch.delenv("MEMNETS_TIME_LOOP", raising=False)
+    assert warps_from_env(dnc.WARPS_ENV) is None
+    assert dnc.kernel_form(64, 4, 20) == (True, None) and dnc.kernel_form(256, 4, 64) == (False, None)
+    monkeypatch.setenv(dnc.WARPS_ENV, " 16 ")
+    assert dnc.kernel_form(64, 4, 20) == (True, 16)
+    monkeypatch.setenv("MEMNETS_TIME_LOOP", "steps")
+    assert dnc.kernel_form(64, 4, 20) == (False, 16)
+    for bad in ("3", "sixteen", "64"):
+        monkeypatch.setenv(dnc.WARPS_ENV, bad)
+        with pytest.raises(ValueError, match="MEMNETS_DNC_WARPS expected one of 1, 2, 4, 8, 16, 32"):
+            dnc.kernel_form(64, 4, 20)
