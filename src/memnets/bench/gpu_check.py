@@ -46,9 +46,10 @@ install needed):
      (``MEMNETS_NTM_WARPS``; 16 by default at this size), a comparison. The DNC at LSTM 64, whose
      time loop is one kernel each way by default, once more with it one launch per step
      (``MEMNETS_TIME_LOOP=steps``), and at 4 and 16 warps per program both ways
-     (``MEMNETS_DNC_WARPS``; by default 4 forward, 8 backward), comparisons; and the NTM, per step by default at 128 x 20, once more with
-     it one kernel (``=kernel``), as a loop runs them and with the whole step graphed. Every model and its LSTM once more with the whole training
-     step replayed from one CUDA graph each ("whole step graphed",
+     (``MEMNETS_DNC_WARPS``; by default 4 forward, 8 backward), comparisons; and the NTM, per
+     step by default at 128 x 20, once more with it one kernel (``=kernel``), as a loop runs
+     them and with the whole step graphed. Every model and its LSTM once more with the whole
+     training step replayed from one CUDA graph each ("whole step graphed",
      :class:`memnets.train.graph_step.CUDAGraphStep`), the pair's ratio against the same target.
      The LSTM of LSAM's, the DNC's and the NTM's rows also with ``torch.backends.cudnn.allow_tf32
      = False`` ("TF32 off"): by default cuDNN's RNNs multiply float32 in TF32 on tensor cores and

@@ -410,8 +410,8 @@ def kernels():
                            Pp + t0 * B * PT, Aux + t0 * B * (R + HW) * 2 * N, wh_ptr, DRH + t0 * B * RHW, drhc_ptr,
                            dMs + t1 * B * N * W, dMs + t0 * B * N * W, dWr + t1 * B * R * N, dWr + t0 * B * R * N,
                            dWw + t1 * B * HW * N, dWw + t0 * B * HW * N, dCs + t1 * B * C, dCs + t0 * B * C,
-                           dZ + t0 * B * G, DP + t0 * B * PT, scr_ptr, N + zb, W + zb, C + zb, RHW, KIN, PT, zb, R, HW, S, LSTM, BN, BW,
-                           BC, BS, RB)
+                           dZ + t0 * B * G, DP + t0 * B * PT, scr_ptr, N + zb, W + zb, C + zb, RHW, KIN, PT, zb,
+                           R, HW, S, LSTM, BN, BW, BC, BS, RB)
             tl.debug_barrier()  # the row's dz_t, written by every thread, read by others
             _row_vecmm(drhc_ptr + b * KIN, wrh_ptr, dZ + (t0 * B + b) * G, G + zb, KIN + zb, BG, BJ)
             tl.debug_barrier()  # d[r ; h], read by the next step
