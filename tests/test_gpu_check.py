@@ -22,12 +22,14 @@ ROWS = {
                "NTM (MEMNETS_TIME_LOOP=steps)", "DNC (MEMNETS_TIME_LOOP=steps) (whole step graphed)",
                "NTM (MEMNETS_TIME_LOOP=steps) (whole step graphed)"],
     "attention": ["sdpa (flash)", "fla chunk_linear_attn", "nam_attention", "nam_attention impl=torch",
-                  "nam_attention impl=fla", "chunk prefix sums (torch.cumsum)", "chunk prefix sums (Triton)"],
+                  "nam_attention impl=fla", "chunk prefix sums (torch.cumsum)", "chunk prefix sums (Triton)",
+                  "nam_attention d=128 impl=torch", "nam_attention d=128 impl=fla", "nam_attention d=128 impl=triton"],
     "scan": ["fla chunk_delta_rule (p_e=p_w)", "nam_scan auto (p_e=p_w)",
              "fla chunk_dplr_delta_rule gk=0 (p_e!=p_w)", "nam_scan auto (p_e!=p_w)"],
 }
 NEEDS_CUDA = {"sdpa (flash)", "fla chunk_linear_attn", "nam_attention impl=fla", "fla chunk_delta_rule (p_e=p_w)",
-              "fla chunk_dplr_delta_rule gk=0 (p_e!=p_w)", "chunk prefix sums (Triton)"}
+              "fla chunk_dplr_delta_rule gk=0 (p_e!=p_w)", "chunk prefix sums (Triton)", "nam_attention d=128 impl=fla",
+              "nam_attention d=128 impl=triton"}
 
 
 def test_gpu_check_dry_run_writes_every_row(tmp_path, monkeypatch, capsys):
@@ -185,11 +187,12 @@ def test_warmup_calls_match_the_rows(tmp_path):
     names = [n for n, _ in calls]
     rows = [f"{n} B=1 H=2 d=16 T={T}" for T in (32, 64, 128) for n in ROWS["scan"][:2]]
     rows += [f"{n} B=1 H=2 d=16 T={T}" for T in (32, 64, 128) for n in ROWS["scan"][2:]]
-    assert names == ["fla chunk_linear_attn B=1 H=8 d=64 S=256"] + rows
+    assert names == ["fla chunk_linear_attn B=1 H=8 d=64 S=256", "fla chunk_linear_attn B=1 H=2 d=128 S=128"] + rows
     for _, call in calls:
         call()
     assert [(r, s, d, kw) for r, s, d, kw, _ in seen] == (
-        [("linear_attn", (1, 256, 8, 64), torch.bfloat16, {"scale": 1.0, "normalize": False})]
+        [("linear_attn", (1, 256, 8, 64), torch.bfloat16, {"scale": 1.0, "normalize": False}),
+         ("linear_attn", (1, 128, 2, 128), torch.bfloat16, {"scale": 1.0, "normalize": False})]
         + [("delta_chunk", (1, T, 2, 16), torch.bfloat16, {"scale": 1.0, "final": True}) for T in (32, 64, 128)]
         + [("general_chunk", (1, T, 2, 16), torch.bfloat16, {"scale": 1.0, "final": True}) for T in (32, 64, 128)])
     assert all(q.grad is not None for *_, q in seen)  # the backward ran
@@ -200,7 +203,7 @@ def test_warmup_calls_match_the_rows(tmp_path):
     res = gpu_check.warm_up(("attention", "scan-delta"), cpu=True, json_path=tmp_path / "w.json",
                             kernels=_stand_ins([]), verbose=False)
     assert json.loads((tmp_path / "w.json").read_text()) == json.loads(json.dumps(res))
-    assert res["status"] == "done" and res["tiny"] and len(res["calls"]) == 7
+    assert res["status"] == "done" and res["tiny"] and len(res["calls"]) == 8
     assert all(c["ok"] and c["seconds"] >= 0 for c in res["calls"]), res["calls"]
     # a failing kernel is recorded, not raised
     bad = gpu_check.warm_up(("attention",), cpu=True, kernels={"linear_attn": None}, verbose=False)

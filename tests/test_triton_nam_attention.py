@@ -48,6 +48,8 @@ CASES = [  # (causal, B, H, L, S, dk, dv): one and several chunks, ragged last c
     (True, 1, 1, 5, 5, 3, 7),
     (False, 2, 2, 70, 150, 8, 5),
     (False, 1, 3, 130, 9, 16, 12),
+    (True, 1, 1, 70, 70, 80, 72),  # head dims past 64: chunks of 32, the backward in three launches
+    (False, 1, 2, 40, 70, 20, 100),
 ]
 
 
@@ -85,6 +87,23 @@ def test_causal_prefix_sums_over_many_steps_and_blocks(dtype, monkeypatch):
         got = _grads(lambda a, b, c: nam_attention(a, b, c, is_causal=True, impl="triton"), q, k, v)
     ref = _grads(lambda a, b, c: nam_attention_quadratic(a, b, c, is_causal=True), q, k, v)
     _close(got, ref, 1e-10 if dtype == torch.float64 else 5e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_wide_heads_take_one_backward_launch_per_gradient(causal):
+    """Head dims up to 64: the backward writes dq, dk and dv in one launch; past 64 (here dv) in
+    one launch each, so no program holds two [dk, dv] prefix tiles. Each way against the
+    reference."""
+    from helpers import counting_kernels
+
+    for dv, launches in ((64, 1), (65, 3)):
+        q, k, v = _inputs((1, 2, 40, 8), (1, 2, 40, 8), dv, torch.float32)
+        with pytest.MonkeyPatch.context() as mp:
+            counts = counting_kernels(ca, mp, names=("chunk_sums", "forward_out", "backward", "chunk_prefix"))
+            got = _grads(lambda a, b, c: ca.nam_attention_triton(a, b, c, causal=causal), q, k, v)
+        assert counts["backward"] == launches and counts["forward_out"] == 1, dict(counts)
+        ref = _grads(lambda a, b, c: nam_attention_quadratic(a, b, c, is_causal=causal), q, k, v)
+        _close(got, ref, 2e-5)
 
 
 def test_triton_nam_attention_half_path_on_float32_tiles(monkeypatch):

@@ -182,6 +182,7 @@ def _cases() -> list[tuple]:
         ("nam_attention causal, d=64", lambda: _Attention(8, 64, True), 3 * 8 * 64, 256, att),
         ("nam_attention, d=64", lambda: _Attention(8, 64, False), 3 * 8 * 64, 256, att),
         ("nam_attention causal, d=128", lambda: _Attention(4, 128, True), 3 * 4 * 128, 256, (torch.bfloat16,)),
+        ("nam_attention, d=128", lambda: _Attention(4, 128, False), 3 * 4 * 128, 256, (torch.bfloat16,)),
         ("nam_attention causal small", lambda: _Attention(2, 8, True), 3 * 2 * 8, 5, (torch.float64,)),
         ("LSAM small", lambda: LSAM(16, 16, 2), 16, 5, both),
         ("LSAM bi small", lambda: LSAM(16, 16, 2, bidirectional=True), 16, 5, both),

@@ -365,6 +365,11 @@ def _scan_sizes(tiny: bool) -> tuple[tuple[int, int, int], tuple[int, ...]]:
     return ((1, 2, 16), (32, 64, 128)) if tiny else ((8, 16, 64), (2048, 8192, 32768))
 
 
+def _wide_attention_sizes(tiny: bool) -> tuple[int, int, int, int]:
+    """``(B, H, d, S)`` of the wide-head attention rows (head dim 128)."""
+    return 1, (2 if tiny else 8), 128, (128 if tiny else 16384)
+
+
 def _attention_inputs(dev, B: int, H: int, S: int, d: int, dtype, layout: str = "bhsd") -> list[torch.Tensor]:
     from ..ops import unit
 
@@ -665,12 +670,55 @@ def _attention_rows(bench, tiny: bool) -> None:
         if bench.on_row is not None:
             bench.on_row(ours)
     _prefix_rows(bench, tiny)
+    _wide_rows(bench, tiny)
     # the non-causal row's ratio to fla's (causal) kernel, now that it is timed
     for r in bench.rows:
         if r["name"] == "nam_attention" and not r.get("causal") and fla_row is not None and fla_row["ms"] and r["ms"]:
             r["baseline"], r["ratio"] = fla_row["name"] + " (causal)", round(r["ms"] / fla_row["ms"], 3)
             if not tiny and cuda:
                 r["meets"] = r["ms"] <= 0.6 or r["ratio"] <= 1.2
+
+
+def _wide_rows(bench, tiny: bool) -> None:
+    """``nam_attention`` at head dim 128 (bf16, forward+backward), causal and not: its Triton
+    kernels (chunks of 32, the backward one launch per gradient) beside what ``impl="auto"``
+    takes there on CUDA (fla's kernel causal, the PyTorch path non-causal), a comparison that
+    says whether ``auto`` should take the kernels at this width too."""
+    from ..ops import nam_attention
+    from ..ops.attention import resolve_attention_impl
+    from .gpu import _fwd_bwd
+
+    dev = bench.device
+    cuda = dev.type == "cuda"
+    B, H, d, S = _wide_attention_sizes(tiny)
+    dtype = ROWS_DTYPE
+    warmup, repeat = (2, 10) if not tiny else (1, 1)
+    q0 = torch.empty(1, 1, 1, d, device=dev, dtype=dtype)
+    for causal in (False, True):
+        cfg = f"B={B} H={H} d={d} S={S}" + (" causal" if causal else "")
+        extra = {"S": S, "d": d, "causal": causal}
+
+        def make(impl, causal=causal):
+            q, k, v = _attention_inputs(dev, B, H, S, d, dtype)
+            return _fwd_bwd(lambda: nam_attention(q, k, v, is_causal=causal, impl=impl), [q, k, v])
+        other = "fla" if causal else "torch"
+        name = f"nam_attention d={d} impl={other}"
+        if other == "fla" and not cuda:
+            base = _cuda_only(bench, "attention", name, cfg, dtype, "fla's Triton kernels",
+                              {"baseline_row": True, **extra})
+        else:
+            base = bench.measure("attention", name, cfg, dtype, lambda other=other: make(other), warmup, repeat,
+                                 note=f"impl=auto takes {resolve_attention_impl('auto', q0, q0, q0, causal=causal)}",
+                                 extra={"needs_cuda": other == "fla", "baseline_row": True, **extra})
+        name = f"nam_attention d={d} impl=triton"
+        if cuda:
+            ours = bench.measure("attention", name, cfg, dtype, lambda: make("triton"), warmup, repeat,
+                                 extra={"needs_cuda": True, **extra})
+        else:
+            ours = _cuda_only(bench, "attention", name, cfg, dtype, "Triton kernels", dict(extra))
+        if base["ms"] and ours["ms"]:
+            ours["baseline"], ours["ratio"] = base["name"], round(ours["ms"] / base["ms"], 3)
+        ours["target"] = "comparison"
 
 
 def _prefix_rows(bench, tiny: bool) -> None:
@@ -805,6 +853,9 @@ def warmup_calls(device: torch.device | str, *, tiny: bool = False, kernels: dic
     calls: list[tuple[str, Callable[[], None]]] = []
     if "attention" in groups:
         B, H, d, S = _attention_sizes(tiny)
+        calls.append((f"fla chunk_linear_attn B={B} H={H} d={d} S={S}",
+                      once(lambda sz=(B, H, S, d): _fla_attention_step(kern("linear_attn"), dev, *sz, dtype))))
+        B, H, d, S = _wide_attention_sizes(tiny)  # the wide-head rows' fla kernel
         calls.append((f"fla chunk_linear_attn B={B} H={H} d={d} S={S}",
                       once(lambda sz=(B, H, S, d): _fla_attention_step(kern("linear_attn"), dev, *sz, dtype))))
     (B, H, d), lengths = _scan_sizes(tiny)

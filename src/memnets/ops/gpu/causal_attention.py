@@ -19,7 +19,8 @@ Every chunk is independent of the others once the prefixes are summed, so the wo
 over ``chunks × sequences`` programs at once, where a recurrence over the chunks (as in
 flash-linear-attention's ``chunk_linear_attn``) runs ``sequences`` programs one chunk after
 the other. Backward, three launches the same way: the chunk sums ``Q_nᵀ dO_n`` and their
-prefixes, then one program per chunk writes ``dq``, ``dk`` and ``dv`` (μ's backward fused)::
+prefixes, then one program per chunk writes ``dq``, ``dk`` and ``dv`` (μ's backward fused; for
+head dims past :data:`SPLIT_HEAD_DIM`, one launch per gradient, :func:`_parts`)::
 
     dQ_n = dO_n P_{n-1}ᵀ + tril(dO_n V_nᵀ) K_n         G_n = Σ_{m>n} Q_mᵀ dO_m
     dK_n = V_n G_nᵀ + tril(dO_n V_nᵀ)ᵀ Q_n              dV_n = K_n G_n + tril(Q_n K_nᵀ)ᵀ dO_n
@@ -51,8 +52,9 @@ __all__ = ["NAMAttentionTriton", "nam_attention_triton", "chunk_prefix_", "appli
            "FAST_HEAD_DIM", "CHUNK"]
 
 MAX_HEAD_DIM = 128  # dk and dv: one program holds a [dk, dv] prefix and [C, dk], [C, dv] tiles
-FAST_HEAD_DIM = 64  # past it the backward spills registers on sm_90 (python -m memnets.bench.compile_check)
+FAST_HEAD_DIM = 64  # where "auto" takes the kernels on CUDA (fast_on_cuda)
 CHUNK = 64
+SPLIT_HEAD_DIM = 64  # past it the backward is three launches (:func:`_parts`)
 PREFIX_ROWS, PREFIX_BLOCK = 32, 128  # the causal prefix sums: chunks a step, entries a program
 HALF = (torch.bfloat16, torch.float16)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
@@ -149,11 +151,20 @@ def kernels():
         tl.store(o_ptr + b * L * dv + rows[:, None] * dv + j[None, :], o.to(o_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
+    def _suffix(g_ptr, b, n, n_g, g_b, BK: tl.constexpr, BV: tl.constexpr):
+        """``Σ_{m>n} Q_mᵀ dO_m`` of sequence ``b``: the last of the ``n_g`` prefixes less the ``n``-th."""
+        gb = g_ptr + b * g_b + tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
+        return tl.load(gb + (n_g - 1) * BK * BV) - tl.load(gb + n * BK * BV)
+
+    @triton.jit
     def backward(q_ptr, k_ptr, v_ptr, do_ptr, p_ptr, g_ptr, dq_ptr, dk_ptr, dv_ptr, n_chunks, L, S, dk, dv,
                  sq_b, sq_r, sk_b, sk_r, sv_b, sv_r, sd_b, sd_r, p_b, g_b, n_g, SCALE: tl.constexpr,
                  EPS_: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CAUSAL: tl.constexpr,
-                 HALF_IN: tl.constexpr, ACC: tl.constexpr, IN: tl.constexpr):
-        """``dq`` of query chunk ``n`` and ``dk``, ``dv`` of key chunk ``n`` (of one sequence ``b``).
+                 DQ: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, HALF_IN: tl.constexpr,
+                 ACC: tl.constexpr, IN: tl.constexpr):
+        """``dq`` of query chunk ``n`` (``DQ``), ``dk`` (``DK``) and ``dv`` (``DV``) of key chunk
+        ``n``, of one sequence ``b``: all three in one program, or each in a launch of its own
+        (wide heads: :func:`_parts`).
 
         ``p``: the prefixes of ``Kᵀ V`` (causal; non-causal: their sum); ``g``: the prefixes of
         ``Qᵀ dO`` over ``n_g`` chunks (non-causal: their sum)."""
@@ -163,46 +174,65 @@ def kernels():
         i = tl.arange(0, BK)
         j = tl.arange(0, BV)
         r = tl.arange(0, C)
-        q = _tile(q_ptr, b, n * C, L, dk, sq_b, sq_r, C, BK, ACC)
-        inv_q, big_q = _inv_norm(q, eps)
-        u_q = q * inv_q[:, None]
-        Q = u_q * scale
-        do = _tile(do_ptr, b, n * C, L, dv, sd_b, sd_r, C, BV, ACC)
-        k = _tile(k_ptr, b, n * C, S, dk, sk_b, sk_r, C, BK, ACC)
-        inv_k, big_k = _inv_norm(k, eps)
-        K = k * inv_k[:, None]
-        v = _tile(v_ptr, b, n * C, S, dv, sv_b, sv_r, C, BV, ACC)
-        if CAUSAL:
-            h = tl.load(p_ptr + b * p_b + tl.maximum(n - 1, 0) * BK * BV + i[:, None] * BV + j[None, :])
-            h = tl.where(n > 0, h, 0.0)  # P_{n-1}; none before the first chunk
-            gb = g_ptr + b * g_b + i[:, None] * BV + j[None, :]
-            g = tl.load(gb + (n_g - 1) * BK * BV) - tl.load(gb + n * BK * BV)  # Σ_{m>n} Q_mᵀ dO_m
-            dQ = _mm_state(do, tl.trans(h), HALF_IN, ACC, IN)
-            dK = _mm_state(v, tl.trans(g), HALF_IN, ACC, IN)
-            dV = _mm_state(K, g, HALF_IN, ACC, IN)
-            lower = r[:, None] >= r[None, :]
-            A = tl.where(lower, _mm(Q, tl.trans(K), HALF_IN, ACC, IN), 0.0)
-            dA = tl.where(lower, _mm(do, tl.trans(v), HALF_IN, ACC, IN), 0.0)
-            dQ += _mm(dA, K, HALF_IN, ACC, IN)
-            dK += _mm(tl.trans(dA), Q, HALF_IN, ACC, IN)
-            dV += _mm(tl.trans(A), do, HALF_IN, ACC, IN)
-        else:
-            h = tl.load(p_ptr + b * p_b + i[:, None] * BV + j[None, :])
-            g = tl.load(g_ptr + b * g_b + i[:, None] * BV + j[None, :])
-            dQ = _mm_state(do, tl.trans(h), HALF_IN, ACC, IN)
-            dK = _mm_state(v, tl.trans(g), HALF_IN, ACC, IN)
-            dV = _mm_state(K, g, HALF_IN, ACC, IN)
-        # μ's backward: d/dx (x / max(‖x‖, eps)) · g = (g − [‖x‖ >= eps] u (u·g)) / max(‖x‖, eps)
-        gq = dQ * scale
-        gq = (gq - tl.where(big_q, tl.sum(gq * u_q, 1), 0.0)[:, None] * u_q) * inv_q[:, None]
-        gk = (dK - tl.where(big_k, tl.sum(dK * K, 1), 0.0)[:, None] * K) * inv_k[:, None]
         rows = n * C + r
-        mq = (rows < L)[:, None] & (i < dk)[None, :]
-        tl.store(dq_ptr + b * L * dk + rows[:, None] * dk + i[None, :], gq.to(dq_ptr.dtype.element_ty), mask=mq)
-        mk = (rows < S)[:, None] & (i < dk)[None, :]
-        tl.store(dk_ptr + b * S * dk + rows[:, None] * dk + i[None, :], gk.to(dk_ptr.dtype.element_ty), mask=mk)
-        mv = (rows < S)[:, None] & (j < dv)[None, :]
-        tl.store(dv_ptr + b * S * dv + rows[:, None] * dv + j[None, :], dV.to(dv_ptr.dtype.element_ty), mask=mv)
+        # the tiles each part reads: dq the queries and dO, dk the keys and values, dv the keys;
+        # causal, the within-chunk products take all four in every part
+        if DQ or CAUSAL:
+            q = _tile(q_ptr, b, n * C, L, dk, sq_b, sq_r, C, BK, ACC)
+            inv_q, big_q = _inv_norm(q, eps)
+            u_q = q * inv_q[:, None]
+            Q = u_q * scale
+            do = _tile(do_ptr, b, n * C, L, dv, sd_b, sd_r, C, BV, ACC)
+        if DK or DV or CAUSAL:
+            k = _tile(k_ptr, b, n * C, S, dk, sk_b, sk_r, C, BK, ACC)
+            inv_k, big_k = _inv_norm(k, eps)
+            K = k * inv_k[:, None]
+        if DQ or DK or CAUSAL:
+            v = _tile(v_ptr, b, n * C, S, dv, sv_b, sv_r, C, BV, ACC)
+        if CAUSAL:
+            lower = r[:, None] >= r[None, :]
+            if DQ or DK:
+                dA = tl.where(lower, _mm(do, tl.trans(v), HALF_IN, ACC, IN), 0.0)
+        if DQ:
+            if CAUSAL:
+                h = tl.load(p_ptr + b * p_b + tl.maximum(n - 1, 0) * BK * BV + i[:, None] * BV + j[None, :])
+                h = tl.where(n > 0, h, 0.0)  # P_{n-1}; none before the first chunk
+                dQ = _mm_state(do, tl.trans(h), HALF_IN, ACC, IN) + _mm(dA, K, HALF_IN, ACC, IN)
+            else:
+                h = tl.load(p_ptr + b * p_b + i[:, None] * BV + j[None, :])
+                dQ = _mm_state(do, tl.trans(h), HALF_IN, ACC, IN)
+            # μ's backward: d/dx (x / max(‖x‖, eps)) · g = (g − [‖x‖ >= eps] u (u·g)) / max(‖x‖, eps)
+            gq = dQ * scale
+            gq = (gq - tl.where(big_q, tl.sum(gq * u_q, 1), 0.0)[:, None] * u_q) * inv_q[:, None]
+            mq = (rows < L)[:, None] & (i < dk)[None, :]
+            tl.store(dq_ptr + b * L * dk + rows[:, None] * dk + i[None, :], gq.to(dq_ptr.dtype.element_ty),
+                     mask=mq)
+        if DK:
+            if CAUSAL:
+                dK = _mm(tl.trans(dA), Q, HALF_IN, ACC, IN)
+                g = _suffix(g_ptr, b, n, n_g, g_b, BK, BV)
+                dK += _mm_state(v, tl.trans(g), HALF_IN, ACC, IN)
+            else:
+                g = tl.load(g_ptr + b * g_b + i[:, None] * BV + j[None, :])
+                dK = _mm_state(v, tl.trans(g), HALF_IN, ACC, IN)
+            gk = (dK - tl.where(big_k, tl.sum(dK * K, 1), 0.0)[:, None] * K) * inv_k[:, None]
+            mk = (rows < S)[:, None] & (i < dk)[None, :]
+            tl.store(dk_ptr + b * S * dk + rows[:, None] * dk + i[None, :], gk.to(dk_ptr.dtype.element_ty),
+                     mask=mk)
+        if DV:
+            if CAUSAL:
+                A = tl.where(lower, _mm(Q, tl.trans(K), HALF_IN, ACC, IN), 0.0)
+                dV = _mm(tl.trans(A), do, HALF_IN, ACC, IN)
+                if not DK:
+                    g = _suffix(g_ptr, b, n, n_g, g_b, BK, BV)
+                dV += _mm_state(K, g, HALF_IN, ACC, IN)
+            else:
+                if not DK:
+                    g = tl.load(g_ptr + b * g_b + i[:, None] * BV + j[None, :])
+                dV = _mm_state(K, g, HALF_IN, ACC, IN)
+            mv = (rows < S)[:, None] & (j < dv)[None, :]
+            tl.store(dv_ptr + b * S * dv + rows[:, None] * dv + j[None, :], dV.to(dv_ptr.dtype.element_ty),
+                     mask=mv)
 
     # the kernels call these helpers by name: Triton looks a called function (and the helpers'
     # ``tl.constexpr`` annotations, strings under ``from __future__ import annotations``) up in
@@ -225,7 +255,8 @@ def kernels():
             tl.store(base + offs, tl.cumsum(x, 0) + carry[None, :], mask=m)
             carry += tl.sum(x, 0)
 
-    globals().update(triton=triton, tl=tl, _tile=_tile, _inv_norm=_inv_norm, _mm=_mm, _mm_state=_mm_state)
+    globals().update(triton=triton, tl=tl, _tile=_tile, _inv_norm=_inv_norm, _mm=_mm, _mm_state=_mm_state,
+                     _suffix=_suffix)
     return chunk_sums, forward_out, backward, chunk_prefix
 
 
@@ -244,6 +275,16 @@ def _chunk(bk: int, bv: int) -> int:
     return CHUNK if max(bk, bv) <= 64 else max(16, CHUNK // 2)
 
 
+def _parts(bk: int, bv: int) -> tuple[tuple[bool, bool, bool], ...]:
+    """The backward's launches, each ``(dq, dk, dv)``: which gradients it writes. One for head dims
+    up to :data:`SPLIT_HEAD_DIM`; past it one each, so that a program holds one ``[dk, dv]``
+    prefix tile and one gradient tile, where one program holding all would spill registers
+    (``python -m memnets.bench.compile_check``)."""
+    if max(bk, bv) <= SPLIT_HEAD_DIM:
+        return ((True, True, True),)
+    return (True, False, False), (False, True, False), (False, False, True)
+
+
 def applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
     """Whether the kernels take these ``[..., L, dk]``, ``[..., S, dk]``, ``[..., S, dv]`` inputs:
     one floating dtype of :data:`DTYPES`, head dims up to :data:`MAX_HEAD_DIM`, at least one step."""
@@ -256,7 +297,9 @@ def applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool
 def fast_on_cuda(query: torch.Tensor, value: torch.Tensor) -> bool:
     """Where ``nam_attention(impl="auto")`` takes the kernels on CUDA: bfloat16/float16 inputs with
     head dims up to :data:`FAST_HEAD_DIM`. Their exact float32 products (``ieee``, and even TF32x3)
-    and head dims of 128 spill registers in the backward on sm_90, by the compile check."""
+    spill registers in the backward on sm_90, by the compile check. Past 64 (chunks of 32, the
+    backward one launch per gradient) they compile without spills but are not yet timed against
+    fla's kernel there, so ``auto`` keeps fla (causal) or the PyTorch path."""
     return query.dtype in HALF and query.shape[-1] <= FAST_HEAD_DIM and value.shape[-1] <= FAST_HEAD_DIM
 
 
@@ -360,10 +403,12 @@ class NAMAttentionTriton(torch.autograd.Function):
         G = _sums(q, do, norm=True, scale=ctx.scale, eps=ctx.eps, causal=ctx.causal, C=C, bx=BK, by=BV)
         dq, dk_, dv_ = (t.new_empty(t.shape) for t in (q, k, v))  # contiguous, whatever the inputs' strides
         nc = -(-max(L, S) // C)
-        bwd[(nc * N,)](q, k, v, do, P, G, dq, dk_, dv_, nc, L, S, dk, dv, q.stride(0), q.stride(1), k.stride(0),
-                       k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1), P.stride(0), G.stride(0),
-                       G.shape[1] if ctx.causal else 1, ctx.scale, ctx.eps, C=C, BK=BK, BV=BV, CAUSAL=ctx.causal,
-                       **_meta(q.dtype), num_warps=_warps(BK, BV, backward=True))
+        for DQ, DK, DV in _parts(BK, BV):
+            bwd[(nc * N,)](q, k, v, do, P, G, dq, dk_, dv_, nc, L, S, dk, dv, q.stride(0), q.stride(1),
+                           k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+                           P.stride(0), G.stride(0), G.shape[1] if ctx.causal else 1, ctx.scale, ctx.eps, C=C,
+                           BK=BK, BV=BV, CAUSAL=ctx.causal, DQ=DQ, DK=DK, DV=DV, **_meta(q.dtype),
+                           num_warps=_warps(BK, BV, backward=True))
         return dq, dk_, dv_, None, None, None
 
 
