@@ -59,6 +59,7 @@ def test_gpu_check_dry_run_writes_every_row(tmp_path, monkeypatch, capsys):
             else:
                 assert r["needs_cuda"] is False and r["ms"] > 0 and r["first_ms"] > 0, r
             assert r["meets"] is None  # a dry run meets or misses no target
+        assert "## Alternatives against the default" in md and "| DNC | " in md
         counts = {}
         for r in res["rows"]:
             counts[r["name"]] = counts.get(r["name"], 0) + 1
@@ -304,3 +305,19 @@ def test_a_row_whose_graph_capture_failed_says_so():
     assert row["ms"] is not None and "1 graph capture(s) failed" in row["note"]
     assert "AcceleratorError: boom" in row["capture_failures"][0]
     assert "capture_failures" not in ok and ok["note"] == ""
+
+
+def test_alternatives_pair_each_comparison_with_the_default_it_varies():
+    def row(name, ms, config="c", **kw):
+        return {"section": "models", "name": name, "config": config, "ms": ms, **kw}
+    rows = [row("DNC", 4.0), row("DNC (MEMNETS_TIME_LOOP=steps)", 5.0), row("DNC (whole step graphed)", 2.0),
+            row("DNC (MEMNETS_DNC_WARPS=16) (whole step graphed)", 1.0), row("DNC (no graph replay)", 8.0),
+            row("NTM (MEMNETS_NTM_WARPS=4)", 3.0),  # no NTM row of this config: left out
+            row("DNC (MEMNETS_TIME_LOOP=steps)", 1.0, config="other"),  # nor one of another config
+            row("NAM-TM (MEMNETS_MODULE_GRAPHS=0)", None),  # nor a row without a time
+            row("impl=fla", 2.0, config="a"), row("impl=triton", 1.0, config="a", target="comparison",
+                                                   baseline="impl=fla")]
+    got = {(a["default"], a["alternative"]): a["ratio"] for a in gpu_check.alternatives(rows)}
+    assert got == {("DNC", "DNC (MEMNETS_TIME_LOOP=steps)"): 1.25,
+                   ("DNC (whole step graphed)", "DNC (MEMNETS_DNC_WARPS=16) (whole step graphed)"): 0.5,
+                   ("DNC", "DNC (no graph replay)"): 2.0, ("impl=fla", "impl=triton"): 0.5}

@@ -1128,6 +1128,34 @@ def _fmt(v: Any) -> str:
     return str(v).replace("|", "\\|")
 
 
+_VARIANT = re.compile(r"^(?P<base>.+?) \((?P<what>MEMNETS_[A-Z_]+=[^)]*|no graph replay)\)(?P<rest>.*)$")
+
+
+def alternatives(rows: list[dict]) -> list[dict]:
+    """Each comparison row against the default it varies, for choosing defaults from one run:
+    a model's row run another way (``"DNC (MEMNETS_TIME_LOOP=steps)"``, with or without
+    ``" (whole step graphed)"``, against ``"DNC"`` of the same config and suffix; ``"… (no graph
+    replay)"`` likewise), and the rows whose target is ``"comparison"`` against their own
+    baseline (``"nam_attention d=128 impl=triton"`` against what ``impl="auto"`` takes there).
+    Each: ``default``, ``alternative``, ``config``, their ``ms`` and ``ratio`` (alternative over
+    default; < 1: the alternative was faster). Rows without a time are left out."""
+    by_key = {(r["section"], r["name"], r["config"]): r for r in rows}
+    out = []
+    for r in rows:
+        m = _VARIANT.match(r["name"])
+        if m:
+            base = by_key.get((r["section"], m["base"] + m["rest"], r["config"]))
+        elif r.get("target") == "comparison" and r.get("baseline"):
+            base = by_key.get((r["section"], r["baseline"], r["config"]))
+        else:
+            continue
+        if base is None or not base.get("ms") or not r.get("ms"):
+            continue
+        out.append({"section": r["section"], "config": r["config"], "default": base["name"], "default_ms": base["ms"],
+                    "alternative": r["name"], "alternative_ms": r["ms"], "ratio": round(r["ms"] / base["ms"], 3)})
+    return out
+
+
 def format_markdown(result: dict[str, Any]) -> str:
     """The check as one markdown page: the GPU, the test counts and the bench table."""
     env = result["env"]
@@ -1182,6 +1210,16 @@ def format_markdown(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         out.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
     out.append("")
+    alts = alternatives(result["rows"])
+    if alts:
+        out += ["## Alternatives against the default", "",
+                "Each comparison row beside the row it varies (same config): ratio = alternative ms / default ms "
+                "(< 1: the alternative was faster on this run).", "",
+                "| config | default | ms | alternative | ms | ratio |", "|---|---|---|---|---|---|"]
+        for a in alts:
+            out.append(f"| {a['config']} | {a['default']} | {_fmt(a['default_ms'])} | {a['alternative']} | "
+                       f"{_fmt(a['alternative_ms'])} | {_fmt(a['ratio'])} |")
+        out.append("")
     pr = result.get("profile")
     if pr:
         out += ["## Wall time against kernel time, one training step (`python -m memnets.bench.gpu_profile`)", ""]
