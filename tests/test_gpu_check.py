@@ -23,13 +23,14 @@ ROWS = {
                "NTM (MEMNETS_TIME_LOOP=steps) (whole step graphed)"],
     "attention": ["sdpa (flash)", "fla chunk_linear_attn", "nam_attention", "nam_attention impl=torch",
                   "nam_attention impl=fla", "chunk prefix sums (torch.cumsum)", "chunk prefix sums (Triton)",
-                  "nam_attention d=128 impl=torch", "nam_attention d=128 impl=fla", "nam_attention d=128 impl=triton"],
+                  "nam_attention d=128 impl=torch", "nam_attention d=128 impl=fla", "nam_attention d=128 impl=triton",
+                  "nam_attention (MEMNETS_ATTENTION_BACKWARD=split)"],
     "scan": ["fla chunk_delta_rule (p_e=p_w)", "nam_scan auto (p_e=p_w)",
              "fla chunk_dplr_delta_rule gk=0 (p_e!=p_w)", "nam_scan auto (p_e!=p_w)"],
 }
 NEEDS_CUDA = {"sdpa (flash)", "fla chunk_linear_attn", "nam_attention impl=fla", "fla chunk_delta_rule (p_e=p_w)",
               "fla chunk_dplr_delta_rule gk=0 (p_e!=p_w)", "chunk prefix sums (Triton)", "nam_attention d=128 impl=fla",
-              "nam_attention d=128 impl=triton"}
+              "nam_attention d=128 impl=triton", "nam_attention (MEMNETS_ATTENTION_BACKWARD=split)"}
 
 
 def test_gpu_check_dry_run_writes_every_row(tmp_path, monkeypatch, capsys):

@@ -91,19 +91,25 @@ def test_causal_prefix_sums_over_many_steps_and_blocks(dtype, monkeypatch):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_wide_heads_take_one_backward_launch_per_gradient(causal):
-    """Head dims up to 64: the backward writes dq, dk and dv in one launch; past 64 (here dv) in
-    one launch each, so no program holds two [dk, dv] prefix tiles. Each way against the
-    reference."""
+    """Head dims up to 64: the backward writes dq, dk and dv in one launch (8 warps); past 64
+    (here dv) in one launch each, so no program holds two [dk, dv] prefix tiles; with
+    MEMNETS_ATTENTION_BACKWARD=split at every head dim (4 warps up to 64). Each way against the
+    reference; a value the variable does not know is refused."""
     from helpers import counting_kernels
 
-    for dv, launches in ((64, 1), (65, 3)):
+    from memnets.ops.gpu import env_var
+
+    for dv, env, launches, warps in ((64, None, 1, 8), (65, None, 3, 8), (64, "split", 3, 4), (65, "fused", 3, 8)):
         q, k, v = _inputs((1, 2, 40, 8), (1, 2, 40, 8), dv, torch.float32)
-        with pytest.MonkeyPatch.context() as mp:
+        with pytest.MonkeyPatch.context() as mp, env_var(ca.BACKWARD_ENV, env):
             counts = counting_kernels(ca, mp, names=("chunk_sums", "forward_out", "backward", "chunk_prefix"))
             got = _grads(lambda a, b, c: ca.nam_attention_triton(a, b, c, causal=causal), q, k, v)
-        assert counts["backward"] == launches and counts["forward_out"] == 1, dict(counts)
+        assert counts["backward"] == launches and counts["forward_out"] == 1, (dv, env, dict(counts))
+        assert counts.warps["backward"] == {warps}, (dv, env, counts.warps)
         ref = _grads(lambda a, b, c: nam_attention_quadratic(a, b, c, is_causal=causal), q, k, v)
         _close(got, ref, 2e-5)
+    with env_var(ca.BACKWARD_ENV, "three"), pytest.raises(ValueError, match="expected 'fused' or 'split'"):
+        _grads(lambda a, b, c: ca.nam_attention_triton(a, b, c, causal=causal), q, k, v)
 
 
 def test_triton_nam_attention_half_path_on_float32_tiles(monkeypatch):

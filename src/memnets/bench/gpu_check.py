@@ -601,6 +601,8 @@ def _models_rows(bench, tiny: bool) -> None:
 def _attention_rows(bench, tiny: bool) -> None:
     from ..ops import nam_attention
     from ..ops.attention import resolve_attention_impl
+    from ..ops.gpu import causal_attention as ca
+    from ..ops.gpu import env_var
     from .gpu import _fwd_bwd
 
     dev = bench.device
@@ -658,6 +660,23 @@ def _attention_rows(bench, tiny: bool) -> None:
         used = resolve_attention_impl("auto", q0, q0, q0, causal=causal)
         ours = bench.measure("attention", "nam_attention", cfg, dtype, make_nam, warmup, repeat,
                              extra={"needs_cuda": False, "impl": used, **extra})
+        # the backward one launch per gradient (4 warps each) instead of one, a comparison
+        name = f"nam_attention ({ca.BACKWARD_ENV}=split)"
+        if cuda:
+            def make_split():
+                fn = make_nam("triton")
+
+                def call():
+                    with env_var(ca.BACKWARD_ENV, "split"):
+                        fn()
+                return call
+            split = bench.measure("attention", name, cfg, dtype, make_split, warmup, repeat,
+                                  extra={"needs_cuda": True, **extra})
+            if split["ms"] and ours["ms"]:
+                split["baseline"], split["ratio"] = ours["name"], round(split["ms"] / ours["ms"], 3)
+        else:
+            split = _cuda_only(bench, "attention", name, cfg, dtype, "Triton kernels", dict(extra))
+        split["target"] = "comparison"
         limit = 0.9 if causal else 0.6
         ours["target"] = f"<= {limit} ms, or <= 1.2x fla chunk_linear_attn"
         if sdpa["ms"] and ours["ms"]:

@@ -44,12 +44,14 @@ float64, values and every gradient.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import lazy_kernels
 
 __all__ = ["NAMAttentionTriton", "nam_attention_triton", "chunk_prefix_", "applies", "fast_on_cuda", "MAX_HEAD_DIM",
-           "FAST_HEAD_DIM", "CHUNK"]
+           "FAST_HEAD_DIM", "CHUNK", "BACKWARD_ENV"]
 
 MAX_HEAD_DIM = 128  # dk and dv: one program holds a [dk, dv] prefix and [C, dk], [C, dv] tiles
 FAST_HEAD_DIM = 64  # where "auto" takes the kernels on CUDA (fast_on_cuda)
@@ -265,7 +267,10 @@ def _block(d: int) -> int:
 
 
 def _warps(bk: int, bv: int, backward: bool = False) -> int:
-    """Warps per program: the backward holds twice the tiles of the forward."""
+    """Warps per program: the backward holds twice the tiles of the forward (as one launch; one
+    launch per gradient at head dims up to 64 holds one prefix tile, at 4 warps)."""
+    if backward and len(_parts(bk, bv)) > 1 and max(bk, bv) <= SPLIT_HEAD_DIM:
+        return 4
     return 8 if backward or bk * bv > 64 * 64 else 4
 
 
@@ -275,12 +280,21 @@ def _chunk(bk: int, bv: int) -> int:
     return CHUNK if max(bk, bv) <= 64 else max(16, CHUNK // 2)
 
 
+BACKWARD_ENV = "MEMNETS_ATTENTION_BACKWARD"
+
+
 def _parts(bk: int, bv: int) -> tuple[tuple[bool, bool, bool], ...]:
     """The backward's launches, each ``(dq, dk, dv)``: which gradients it writes. One for head dims
     up to :data:`SPLIT_HEAD_DIM`; past it one each, so that a program holds one ``[dk, dv]``
     prefix tile and one gradient tile, where one program holding all would spill registers
-    (``python -m memnets.bench.compile_check``)."""
-    if max(bk, bv) <= SPLIT_HEAD_DIM:
+    (``python -m memnets.bench.compile_check``). ``MEMNETS_ATTENTION_BACKWARD=split`` takes one
+    launch per gradient at every head dim (at 64, bf16: 4 warps and at most 188 registers a
+    program, where the single launch takes 8 warps and 238, one program per SM; which is faster
+    is for ``make gpu-check`` to say); ``fused`` or unset: as above."""
+    env = os.environ.get(BACKWARD_ENV, "").strip()
+    if env not in ("", "fused", "split"):
+        raise ValueError(f"{BACKWARD_ENV} expected 'fused' or 'split', got {env!r}")
+    if max(bk, bv) <= SPLIT_HEAD_DIM and env != "split":
         return ((True, True, True),)
     return (True, False, False), (False, True, False), (False, False, True)
 
