@@ -89,6 +89,21 @@ def test_causal_prefix_sums_over_many_steps_and_blocks(dtype, monkeypatch):
     _close(got, ref, 1e-10 if dtype == torch.float64 else 5e-5)
 
 
+@pytest.mark.parametrize("programs", [1, 3, 5])
+def test_non_causal_sums_in_groups_of_chunks(programs, monkeypatch):
+    """Non-causal, each program of the chunk sums adds a group of chunks (some SUM_PROGRAMS
+    programs in all): one group per sequence, and groups of 2 and 1 chunks with a ragged last
+    group and chunk, values and every gradient against the reference in float64."""
+    monkeypatch.setattr(ca, "CHUNK", 16)
+    q, k, v = _inputs((1, 2, 40, 8), (1, 2, 70, 8), 5, torch.float64)  # 3 query chunks, 5 key chunks
+    k[0, 1, 33] = 0
+    monkeypatch.setattr(ca, "SUM_PROGRAMS", programs)
+    assert ca._per(2, 5) == {1: 10, 3: 4, 5: 2}[programs]  # the keys' 5 chunks in groups of 5, 4 + 1, 2 + 2 + 1
+    got = _grads(lambda a, b, c: ca.nam_attention_triton(a, b, c, causal=False, scale=0.5), q, k, v)
+    ref = _grads(lambda a, b, c: nam_attention_quadratic(a, b, c, is_causal=False, scale=0.5), q, k, v)
+    _close(got, ref, 1e-11)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_wide_heads_take_one_backward_launch_per_gradient(causal):
     """Head dims up to 64: the backward writes dq, dk and dv in one launch (8 warps); past 64

@@ -159,10 +159,16 @@ class _Attention(torch.nn.Module):
 
     def forward(self, x: torch.Tensor):
         from ..ops import nam_attention
+        from ..ops.gpu import causal_attention as ca
 
         B, T, _ = x.shape
         q, k, v = x.view(B, T, 3, self.heads, self.dim).permute(2, 0, 3, 1, 4)
-        return (nam_attention(q, k, v, is_causal=self.causal, impl="triton"),)
+        programs = ca.SUM_PROGRAMS
+        try:  # non-causal: the chunk sums in groups of several chunks, as at long lengths
+            ca.SUM_PROGRAMS = 1
+            return (nam_attention(q, k, v, is_causal=self.causal, impl="triton"),)
+        finally:
+            ca.SUM_PROGRAMS = programs
 
 
 def _cases() -> list[tuple]:

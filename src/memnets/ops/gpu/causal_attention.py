@@ -8,10 +8,12 @@
 The sequence is cut into chunks of ``C`` steps. Forward, three launches:
 
 1. one program per chunk ``n`` and sequence: ``H_n = K_nᵀ V_n`` (``[dk, dv]``, float32), with
-   μ applied to the keys as they are loaded;
+   μ applied to the keys as they are loaded (non-causal: one program per group of chunks, the
+   group's sum, :func:`_per`);
 2. the prefix sums over the chunks (causal: inclusive prefixes ``P_n = Σ_{m<=n} H_m``, one
    program per sequence and block of the ``[dk, dv]`` entries, walking the chunks
-   :data:`PREFIX_ROWS` at a time) or ``torch.sum`` (non-causal: the one summary ``Kᵀ V``);
+   :data:`PREFIX_ROWS` at a time) or ``torch.sum`` of the groups' sums (non-causal: the one
+   summary ``Kᵀ V``);
 3. one program per chunk: ``O_n = Q_n P_{n-1} + tril(Q_n K_nᵀ) V_n`` (causal) or
    ``O_n = Q_n (Kᵀ V)``.
 
@@ -57,6 +59,7 @@ MAX_HEAD_DIM = 128  # dk and dv: one program holds a [dk, dv] prefix and [C, dk]
 FAST_HEAD_DIM = 64  # where "auto" takes the kernels on CUDA (fast_on_cuda)
 CHUNK = 64
 SPLIT_HEAD_DIM = 64  # past it the backward is three launches (:func:`_parts`)
+SUM_PROGRAMS = 1024  # the non-causal chunk sums' programs in all (:func:`_per`)
 PREFIX_ROWS, PREFIX_BLOCK = 32, 128  # the causal prefix sums: chunks a step, entries a program
 HALF = (torch.bfloat16, torch.float16)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
@@ -100,22 +103,35 @@ def kernels():
             return tl.dot(a, h, input_precision="ieee", out_dtype=ACC)
 
     @triton.jit
-    def chunk_sums(x_ptr, y_ptr, h_ptr, n_chunks, n_rows, dx, dy, sx_b, sx_r, sy_b, sy_r, SCALE: tl.constexpr,
-                   EPS_: tl.constexpr, C: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr, NORM: tl.constexpr,
-                   HALF_IN: tl.constexpr, ACC: tl.constexpr, IN: tl.constexpr):
-        """``h[b, n] = (scale · μ(x_n))ᵀ y_n`` (``NORM``; else ``x_nᵀ y_n``) for chunk ``n`` of sequence ``b``."""
+    def chunk_sums(x_ptr, y_ptr, h_ptr, n_chunks, n_groups, per, n_rows, dx, dy, sx_b, sx_r, sy_b, sy_r,
+                   SCALE: tl.constexpr, EPS_: tl.constexpr, C: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr,
+                   NORM: tl.constexpr, ONE: tl.constexpr, HALF_IN: tl.constexpr, ACC: tl.constexpr,
+                   IN: tl.constexpr):
+        """``h[b, g] = Σ_n (scale · μ(x_n))ᵀ y_n`` (``NORM``; else ``x_nᵀ y_n``) over the chunks
+        ``n`` of group ``g`` of sequence ``b``: chunks ``g·per ..`` (``ONE``: ``per`` is 1, chunk
+        ``g`` alone, as the causal prefixes need every chunk's sum)."""
         scale, eps = tl.full([], SCALE, ACC), tl.full([], EPS_, ACC)  # exact in float64 (module docstring)
-        n = tl.program_id(0) % n_chunks  # one flat grid: chunk n of sequence b
-        b = (tl.program_id(0) // n_chunks).to(tl.int64)
-        x = _tile(x_ptr, b, n * C, n_rows, dx, sx_b, sx_r, C, BX, ACC)
-        y = _tile(y_ptr, b, n * C, n_rows, dy, sy_b, sy_r, C, BY, ACC)
-        if NORM:
-            inv, _ = _inv_norm(x, eps)
-            x = x * (inv * scale)[:, None]
-        h = _mm(tl.trans(x), y, HALF_IN, ACC, IN)
+        g = tl.program_id(0) % n_groups  # one flat grid: group g of sequence b
+        b = (tl.program_id(0) // n_groups).to(tl.int64)
+        if ONE:
+            x = _tile(x_ptr, b, g * C, n_rows, dx, sx_b, sx_r, C, BX, ACC)
+            y = _tile(y_ptr, b, g * C, n_rows, dy, sy_b, sy_r, C, BY, ACC)
+            if NORM:
+                inv, _ = _inv_norm(x, eps)
+                x = x * (inv * scale)[:, None]
+            h = _mm(tl.trans(x), y, HALF_IN, ACC, IN)
+        else:
+            h = tl.zeros([BX, BY], dtype=ACC)
+            for n in range(g * per, tl.minimum(g * per + per, n_chunks)):
+                x = _tile(x_ptr, b, n * C, n_rows, dx, sx_b, sx_r, C, BX, ACC)
+                y = _tile(y_ptr, b, n * C, n_rows, dy, sy_b, sy_r, C, BY, ACC)
+                if NORM:
+                    inv, _ = _inv_norm(x, eps)
+                    x = x * (inv * scale)[:, None]
+                h += _mm(tl.trans(x), y, HALF_IN, ACC, IN)
         i = tl.arange(0, BX)
         j = tl.arange(0, BY)
-        tl.store(h_ptr + (b * n_chunks + n) * BX * BY + i[:, None] * BY + j[None, :], h.to(h_ptr.dtype.element_ty))
+        tl.store(h_ptr + (b * n_groups + g) * BX * BY + i[:, None] * BY + j[None, :], h.to(h_ptr.dtype.element_ty))
 
     @triton.jit
     def forward_out(q_ptr, k_ptr, v_ptr, p_ptr, o_ptr, n_chunks, L, S, dk, dv, sq_b, sq_r, sk_b, sk_r, sv_b, sv_r,
@@ -346,17 +362,28 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> N
 
 
 def _sums(x, y, *, norm: bool, scale: float, eps: float, causal: bool, C: int, bx: int, by: int):
-    """Chunk sums ``(scale·μ(x_n))ᵀ y_n`` (``[N, chunks, bx, by]``), then their prefixes (causal)
-    or their total (``[N, bx, by]``), in float32 (float64 for float64 inputs)."""
+    """Chunk sums ``(scale·μ(x_n))ᵀ y_n`` and their prefixes (causal: ``[N, chunks, bx, by]``), or
+    their total (``[N, bx, by]``: each program sums a group of chunks, :func:`_per`, and the
+    groups' partial sums are added), in float32 (float64 for float64 inputs)."""
     chunk_sums, _, _, _ = kernels()
     N, R, _ = x.shape
     nc = -(-R // C)
+    per = 1 if causal else _per(N, nc)
+    G = -(-nc // per)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    h = x.new_empty(N, nc, bx, by, dtype=acc)
-    chunk_sums[(nc * N,)](x, y, h, nc, R, x.shape[-1], y.shape[-1], x.stride(0), x.stride(1), y.stride(0),
-                          y.stride(1), scale, eps, C=C, BX=bx, BY=by, NORM=norm, **_meta(x.dtype),
-                          num_warps=_warps(bx, by))
+    h = x.new_empty(N, G, bx, by, dtype=acc)
+    chunk_sums[(G * N,)](x, y, h, nc, G, per, R, x.shape[-1], y.shape[-1], x.stride(0), x.stride(1), y.stride(0),
+                         y.stride(1), scale, eps, C=C, BX=bx, BY=by, NORM=norm, ONE=per == 1, **_meta(x.dtype),
+                         num_warps=_warps(bx, by))
     return chunk_prefix_(h) if causal else h.sum(1)
+
+
+def _per(N: int, n_chunks: int) -> int:
+    """Chunks per program of the non-causal sums: some :data:`SUM_PROGRAMS` programs in all, so
+    that the partial sums written are at most that many ``[dk, dv]`` blocks (16 MB at d = 64)
+    however long and many the sequences, not one per chunk (64 MB at S = 32K, H = 8; 1 GB at
+    B = 8, H = 16)."""
+    return max(1, -(-N * n_chunks // SUM_PROGRAMS))
 
 
 def chunk_prefix_(h: torch.Tensor) -> torch.Tensor:
