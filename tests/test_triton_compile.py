@@ -61,10 +61,10 @@ def test_every_triton_kernel_compiles_for_sm90(tmp_path):
     # the whole time loop in one kernel (MEMNETS_TIME_LOOP=kernel; per step is the NTM's default
     # at this width): a step's barriers, and no spills once the step's sizes and row reach it as
     # values the compiler cannot hoist out of the loop (memnets.ops.gpu.rows; before, 212 bytes in
-    # the NTM's backward and 8 in the DNC's; triton 3.6 still spills 180 and 4); the DNC's at
+    # the NTM's backward and 8 in the DNC's; triton 3.6 still spills 120 and 4); the DNC's at
     # LSTM 64 (its default form there)
     assert ntm["forward_seq"].get("spill_stores", 0) == 0 and ntm["forward_seq"]["barriers"] <= (70 if old else 60)
-    assert ntm["backward_seq"].get("spill_stores", 0) <= (192 if old else 0), ntm["backward_seq"]
+    assert ntm["backward_seq"].get("spill_stores", 0) <= (128 if old else 0), ntm["backward_seq"]
     assert ntm["backward_seq"]["barriers"] <= (120 if old else 100)
     dnc = {r["kernel"].rsplit(".", 1)[-1]: r for r in res["records"]
            if r["case"].startswith("DNC LSTM 64") and r["kernel"].rsplit(".", 2)[-2] == "dnc"}

@@ -405,12 +405,13 @@ def kernels():
             t0 = tl.full([], 0, tl.int64) + (T - 1 - i)
             t1 = t0 + 1
             zb = (t0 // T).to(tl.int32)  # 0, unknown to the compiler (memnets.ops.gpu.rows)
-            _backward_step(Z + t0 * B * G, Cs + t0 * B * C, Ms + t0 * B * N * W, Ms + t1 * B * N * W,
-                           Wr + t0 * B * R * N, Wr + t1 * B * R * N, Ww + t0 * B * HW * N, Ww + t1 * B * HW * N,
-                           Pp + t0 * B * PT, Aux + t0 * B * (R + HW) * 2 * N, wh_ptr, DRH + t0 * B * RHW, drhc_ptr,
-                           dMs + t1 * B * N * W, dMs + t0 * B * N * W, dWr + t1 * B * R * N, dWr + t0 * B * R * N,
-                           dWw + t1 * B * HW * N, dWw + t0 * B * HW * N, dCs + t1 * B * C, dCs + t0 * B * C,
-                           dZ + t0 * B * G, DP + t0 * B * PT, scr_ptr, N + zb, W + zb, C + zb, RHW, KIN, PT, zb,
+            Bz = B + zb  # the batch size, so that the offsets below are made at each step, not hoisted
+            _backward_step(Z + t0 * Bz * G, Cs + t0 * Bz * C, Ms + t0 * Bz * N * W, Ms + t1 * Bz * N * W,
+                           Wr + t0 * Bz * R * N, Wr + t1 * Bz * R * N, Ww + t0 * Bz * HW * N, Ww + t1 * Bz * HW * N,
+                           Pp + t0 * Bz * PT, Aux + t0 * Bz * (R + HW) * 2 * N, wh_ptr, DRH + t0 * Bz * RHW, drhc_ptr,
+                           dMs + t1 * Bz * N * W, dMs + t0 * Bz * N * W, dWr + t1 * Bz * R * N, dWr + t0 * Bz * R * N,
+                           dWw + t1 * Bz * HW * N, dWw + t0 * Bz * HW * N, dCs + t1 * Bz * C, dCs + t0 * Bz * C,
+                           dZ + t0 * Bz * G, DP + t0 * Bz * PT, scr_ptr, N + zb, W + zb, C + zb, RHW, KIN, PT, zb,
                            R, HW, S, LSTM, BN, BW, BC, BS, RB)
             tl.debug_barrier()  # the row's dz_t, written by every thread, read by others
             _row_vecmm(drhc_ptr + b * KIN, wrh_ptr, dZ + (t0 * B + b) * G, G + zb, KIN + zb, BG, BJ)
@@ -447,7 +448,7 @@ def time_loop_in_kernel(G: int, K: int, N: int, W: int) -> bool:
     a recurrent weight ``W_rh [G, K]`` and a memory of ``N × W``: by default where ``W_rh`` is
     small and the memory's tile has at most :data:`LOOP_TILE_MAX` entries. Past that the step
     alone takes every register a thread has (16 warps, 128 registers), and the loop's backward
-    spills under triton 3.6 (at 128 × 20, sm_90: 180 bytes a thread; 8 per step; none under 3.9).
+    spills under triton 3.6 (at 128 × 20, sm_90: 120 bytes a thread; 8 per step; none under 3.9).
     ``MEMNETS_TIME_LOOP`` overrides."""
     return rows.time_loop_in_kernel(G, K, fits=_p2(N) * _p2(W) <= LOOP_TILE_MAX)
 

@@ -17,8 +17,10 @@ as it goes. At the NTM's 128 × 20 that took 212 bytes of spills a thread in the
 triton 3.9; the DNC's at LSTM 64, 8 bytes, and its forward 252 registers where the step alone
 took 72). So the loops hand the step's body its program's row and its sizes each plus
 ``zb = t // T``: zero at every step, which the compiler cannot know, so what is made of them is
-made inside the step again (no spills in either loop under triton 3.9; under 3.6, 180 bytes left
-in the NTM's backward at 128 × 20, from 436; ``python -m memnets.bench.compile_check``).
+made inside the step again (no spills in either loop under triton 3.9; under 3.6, 120 bytes left
+in the NTM's backward at 128 × 20, from 436; ``python -m memnets.bench.compile_check``). The
+NTM's backward loop passes its buffers' offsets made with ``B + zb`` for the batch size likewise
+(180 bytes to 120 under 3.6).
 """
 from __future__ import annotations
 
