@@ -194,7 +194,7 @@ def kernels():
         r = tl.arange(0, C)
         rows = n * C + r
         # the tiles each part reads: dq the queries and dO, dk the keys and values, dv the keys;
-        # causal, the within-chunk products take all four in every part
+        # causal, the within-chunk products add the rest (dv all but the values)
         if DQ or CAUSAL:
             q = _tile(q_ptr, b, n * C, L, dk, sq_b, sq_r, C, BK, ACC)
             inv_q, big_q = _inv_norm(q, eps)
@@ -205,7 +205,7 @@ def kernels():
             k = _tile(k_ptr, b, n * C, S, dk, sk_b, sk_r, C, BK, ACC)
             inv_k, big_k = _inv_norm(k, eps)
             K = k * inv_k[:, None]
-        if DQ or DK or CAUSAL:
+        if DK or (DQ and CAUSAL):
             v = _tile(v_ptr, b, n * C, S, dv, sv_b, sv_r, C, BV, ACC)
         if CAUSAL:
             lower = r[:, None] >= r[None, :]
