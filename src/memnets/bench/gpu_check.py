@@ -336,6 +336,14 @@ def _pair(ours: dict, base: dict | None, target: float, what: str) -> None:
         ours["meets"] = ours["ratio"] <= target
 
 
+def _compare(ours: dict, base: dict) -> None:
+    """Mark ``ours`` a comparison row against ``base``: its name as the baseline, and the ratio
+    of their times where both were timed."""
+    ours["target"] = "comparison"
+    if base["ms"] and ours["ms"]:
+        ours["baseline"], ours["ratio"] = base["name"], round(ours["ms"] / base["ms"], 3)
+
+
 def _cuda_only(bench, section: str, name: str, config: str, dtype, why: str, extra: dict) -> dict:
     """A row whose kernel needs CUDA, recorded unrun on the CPU."""
     return bench.measure(section, name, config, dtype, lambda: _raise_na(f"needs CUDA ({why}); not run on "
@@ -387,6 +395,16 @@ def _fla_attention_step(linear_attn: Callable, dev, B: int, H: int, S: int, d: i
 
     q, k, v = _attention_inputs(dev, B, H, S, d, dtype, "bshd")
     return _fwd_bwd(lambda: linear_attn(q, k, v, scale=1.0, normalize=False)[0], [q, k, v])
+
+
+def _nam_attention_step(causal: bool, impl: str, dev, B: int, H: int, S: int, d: int,
+                        dtype) -> Callable[[], None]:
+    """``nam_attention(impl=impl)`` forward+backward as the attention rows time it."""
+    from ..ops import nam_attention
+    from .gpu import _fwd_bwd
+
+    q, k, v = _attention_inputs(dev, B, H, S, d, dtype)
+    return _fwd_bwd(lambda: nam_attention(q, k, v, is_causal=causal, impl=impl), [q, k, v])
 
 
 def _scan_inputs(dev, B: int, T: int, H: int, d: int, dtype) -> list[torch.Tensor]:
@@ -599,7 +617,6 @@ def _models_rows(bench, tiny: bool) -> None:
 
 
 def _attention_rows(bench, tiny: bool) -> None:
-    from ..ops import nam_attention
     from ..ops.attention import resolve_attention_impl
     from ..ops.gpu import causal_attention as ca
     from ..ops.gpu import env_var
@@ -646,9 +663,8 @@ def _attention_rows(bench, tiny: bool) -> None:
                 fla_row = _cuda_only(bench, "attention", "fla chunk_linear_attn", cfg, dtype, "fla's Triton kernels",
                                      {"baseline_row": True, **extra})
 
-        def make_nam(impl="auto"):
-            q, k, v = inputs()
-            return _fwd_bwd(lambda: nam_attention(q, k, v, is_causal=causal, impl=impl), [q, k, v])
+        def make_nam(impl="auto", causal=causal):
+            return _nam_attention_step(causal, impl, dev, B, H, S, d, dtype)
         # the other paths nam_attention has, for comparison: the PyTorch form, and fla's kernel (causal)
         other = "fla" if causal else "torch"
         if other == "fla" and not cuda:
@@ -672,11 +688,9 @@ def _attention_rows(bench, tiny: bool) -> None:
                 return call
             split = bench.measure("attention", name, cfg, dtype, make_split, warmup, repeat,
                                   extra={"needs_cuda": True, **extra})
-            if split["ms"] and ours["ms"]:
-                split["baseline"], split["ratio"] = ours["name"], round(split["ms"] / ours["ms"], 3)
         else:
             split = _cuda_only(bench, "attention", name, cfg, dtype, "Triton kernels", dict(extra))
-        split["target"] = "comparison"
+        _compare(split, ours)
         limit = 0.9 if causal else 0.6
         ours["target"] = f"<= {limit} ms, or <= 1.2x fla chunk_linear_attn"
         if sdpa["ms"] and ours["ms"]:
@@ -703,9 +717,7 @@ def _wide_rows(bench, tiny: bool) -> None:
     kernels (chunks of 32, the backward one launch per gradient) beside what ``impl="auto"``
     takes there on CUDA (fla's kernel causal, the PyTorch path non-causal), a comparison that
     says whether ``auto`` should take the kernels at this width too."""
-    from ..ops import nam_attention
     from ..ops.attention import resolve_attention_impl
-    from .gpu import _fwd_bwd
 
     dev = bench.device
     cuda = dev.type == "cuda"
@@ -718,8 +730,7 @@ def _wide_rows(bench, tiny: bool) -> None:
         extra = {"S": S, "d": d, "causal": causal}
 
         def make(impl, causal=causal):
-            q, k, v = _attention_inputs(dev, B, H, S, d, dtype)
-            return _fwd_bwd(lambda: nam_attention(q, k, v, is_causal=causal, impl=impl), [q, k, v])
+            return _nam_attention_step(causal, impl, dev, B, H, S, d, dtype)
         other = "fla" if causal else "torch"
         name = f"nam_attention d={d} impl={other}"
         if other == "fla" and not cuda:
@@ -735,9 +746,7 @@ def _wide_rows(bench, tiny: bool) -> None:
                                  extra={"needs_cuda": True, **extra})
         else:
             ours = _cuda_only(bench, "attention", name, cfg, dtype, "Triton kernels", dict(extra))
-        if base["ms"] and ours["ms"]:
-            ours["baseline"], ours["ratio"] = base["name"], round(ours["ms"] / base["ms"], 3)
-        ours["target"] = "comparison"
+        _compare(ours, base)
 
 
 def _prefix_rows(bench, tiny: bool) -> None:
@@ -765,9 +774,7 @@ def _prefix_rows(bench, tiny: bool) -> None:
                              warmup, repeat, extra={"needs_cuda": True})
     else:
         ours = _cuda_only(bench, "attention", "chunk prefix sums (Triton)", cfg, torch.float32, "Triton kernels", {})
-    if base["ms"] and ours["ms"]:
-        ours["baseline"], ours["ratio"] = base["name"], round(ours["ms"] / base["ms"], 3)
-    ours["target"] = "comparison"
+    _compare(ours, base)
 
 
 def _scan_rows(bench, tiny: bool) -> None:

@@ -103,6 +103,18 @@ def kernels():
             return tl.dot(a, h, input_precision="ieee", out_dtype=ACC)
 
     @triton.jit
+    def _chunk_sum(x_ptr, y_ptr, b, row0, n_rows, dx, dy, sx_b, sx_r, sy_b, sy_r, scale, eps, C: tl.constexpr,
+                   BX: tl.constexpr, BY: tl.constexpr, NORM: tl.constexpr, HALF_IN: tl.constexpr, ACC: tl.constexpr,
+                   IN: tl.constexpr):
+        """``(scale · μ(x))ᵀ y`` (``NORM``; else ``xᵀ y``) of the chunk at rows ``row0 ..`` of sequence ``b``."""
+        x = _tile(x_ptr, b, row0, n_rows, dx, sx_b, sx_r, C, BX, ACC)
+        y = _tile(y_ptr, b, row0, n_rows, dy, sy_b, sy_r, C, BY, ACC)
+        if NORM:
+            inv, _ = _inv_norm(x, eps)
+            x = x * (inv * scale)[:, None]
+        return _mm(tl.trans(x), y, HALF_IN, ACC, IN)
+
+    @triton.jit
     def chunk_sums(x_ptr, y_ptr, h_ptr, n_chunks, n_groups, per, n_rows, dx, dy, sx_b, sx_r, sy_b, sy_r,
                    SCALE: tl.constexpr, EPS_: tl.constexpr, C: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr,
                    NORM: tl.constexpr, ONE: tl.constexpr, HALF_IN: tl.constexpr, ACC: tl.constexpr,
@@ -114,21 +126,13 @@ def kernels():
         g = tl.program_id(0) % n_groups  # one flat grid: group g of sequence b
         b = (tl.program_id(0) // n_groups).to(tl.int64)
         if ONE:
-            x = _tile(x_ptr, b, g * C, n_rows, dx, sx_b, sx_r, C, BX, ACC)
-            y = _tile(y_ptr, b, g * C, n_rows, dy, sy_b, sy_r, C, BY, ACC)
-            if NORM:
-                inv, _ = _inv_norm(x, eps)
-                x = x * (inv * scale)[:, None]
-            h = _mm(tl.trans(x), y, HALF_IN, ACC, IN)
+            h = _chunk_sum(x_ptr, y_ptr, b, g * C, n_rows, dx, dy, sx_b, sx_r, sy_b, sy_r, scale, eps, C, BX, BY,
+                           NORM, HALF_IN, ACC, IN)
         else:
             h = tl.zeros([BX, BY], dtype=ACC)
             for n in range(g * per, tl.minimum(g * per + per, n_chunks)):
-                x = _tile(x_ptr, b, n * C, n_rows, dx, sx_b, sx_r, C, BX, ACC)
-                y = _tile(y_ptr, b, n * C, n_rows, dy, sy_b, sy_r, C, BY, ACC)
-                if NORM:
-                    inv, _ = _inv_norm(x, eps)
-                    x = x * (inv * scale)[:, None]
-                h += _mm(tl.trans(x), y, HALF_IN, ACC, IN)
+                h += _chunk_sum(x_ptr, y_ptr, b, n * C, n_rows, dx, dy, sx_b, sx_r, sy_b, sy_r, scale, eps, C, BX,
+                                BY, NORM, HALF_IN, ACC, IN)
         i = tl.arange(0, BX)
         j = tl.arange(0, BY)
         tl.store(h_ptr + (b * n_groups + g) * BX * BY + i[:, None] * BY + j[None, :], h.to(h_ptr.dtype.element_ty))
@@ -274,7 +278,7 @@ def kernels():
             carry += tl.sum(x, 0)
 
     globals().update(triton=triton, tl=tl, _tile=_tile, _inv_norm=_inv_norm, _mm=_mm, _mm_state=_mm_state,
-                     _suffix=_suffix)
+                     _suffix=_suffix, _chunk_sum=_chunk_sum)
     return chunk_sums, forward_out, backward, chunk_prefix
 
 
@@ -282,10 +286,10 @@ def _block(d: int) -> int:
     return max(16, 1 << (d - 1).bit_length())
 
 
-def _warps(bk: int, bv: int, backward: bool = False) -> int:
+def _warps(bk: int, bv: int, backward: bool = False, split: bool = False) -> int:
     """Warps per program: the backward holds twice the tiles of the forward (as one launch; one
-    launch per gradient at head dims up to 64 holds one prefix tile, at 4 warps)."""
-    if backward and len(_parts(bk, bv)) > 1 and max(bk, bv) <= SPLIT_HEAD_DIM:
+    launch per gradient, ``split``, at head dims up to 64 holds one prefix tile, at 4 warps)."""
+    if backward and split and max(bk, bv) <= SPLIT_HEAD_DIM:
         return 4
     return 8 if backward or bk * bv > 64 * 64 else 4
 
@@ -444,12 +448,14 @@ class NAMAttentionTriton(torch.autograd.Function):
         G = _sums(q, do, norm=True, scale=ctx.scale, eps=ctx.eps, causal=ctx.causal, C=C, bx=BK, by=BV)
         dq, dk_, dv_ = (t.new_empty(t.shape) for t in (q, k, v))  # contiguous, whatever the inputs' strides
         nc = -(-max(L, S) // C)
-        for DQ, DK, DV in _parts(BK, BV):
+        parts = _parts(BK, BV)
+        warps = _warps(BK, BV, backward=True, split=len(parts) > 1)
+        for DQ, DK, DV in parts:
             bwd[(nc * N,)](q, k, v, do, P, G, dq, dk_, dv_, nc, L, S, dk, dv, q.stride(0), q.stride(1),
                            k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
                            P.stride(0), G.stride(0), G.shape[1] if ctx.causal else 1, ctx.scale, ctx.eps, C=C,
                            BK=BK, BV=BV, CAUSAL=ctx.causal, DQ=DQ, DK=DK, DV=DV, **_meta(q.dtype),
-                           num_warps=_warps(BK, BV, backward=True))
+                           num_warps=warps)
         return dq, dk_, dv_, None, None, None
 
 
