@@ -3,7 +3,8 @@ and the markdown table are written (also to $OUT), with every bench row present,
 kernels need CUDA marked so, the CUDA tests' counts, the time plan and the phases' seconds, and a
 wheel that does not install reported without stopping the run. Also: the pytest output parser
 (one process and pytest-xdist), the warm-up's calls on stand-ins for fla's kernels, and its child
-processes on the CPU."""
+processes on the CPU; a bench row that hangs, kills its process or loses its CUDA context costs
+that row alone (the sections run in child processes that resume after it)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import time
 import pytest
 import torch
 
-from memnets.bench import gpu_check
+from memnets.bench import gpu_check, isolated
 
 ROWS = {
     "models": ["nn.LSTM (CPU)", "LSAM", "nn.LSTM (CPU) bi", "LSAM bi", "NAM-TM", "NAM-TM (MEMNETS_MODULE_GRAPHS=0)", "DNC",
@@ -322,3 +323,49 @@ def test_alternatives_pair_each_comparison_with_the_default_it_varies():
     assert got == {("DNC", "DNC (MEMNETS_TIME_LOOP=steps)"): 1.25,
                    ("DNC (whole step graphed)", "DNC (MEMNETS_DNC_WARPS=16) (whole step graphed)"): 0.5,
                    ("DNC", "DNC (no graph replay)"): 2.0, ("impl=fla", "impl=triton"): 0.5}
+
+
+ATTENTION_ROWS = 15  # the attention section's rows in the dry run (head dims 64 and 128, causal and not)
+
+
+@pytest.mark.parametrize("fault,row,why", [
+    ("hang_once", "nam_attention impl=torch", "no result within 4 s: its process was stopped"),
+    ("crash_once", "chunk prefix sums (torch.cumsum)", "its process died (exit code 70"),
+    ("lost", "nam_attention d=128 impl=torch", f"error: {isolated.FAULT_ENV} made this row fail"),
+])
+def test_a_row_that_hangs_or_kills_its_process_costs_that_row_alone(tmp_path, monkeypatch, fault, row, why):
+    """A section runs in a child process: a row that hangs, kills the process, or leaves its CUDA
+    context unusable is recorded with the reason, and a new child measures every row after it,
+    pairing them with the rows measured before."""
+    monkeypatch.setenv(isolated.FAULT_ENV, f"{fault}:{row}")
+    seen = []
+    rows, notes = isolated.run_section("attention", folder=tmp_path, cpu=True, bench_seconds=60, share=1.0,
+                                       deadline=time.perf_counter() + 120, row_limit_s=4, verbose=False,
+                                       on_rows=lambda rs: seen.append(len(rs)), say=lambda m: None)
+    names = [r["name"] for r in rows]
+    assert len(rows) == ATTENTION_ROWS and set(names) >= set(ROWS["attention"]), names
+    bad = [r for r in rows if r["name"] == row]
+    assert len(bad) == 1 and bad[0]["ms"] is None and why in bad[0]["note"], bad
+    after = rows[names.index(row) + 1:]
+    assert after and all(r["ms"] or "needs CUDA" in r["note"] for r in after), after
+    assert all(r["ms"] for r in after if r["name"] in ("nam_attention", "chunk prefix sums (torch.cumsum)")), after
+    assert len(notes) == 1 and f"at row {row!r}" in notes[0], notes
+    if fault == "lost":
+        assert "its CUDA context was unusable" in notes[0] and "unusable after it" in bad[0]["note"]
+    assert seen and seen[-1] == ATTENTION_ROWS and seen == sorted(seen)
+
+
+def test_replayed_rows_must_come_back_in_the_order_they_were_measured():
+    from memnets.bench.gpu import _Bench
+
+    done = {"section": "models", "name": "LSAM", "config": "c", "dtype": "float32", "ms": 1.5, "note": ""}
+    bench = _Bench(torch.device("cpu"), max_seconds=10, verbose=False, replay=[done])
+    with pytest.raises(RuntimeError, match="out of order"):
+        bench.measure("models", "NTM", "c", torch.float32, lambda: (lambda: None), 0, 1)
+    bench = _Bench(torch.device("cpu"), max_seconds=10, verbose=False, replay=[dict(done)])
+    started = []
+    bench.on_start = started.append
+    assert bench.measure("models", "LSAM", "c", torch.float32, lambda: 1 / 0, 0, 1)["ms"] == 1.5
+    row = bench.measure("models", "NTM", "c", torch.float32, lambda: (lambda: None), 0, 1)
+    assert row["ms"] is not None and [r["name"] for r in bench.rows] == ["LSAM", "NTM"]
+    assert [r["name"] for r in started] == ["NTM"]  # a replayed row is not measured again

@@ -99,13 +99,20 @@ def _fwd_bwd(fn: Callable[[], object], leaves: list[torch.Tensor]) -> Callable[[
     return run
 
 
+ROW_KEY = ("section", "name", "config", "dtype")  # what names a bench row
+
+
 class _Bench:
     """Rows and the time budget: a section's share of ``max_seconds`` counts the timed repeats
     only (first calls and warm-ups are free); ``deadline`` (``time.perf_counter()`` value), when
-    set, stops every row after it whatever the budget."""
+    set, stops every row after it whatever the budget. ``on_start(row)`` is called with each row
+    before it is measured, ``on_row(row)`` after. ``replay``: rows an earlier process measured
+    (:mod:`memnets.bench.isolated`), given back in order, unmeasured, by the first calls of
+    :meth:`measure` (which must ask for the same rows), so that later rows still pair with them."""
 
     def __init__(self, device: torch.device, max_seconds: float, verbose: bool = True,
-                 deadline: float = math.inf, on_row: Callable[[dict], None] | None = None):
+                 deadline: float = math.inf, on_row: Callable[[dict], None] | None = None,
+                 on_start: Callable[[dict], None] | None = None, replay: list[dict] | None = None):
         self.device = device
         self.gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({device})"
         self.rows: list[dict] = []
@@ -115,6 +122,8 @@ class _Bench:
         self.section_spent = 0.0
         self.deadline = deadline
         self.on_row = on_row
+        self.on_start = on_start
+        self.replay = list(replay or [])
 
     def start_section(self, name: str, share: float | None = None) -> None:
         self.section_budget = (BUDGET_SHARE[name] if share is None else share) * self.max_seconds
@@ -125,6 +134,15 @@ class _Bench:
         """Build the timed closure with ``make()`` and time it; errors become the row's note."""
         row = {"section": section, "name": name, "config": config, "dtype": str(dtype).replace("torch.", ""),
                "first_ms": None, "ms": None, "note": note, "gpu": self.gpu, **(extra or {})}
+        if self.replay:
+            done = self.replay.pop(0)
+            if [done.get(k) for k in ROW_KEY] != [row[k] for k in ROW_KEY]:
+                raise RuntimeError(f"rows to replay out of order: {[done.get(k) for k in ROW_KEY]} given back "
+                                   f"where {[row[k] for k in ROW_KEY]} was asked for")
+            self.rows.append(done)
+            return done
+        if self.on_start is not None:
+            self.on_start(row)
         if time.perf_counter() > self.deadline:
             row["note"] = "skipped: total time limit reached"
         elif self.section_spent > self.section_budget:

@@ -65,6 +65,11 @@ install needed):
    and, with the warm-up calls, kept out of the bench budget (``--bench-seconds``, which counts
    the timed repeats only); ``--total-seconds`` stops everything still left (marked skipped).
 
+   Each section runs in a child process of its own (:mod:`memnets.bench.isolated`), as do the
+   profile and the launch counts: a row whose kernel faults (the process's CUDA context then
+   fails every later call) or hangs past ``--row-limit`` is recorded as such, and a new child
+   resumes the section after it; ``--in-process`` runs them all in this process.
+
 5. On CUDA, profiles one training step of each memory: wall time against the device time of
    its kernels (:mod:`memnets.bench.gpu_profile`; ``--no-profile`` leaves it out).
 6. Counts the kernel launches of one training step of each recurrent memory on the GPU
@@ -111,6 +116,7 @@ TEST_FILES = ("tests/test_triton_graphs.py", "tests/test_triton_lsam.py", "tests
 ROW_COLUMNS = ["section", "name", "config", "dtype", "first_ms", "ms", "baseline", "ratio", "target", "meets",
                "note"]
 TIME_LIMIT_S = 480.0  # the whole check, on a fresh GPU machine
+JOB_LIMIT_S = 120.0  # the profile, the launch counts: each stopped after this
 WARM_GROUPS = ("attention", "scan-delta", "scan-dplr")  # one warm-up process each, side by side
 
 
@@ -1329,7 +1335,8 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
         tests_k: str | None = None, with_compile: bool = False, bench_seconds: float = 150.0,
         total_seconds: float = 400.0, sections: tuple[str, ...] = tuple(SECTIONS), wheels: str | Path | None = None,
         launch_counts: bool = True, profile: bool = True, verbose: bool = True, warmup: bool = True,
-        warmup_timeout: float = 300.0, tests_workers: int | None = None) -> dict[str, Any]:
+        warmup_timeout: float = 300.0, tests_workers: int | None = None, isolate: bool = True,
+        row_limit_s: float | None = None) -> dict[str, Any]:
     """The GPU check (see the module's doc); returns the result written to ``out``/gpu-check.json.
 
     ``cpu``: tiny sizes on the CPU, the driver's dry run (also chosen when CUDA is missing).
@@ -1342,6 +1349,10 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
     of each memory (:mod:`memnets.bench.gpu_profile`), as ``result["profile"]``.
     ``launch_counts``: last, ``memnets bench launches`` on the device (B=4, T=16; on the CPU
     the CUDA code path at tiny sizes), as ``result["launches"]``.
+    ``isolate``: each section, the profile and the launch counts in child processes of their own,
+    a row that faults or runs past ``row_limit_s`` (default
+    :data:`memnets.bench.isolated.ROW_LIMIT_S`) recorded as such and the section resumed after it
+    in a new process (:mod:`memnets.bench.isolated`); False: all in this process.
     """
     from .gpu import _Bench
 
@@ -1456,16 +1467,34 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
                 row["during_warmup"] = True  # timed while the warm-up still ran beside it
             _write(result, folders)
 
-        bench = _Bench(device, bench_seconds, verbose=verbose, deadline=t0 + total_seconds, on_row=on_row)
-        bench.rows = result["rows"]  # the same list: every row written as it comes
         shares = {"models": 0.3, "attention": 0.2, "scan": 0.5}
         finish_warmup()  # no row is timed beside the warm-up's autotuning
-        for name in sections:
-            bench.start_section(name, share=shares[name])
-            s0 = time.perf_counter()
-            SECTIONS[name](bench, not cuda)
-            phases[name] = round(time.perf_counter() - s0, 1)
-            say(f"{name}: {phases[name]:.1f} s")
+        if isolate:
+            from . import isolated
+
+            for name in sections:
+                s0 = time.perf_counter()
+                before = list(result["rows"])
+
+                def on_rows(rows: list[dict], before=before) -> None:
+                    result["rows"][:] = before + rows
+                    _write(result, folders)
+                _, section_notes = isolated.run_section(
+                    name, folder=folders[0], cpu=not cuda, bench_seconds=bench_seconds, share=shares[name],
+                    deadline=t0 + total_seconds, verbose=verbose, on_rows=on_rows, say=say,
+                    **({} if row_limit_s is None else {"row_limit_s": row_limit_s}))
+                run_notes += section_notes
+                phases[name] = round(time.perf_counter() - s0, 1)
+                say(f"{name}: {phases[name]:.1f} s")
+        else:
+            bench = _Bench(device, bench_seconds, verbose=verbose, deadline=t0 + total_seconds, on_row=on_row)
+            bench.rows = result["rows"]  # the same list: every row written as it comes
+            for name in sections:
+                bench.start_section(name, share=shares[name])
+                s0 = time.perf_counter()
+                SECTIONS[name](bench, not cuda)
+                phases[name] = round(time.perf_counter() - s0, 1)
+                say(f"{name}: {phases[name]:.1f} s")
         finish_warmup()
     finally:
         if warm is not None and warm.summary is None:
@@ -1474,7 +1503,12 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
         from . import gpu_profile
         s0 = time.perf_counter()
         try:
-            result["profile"] = gpu_profile.run()
+            if isolate:
+                from . import isolated
+                result["profile"] = isolated.run_job("profile", folder=folders[0], cpu=False, limit_s=JOB_LIMIT_S)
+                result["profile"].setdefault("rows", {})
+            else:
+                result["profile"] = gpu_profile.run()
         except Exception as e:  # noqa: BLE001 - the timings above stand
             result["profile"] = {"note": f"error: {type(e).__name__}: {str(e)[:200]}", "rows": {}}
         phases["profile"] = round(time.perf_counter() - s0, 1)
@@ -1487,8 +1521,13 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
             from . import launches
             s0 = time.perf_counter()
             try:
-                lc = launches.run(batch=4 if cuda else 2, length=16 if cuda else 4, device=device, tiny=not cuda)
-                result["launches"] = {k: lc[k] for k in ("rows", "notes", "batch", "length", "device")}
+                if isolate:
+                    from . import isolated
+                    result["launches"] = isolated.run_job("launches", folder=folders[0], cpu=not cuda,
+                                                          limit_s=JOB_LIMIT_S)
+                else:
+                    lc = launches.run(batch=4 if cuda else 2, length=16 if cuda else 4, device=device, tiny=not cuda)
+                    result["launches"] = {k: lc[k] for k in ("rows", "notes", "batch", "length", "device")}
             except Exception as e:  # noqa: BLE001 - the timings above stand
                 result["launches"] = {"note": f"error: {type(e).__name__}: {str(e)[:200]}", "rows": []}
             phases["launches"] = round(time.perf_counter() - s0, 1)
@@ -1560,6 +1599,11 @@ def main(argv: list[str] | None = None) -> int:
                    "the fla warm-up at most this long after its start (s); then it is stopped")
     p.add_argument("--no-launches", action="store_true", help="skip the launch counts (memnets bench launches)")
     p.add_argument("--no-profile", action="store_true", help="skip the wall-vs-kernel-time profile of each memory")
+    p.add_argument("--in-process", action="store_true", help="run the bench sections, the profile and the launch "
+                   "counts in this process (default: each in a child process, a faulting or hanging row costing that "
+                   "row alone)")
+    p.add_argument("--row-limit", type=float, default=None, help="a bench row still running after this many "
+                   "seconds is stopped and recorded as such (default 180; not with --in-process)")
     p.add_argument("--wheels", default="wheels", help="install the *.whl of this folder first, without network "
                    "(default wheels/; none there is fine; '' to skip)")
     p.add_argument("--warm-only", action="store_true", help="only the fla warm-up, in this process (what the "
@@ -1577,7 +1621,7 @@ def main(argv: list[str] | None = None) -> int:
               with_compile=a.with_compile, bench_seconds=a.bench_seconds, total_seconds=a.total_seconds,
               sections=tuple(a.sections), wheels=a.wheels or None, launch_counts=not a.no_launches,
               profile=not a.no_profile, warmup=not a.no_warmup, warmup_timeout=a.warmup_timeout,
-              tests_workers=a.tests_workers)
+              tests_workers=a.tests_workers, isolate=not a.in_process, row_limit_s=a.row_limit)
     bad = [t for t in (res.get("tests") or {}, res.get("tests_fla") or {}) if t.get("failed") or t.get("errors")]
     return 1 if bad else 0
 
