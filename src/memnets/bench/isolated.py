@@ -208,8 +208,8 @@ def run_section(name: str, *, folder: str | Path, cpu: bool, bench_seconds: floa
                 "restarted": n > 0, "verbose": verbose}
         p, progress = _start(spec, folder, name)
 
-        def on_progress(state: dict) -> None:
-            if on_rows is not None:
+        def on_progress(state: dict, known: int = len(rows)) -> None:
+            if on_rows is not None and len(state["rows"]) >= known:  # not while a new child replays
                 on_rows(state["rows"])
         state, why = _watch(p, progress, row_limit_s=row_limit_s, end=deadline + row_limit_s,
                             on_progress=on_progress)
