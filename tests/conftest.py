@@ -1,8 +1,10 @@
-"""Shared test fixtures: deterministic seeds and the real-data directory."""
+"""Shared test fixtures: deterministic seeds and the real-data directory; on a GPU, a pytest-xdist
+worker whose CUDA context a failed test left unusable ends, so that a fresh one runs the rest."""
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,37 @@ def triton_interpreter():
 
     with env_var("TRITON_INTERPRET", "1"):
         yield
+
+
+def end_worker_if_cuda_lost(nodeid: str, exit=os._exit) -> bool:
+    """After a failed test on a pytest-xdist worker: if the test left this process's CUDA context
+    unusable (an illegal memory access fails every later CUDA call in the process), end the
+    worker. xdist reports the test as crashed (besides its own failure) and starts a fresh worker
+    for the tests still to run, which would otherwise all fail with the same error. Returns
+    whether it ended (``exit`` is called)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return False
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return False
+    from memnets.bench.isolated import cuda_usable
+
+    if cuda_usable():
+        return False
+    sys.stderr.write(f"\n{nodeid} left the CUDA context unusable: this worker ends, a fresh one runs the rest\n")
+    sys.stderr.flush()
+    exit(3)
+    return True
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if outcome.get_result().failed:
+        item._memnets_failed = True
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield
+    if getattr(item, "_memnets_failed", False):
+        end_worker_if_cuda_lost(item.nodeid)

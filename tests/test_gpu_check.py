@@ -369,3 +369,23 @@ def test_replayed_rows_must_come_back_in_the_order_they_were_measured():
     row = bench.measure("models", "NTM", "c", torch.float32, lambda: (lambda: None), 0, 1)
     assert row["ms"] is not None and [r["name"] for r in bench.rows] == ["LSAM", "NTM"]
     assert [r["name"] for r in started] == ["NTM"]  # a replayed row is not measured again
+
+
+def test_a_worker_whose_cuda_context_a_test_broke_ends(monkeypatch):
+    """On a GPU, a pytest-xdist worker ends after a test that left its CUDA context unusable (so
+    that xdist runs the rest on a fresh one), and only then."""
+    from conftest import end_worker_if_cuda_lost
+
+    ended = []
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(isolated, "cuda_usable", lambda device=None: True)
+    assert not end_worker_if_cuda_lost("t::a", exit=ended.append) and not ended
+    monkeypatch.setattr(isolated, "cuda_usable", lambda device=None: False)
+    assert end_worker_if_cuda_lost("t::a", exit=ended.append) and ended == [3]
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")  # one process: nothing would run the rest
+    assert not end_worker_if_cuda_lost("t::a", exit=ended.append) and ended == [3]
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # no CUDA used: nothing to lose
+    assert not end_worker_if_cuda_lost("t::a", exit=ended.append) and ended == [3]

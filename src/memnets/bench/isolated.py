@@ -30,7 +30,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["run_section", "run_job", "child_main", "EXIT_CUDA_LOST", "FAULT_ENV", "ROW_LIMIT_S"]
+__all__ = ["run_section", "run_job", "child_main", "cuda_usable", "EXIT_CUDA_LOST", "FAULT_ENV", "ROW_LIMIT_S"]
 
 EXIT_CUDA_LOST = 3  # a child whose CUDA context failed after a row's error
 FAULT_ENV = "MEMNETS_GPU_CHECK_FAULT"
@@ -52,7 +52,9 @@ def _read(path: Path) -> dict | None:
 
 
 # ------------------------------------------------------------------------------------- child
-def _cuda_usable(device) -> bool:
+def cuda_usable(device=None) -> bool:
+    """Whether this process's CUDA context still runs work (after an illegal memory access, or
+    any sticky error, every call raises)."""
     import torch
 
     try:
@@ -114,7 +116,7 @@ def child_main(spec_path: str | Path) -> int:
                 state["spent"] = bench.section_spent
                 _write_atomic(progress, state)
                 if str(row.get("note", "")).startswith("error") and \
-                        (lost or device.type == "cuda" and not _cuda_usable(device)):
+                        (lost or device.type == "cuda" and not cuda_usable(device)):
                     state["state"] = "cuda_lost"
                     _write_atomic(progress, state)
                     sys.stdout.flush()
