@@ -375,7 +375,8 @@ MODELS = [
 def test_nam_tm_on_the_cuda_path_matches_cpu(kw, monkeypatch):
     """NAMTuringMachine forward and backward down the CUDA path equal the CPU fused path (C
     kernels, per-step GRU): outputs, final state, aux and every gradient; there, one launch of
-    each scan per layer, the controller is the nn.GRU module itself, and no step runs in Python."""
+    each scan and of the gates' kernels per layer, the controller is the nn.GRU module itself, and
+    no step runs in Python."""
     from memnets.ops.gpu import nam_tm
     from memnets.ops import gru
     DT = torch.float64
@@ -396,7 +397,9 @@ def test_nam_tm_on_the_cuda_path_matches_cpu(kw, monkeypatch):
 
     def counted(name, fn):
         return lambda *a, **k: launches.update([name]) or fn(*a, **k)
-    for name in ("_tape_forward", "_tape_backward", "_heads_forward", "_heads_backward"):
+    kernels = ("_tape_forward", "_tape_backward", "_heads_forward", "_heads_backward", "_gates_forward",
+               "_gates_backward")
+    for name in kernels:
         monkeypatch.setattr(nam_tm, name, counted(name, getattr(nam_tm, name)))
 
     def no_call(*a, **k):
@@ -406,7 +409,7 @@ def test_nam_tm_on_the_cuda_path_matches_cpu(kw, monkeypatch):
     monkeypatch.setattr(gru, "gru_module_forward", no_call)
     got = run(cuda_path())
     n = m.num_layers  # one launch of each kernel per layer, forward and backward
-    assert launches == {"_tape_forward": n, "_tape_backward": n, "_heads_forward": n, "_heads_backward": n}
+    assert launches == {name: n for name in kernels}
     names = ["y", "tape", "key_tape", "h_r", "h_w", "read_pos", "write_pos", "read_act", "write_act", "dx",
              "dtape", "dkey_tape", "dh_r", "dh_w"] + [f"d{n}" for n, _ in m.named_parameters()]
     _close(got, want, DT, names)
@@ -574,3 +577,57 @@ def test_kernels_compile_for_cuda():
     if out.startswith("SKIP"):
         pytest.skip(out[5:])
     assert proc.returncode == 0 and out.endswith("OK"), proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("jump,n_p", [(True, 2), (True, 3), (False, 3), (False, 2)])
+def test_gates_kernels_match_the_ops_they_replace(dtype, jump, n_p):
+    """The layer's gates kernels (the actions' softmaxes, the gates' sigmoids, μ of the jump
+    queries and keys, and their backward in one kernel each way) against those ops in PyTorch
+    and their autograd: 42 rows (three blocks, the last partial), a query and a key whose norm
+    is clamped, p_e = p_w (n_p = 2) and not."""
+    from memnets.ops.gpu import nam_tm as nt
+
+    g = torch.Generator().manual_seed(5)
+    B, T, Tn, A, C = 3, 7, 2, (4 if jump else 3), 5
+    Cq = C if jump else 0
+
+    def r(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g, dtype=dtype) * scale
+    ctrl = r(B, T, Tn, 2 * A + n_p + Cq, scale=3.0)
+    kraw = r(B, T, Tn, C) if jump else None
+    if jump:
+        ctrl[0, 0, 0, 2 * A + n_p:] *= 1e-8
+        kraw[1, 2, 1] *= 1e-8
+    got = nt._gates_forward(ctrl, kraw, A, n_p, Cq, 1e-6)
+    leaf = ctrl.clone().requires_grad_()
+    kleaf = kraw.clone().requires_grad_() if jump else None
+    act = torch.softmax(leaf[..., :2 * A].unflatten(-1, (2, A)), -1)
+    p = torch.sigmoid(leaf[..., 2 * A:2 * A + n_p].movedim(-1, 0))
+    want = [act, p]
+    if jump:
+        q, nq, fq = nt.unit_forward(leaf[..., 2 * A + n_p:], 1e-6)
+        k, nk, fk = nt.unit_forward(kleaf, 1e-6)
+        want += [q, nq, fq.to(dtype), k, nk, fk.to(dtype)]
+        assert fq[0, 0, 0].item() is False and fk[1, 2, 1].item() is False  # clamped
+    _close(got[:len(want)], want, dtype, ["act", "p", "q", "nq", "fq", "k", "nk", "fk"])
+    assert all(o is None for o in got[len(want):])
+    # the backward: the gradients of every output, the gates' from the tape and (JUMP) the heads
+    dact_h, dact_o = r(*act.shape), r(*act.shape)
+    dpr, dpw, dpe = r(B, T, Tn), r(B, T, Tn), r(B, T, Tn)
+    dpw_h, dpe_h, dq, dk = (r(B, T, Tn), r(B, T, Tn), r(B, T, Tn, C), r(B, T, Tn, C)) if jump else (None,) * 4
+    p_e = p[2] if n_p == 3 else p[1]
+    loss = (act * (dact_h + dact_o)).sum() + (p[0] * dpr).sum() + (p[1] * dpw).sum() + (p_e * dpe).sum()
+    if jump:
+        loss = loss + (p[1] * dpw_h).sum() + (p_e * dpe_h).sum() + (q * dq).sum() + (k * dk).sum()
+    want = torch.autograd.grad(loss, [leaf] + ([kleaf] if jump else []))
+    act_k, p_k, q_k, nq_k, fq_k, k_k, nk_k, fk_k = got
+    dc, dk2 = nt._gates_backward(dact_h, dact_o, act_k, p_k, dpr, dpw, dpe, dpw_h, dpe_h, q_k, nq_k, fq_k, dq,
+                                 k_k, nk_k, fk_k, dk, Cq)
+    _close([dc] + ([dk2] if jump else []), list(want), dtype, ["dctrl", "dkeys"])
+    assert dk2 is None or dk2.shape == kraw.shape
+    with pytest.raises(ValueError, match="contiguous"):
+        nt._gates_backward(dact_h.transpose(0, 1), dact_o, act_k, p_k, dpr, dpw, dpe, dpw_h, dpe_h, q_k, nq_k,
+                           fq_k, dq, k_k, nk_k, fk_k, dk, Cq)
+    with pytest.raises(ValueError, match="ctrl"):
+        nt._gates_forward(ctrl[..., :-1], kraw, A, n_p, Cq, 1e-6)

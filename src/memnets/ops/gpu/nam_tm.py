@@ -455,10 +455,96 @@ def kernels():
         if PJ >= 0:
             tl.store(dK0 + n * LC + off2, dK, mask=m2)
 
+    @triton.jit
+    def gates_fwd(ctrl, kraw, act, p, q, nq, fq, k, nk, fk, M, A, C, NC, EPS,
+                  NP: tl.constexpr, JUMP: tl.constexpr, BR: tl.constexpr, BA: tl.constexpr, BP: tl.constexpr,
+                  BC: tl.constexpr):
+        """Rows ``m`` of the control projection ``ctrl [M, NC]`` (M = B·T·Tn; per row the read and
+        write actions' logits, the gates' logits, the jump query) and of the keys ``kraw [M, C]``:
+        ``act [M, 2, A]`` (a softmax per head), ``p [NP, M]`` (σ), and with JUMP ``q = μ(query)``,
+        ``k = μ(kraw)`` with their clamped norms ``nq``, ``nk`` and 1/0 where the norm was not
+        clamped (``fq``, ``fk``), what :func:`unit_forward` gives."""
+        r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+        mr = r < M
+        ia = tl.arange(0, BA)
+        ma = mr[:, None] & (ia < A)[None, :]
+        for e in tl.static_range(2):  # the read head's actions, then the write head's
+            z = tl.load(ctrl + r[:, None] * NC + e * A + ia[None, :], mask=ma, other=-float("inf"))
+            z = tl.exp(z - tl.where(mr, tl.max(z, 1), 0.0)[:, None])  # 0 where masked
+            tl.store(act + (r[:, None] * 2 + e) * A + ia[None, :], z / tl.where(mr, tl.sum(z, 1), 1.0)[:, None],
+                     mask=ma)
+        ip = tl.arange(0, BP)
+        mp = mr[:, None] & (ip < NP)[None, :]
+        z = tl.load(ctrl + r[:, None] * NC + 2 * A + ip[None, :], mask=mp, other=0.0)
+        tl.store(p + ip[None, :] * M + r[:, None], 1.0 / (1.0 + tl.exp(-z)), mask=mp)
+        if JUMP:
+            ic = tl.arange(0, BC)
+            mc = mr[:, None] & (ic < C)[None, :]
+            x = tl.load(ctrl + r[:, None] * NC + 2 * A + NP + ic[None, :], mask=mc, other=0.0)
+            nrm = tl.sqrt(tl.sum(x * x, 1))
+            den = tl.maximum(nrm, EPS)
+            tl.store(q + r[:, None] * C + ic[None, :], x / den[:, None], mask=mc)
+            tl.store(nq + r, den, mask=mr)
+            tl.store(fq + r, tl.where(nrm >= EPS, 1.0, 0.0).to(den.dtype), mask=mr)
+            x = tl.load(kraw + r[:, None] * C + ic[None, :], mask=mc, other=0.0)
+            nrm = tl.sqrt(tl.sum(x * x, 1))
+            den = tl.maximum(nrm, EPS)
+            tl.store(k + r[:, None] * C + ic[None, :], x / den[:, None], mask=mc)
+            tl.store(nk + r, den, mask=mr)
+            tl.store(fk + r, tl.where(nrm >= EPS, 1.0, 0.0).to(den.dtype), mask=mr)
+
+    @triton.jit
+    def gates_bwd(dact_h, dact_o, act, p, dpr, dpw, dpe, dpw_h, dpe_h, dq, q, nq, fq, dk, k, nk, fk, dc, dk2,
+                  M, A, C, NC,
+                  NP: tl.constexpr, JUMP: tl.constexpr, BR: tl.constexpr, BA: tl.constexpr, BC: tl.constexpr):
+        """:func:`gates_fwd`'s backward: the control projection's output gradient ``dc [M, NC]``
+        (the softmaxes', the sigmoids' and, with JUMP, μ's backward, side by side as the
+        projection's rows hold them) and, with JUMP, the keys' ``dk2 [M, C]`` (μ's backward);
+        the actions' gradient is ``dact_h + dact_o`` (the heads' kernel's and the caller's), the
+        gates' the tape kernel's plus, with JUMP, the heads' (both to p_w when NP = 2)."""
+        r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+        mr = r < M
+        ia = tl.arange(0, BA)
+        ma = mr[:, None] & (ia < A)[None, :]
+        for e in tl.static_range(2):
+            off = (r[:, None] * 2 + e) * A + ia[None, :]
+            g = tl.load(dact_h + off, mask=ma, other=0.0) + tl.load(dact_o + off, mask=ma, other=0.0)
+            y = tl.load(act + off, mask=ma, other=0.0)
+            tl.store(dc + r[:, None] * NC + e * A + ia[None, :], y * (g - tl.sum(g * y, 1)[:, None]), mask=ma)
+        g_w = tl.load(dpw + r, mask=mr, other=0.0)
+        g_e = tl.load(dpe + r, mask=mr, other=0.0)
+        if JUMP:
+            g_w += tl.load(dpw_h + r, mask=mr, other=0.0)
+            g_e += tl.load(dpe_h + r, mask=mr, other=0.0)
+        p_r = tl.load(p + r, mask=mr, other=0.0)
+        p_w = tl.load(p + M + r, mask=mr, other=0.0)
+        row = dc + r * NC + 2 * A
+        tl.store(row, tl.load(dpr + r, mask=mr, other=0.0) * (p_r * (1 - p_r)), mask=mr)
+        if NP == 2:  # p_e = p_w: both gradients go to p_w
+            tl.store(row + 1, (g_w + g_e) * (p_w * (1 - p_w)), mask=mr)
+        else:
+            p_e = tl.load(p + 2 * M + r, mask=mr, other=0.0)
+            tl.store(row + 1, g_w * (p_w * (1 - p_w)), mask=mr)
+            tl.store(row + 2, g_e * (p_e * (1 - p_e)), mask=mr)
+        if JUMP:  # dx = (dy − y ⟨y, dy⟩) / n, the projection only where the norm was not clamped
+            ic = tl.arange(0, BC)
+            mc = mr[:, None] & (ic < C)[None, :]
+            y = tl.load(q + r[:, None] * C + ic[None, :], mask=mc, other=0.0)
+            g = tl.load(dq + r[:, None] * C + ic[None, :], mask=mc, other=0.0)
+            s = tl.sum(y * g, 1) * tl.load(fq + r, mask=mr, other=0.0)
+            tl.store(dc + r[:, None] * NC + 2 * A + NP + ic[None, :],
+                     (g - y * s[:, None]) / tl.load(nq + r, mask=mr, other=1.0)[:, None], mask=mc)
+            y = tl.load(k + r[:, None] * C + ic[None, :], mask=mc, other=0.0)
+            g = tl.load(dk + r[:, None] * C + ic[None, :], mask=mc, other=0.0)
+            s = tl.sum(y * g, 1) * tl.load(fk + r, mask=mr, other=0.0)
+            tl.store(dk2 + r[:, None] * C + ic[None, :],
+                     (g - y * s[:, None]) / tl.load(nk + r, mask=mr, other=1.0)[:, None], mask=mc)
+
     class _K:
         pass
     ns = _K()
     ns.tape_fwd, ns.tape_bwd, ns.heads_fwd, ns.heads_bwd = tape_fwd, tape_bwd, heads_fwd, heads_bwd
+    ns.gates_fwd, ns.gates_bwd = gates_fwd, gates_bwd
     return ns
 
 
@@ -748,6 +834,60 @@ def unit_backward(y: torch.Tensor, n: torch.Tensor, free: torch.Tensor, dy: torc
     return torch.mul(y, s).neg_().add_(dy).div_(n)
 
 
+GATE_ROWS = 16  # rows (one step of one tape each) per program of the gates' kernels
+
+
+def _gate_blocks(M: int, A: int, C: int) -> dict:
+    return dict(BR=GATE_ROWS, BA=_pow2(A), BC=_pow2(max(C, 1)), num_warps=1 if M <= 4096 else 2)
+
+
+def _gates_forward(ctrl: torch.Tensor, kraw: Optional[torch.Tensor], A: int, n_p: int, C: int, eps: float):
+    """The gates' kernel on the control projection ``ctrl [B, T, Tn, NC]`` and the keys ``kraw
+    [B, T, Tn, C]`` (None without JUMP, ``C`` then 0): ``(act [B, T, Tn, 2, A], p [n_p, B, T, Tn],
+    q, nq, fq, k, nk, fk)``, the last six None without JUMP (:func:`_layer_forward`)."""
+    jump = kraw is not None
+    lead, NC = ctrl.shape[:-1], ctrl.shape[-1]
+    M = lead.numel()
+    if not ctrl.is_contiguous() or NC != 2 * A + n_p + C or (jump and (kraw.shape != lead + (C,)
+                                                                         or not kraw.is_contiguous())):
+        raise ValueError(f"nam_tm gates: `ctrl` expected contiguous [..., {2 * A + n_p + C}] and `kraw` "
+                         f"[..., {C}], got {tuple(ctrl.shape)} and {None if kraw is None else tuple(kraw.shape)}")
+    new = ctrl.new_empty
+    act, p = new(lead + (2, A)), new((n_p,) + lead)
+    outs = [new(lead + (n,)) for _ in range(2) for n in (C, 1, 1)] if jump else [None] * 6
+    d = ctrl  # stands for the pointers a kernel without JUMP does not touch
+    blk = _gate_blocks(M, A, C)
+    with _device(ctrl):
+        kernels().gates_fwd[(-(-M // GATE_ROWS),)](ctrl, kraw if jump else d, act, p,
+                                                   *[o if jump else d for o in outs], M, A, C, NC, eps,
+                                                   NP=n_p, JUMP=jump, BP=_pow2(n_p), **blk)
+    return (act, p, *outs)
+
+
+def _gates_backward(dact_h, dact_o, act, p, dpr, dpw, dpe, dpw_h, dpe_h, q, nq, fq, dq, k, nk, fk, dk, C: int):
+    """:func:`_gates_forward`'s backward: ``(dc [B, T, Tn, NC], dk2 [B, T, Tn, C] or None)``, the
+    control projection's and the keys' output gradients (:func:`_layer_backward`)."""
+    jump = q is not None
+    n_p, A = p.shape[0], act.shape[-1]
+    lead = act.shape[:-2]
+    M = lead.numel()
+    NC = 2 * A + n_p + C
+    ins = [dact_h, dact_o, act, dpr, dpw, dpe] + ([dpw_h, dpe_h, q, nq, fq, dq, k, nk, fk, dk] if jump else [])
+    for t in ins + [p]:
+        if not t.is_contiguous() or t.dtype != act.dtype or t.device != act.device:
+            raise ValueError(f"nam_tm gates backward: expected contiguous {act.dtype} tensors on {act.device}, "
+                             f"got {tuple(t.shape)} {t.dtype} on {t.device}")
+    dc = act.new_empty(lead + (NC,))
+    dk2 = act.new_empty(lead + (C,)) if jump else None
+    d = act
+    with _device(act):
+        kernels().gates_bwd[(-(-M // GATE_ROWS),)](dact_h, dact_o, act, p, dpr, dpw, dpe,
+                                                   *([dpw_h, dpe_h, dq, q, nq, fq, dk, k, nk, fk, dc, dk2] if jump
+                                                     else [d] * 10 + [dc, d]),
+                                                   M, A, C, NC, NP=n_p, JUMP=jump, **_gate_blocks(M, A, C))
+    return dc, dk2
+
+
 def _layer_saved(cfg) -> List[str]:
     """Names of what :func:`_layer_forward` returns after its five outputs, for the backward."""
     A, n_p, order, jump, unit_values, unit_keys, transposed, eps = cfg
@@ -768,15 +908,14 @@ def _layer_forward(cfg, hc, x, w_c, b_c, w_v, b_v, *rest):
     ctrl = torch.addmm(b_c, hc.reshape(B * T, -1), w_c.t()).view(B, T, Tn, -1)  # the control projection
     v = torch.addmm(b_v, x2, w_v.t()).view(B, T, Tn, C)  # values
     kraw = torch.addmm(b_k, x2, w_k.t()).view(B, T, Tn, C) if jump else None  # keys before μ
-    act = torch.softmax(ctrl[..., :2 * A].unflatten(-1, (2, A)), -1).contiguous()  # [B, T, Tn, 2, A]
-    p = torch.sigmoid(ctrl[..., 2 * A:2 * A + n_p].movedim(-1, 0)).contiguous()  # [n_p, B, T, Tn]: p_r, p_w[, p_e]
+    # the actions' softmaxes [B, T, Tn, 2, A], the gates [n_p, B, T, Tn] (p_r, p_w[, p_e]), with
+    # JUMP μ of the jump queries and of the keys: one kernel
+    act, p, q, nq, fq, k, nk, fk = _gates_forward(ctrl, kraw, A, n_p, C if jump else 0, eps)
     p_r, p_w = p[0], p[1]
     p_e = p[2] if n_p == 3 else p_w
     saved = {"p": p}
     if jump:
-        q, saved["nq"], saved["fq"] = unit_forward(ctrl[..., 2 * A + n_p:], eps)
-        k, saved["nk"], saved["fk"] = unit_forward(kraw, eps)
-        saved["q"], saved["k"] = q, k = q.contiguous(), k.contiguous()
+        saved.update(q=q, nq=nq, fq=fq, k=k, nk=nk, fk=fk)
     else:
         q = k = act
     meta = _heads_meta(act, heads, key_tape.reshape(N, C, L), list(order), transposed, True, unit_keys)
@@ -818,24 +957,20 @@ def _layer_backward(cfg, hc, x, w_c, w_v, *rest):
     meta = _heads_meta(act, gH.new_empty(N, 2, L), gH.new_empty(N, C, L), list(order), transposed, True, unit_keys)
     dact, dq, dk, dpw_h, dpe_h, dH0, dK0 = _heads_backward(meta, act, q, k, p_w, p_e, Hs, sv.get("Kc"), sv.get("U"),
                                                             gH, dKT.reshape(N, C, L))
-    dact = dact + dact_out
-    dz = torch._softmax_backward_data(dact, act, -1, act.dtype)
-    if jump:
-        dpw, dpe = dpw + dpw_h, dpe + dpe_h
-    dps = [dpr, dpw + dpe] if n_p == 2 else [dpr, dpw, dpe]  # p_e = p_w: both gradients go to p_w
-    dp = torch.stack(dps, 0).mul_(p * (1 - p))  # the sigmoid's backward, [n_p, B, T, Tn]
-    parts = [dz.flatten(-2), dp.movedim(0, -1)]
-    if jump:
-        parts.append(unit_backward(sv["q"], sv["nq"], sv["fq"], dq))
+    # the softmaxes', the sigmoids' and μ's backward, one kernel: the control projection's output
+    # gradient and, with JUMP, the keys'
+    dc, dk2 = _gates_backward(dact, dact_out.contiguous(), act, p, dpr, dpw, dpe, dpw_h, dpe_h,
+                              sv.get("q"), sv.get("nq"), sv.get("fq"), dq, sv.get("k"), sv.get("nk"), sv.get("fk"),
+                              dk, C if jump else 0)
     # the projections' backward: control (from hc), values and keys (from x)
-    dc = torch.cat(parts, -1).view(B * T, -1)
+    dc = dc.view(B * T, -1)
     hc2, x2 = hc.reshape(B * T, -1), x.reshape(B * T, -1)
     dv2 = dv.reshape(B * T, -1)
     dx = torch.mm(dv2, w_v)
     grads = [torch.mm(dc, w_c).view(hc.shape), None, torch.mm(dc.t(), hc2), dc.sum(0), torch.mm(dv2.t(), x2),
              dv2.sum(0)]
     if jump:
-        dk2 = unit_backward(sv["k"], sv["nk"], sv["fk"], dk).view(B * T, -1)
+        dk2 = dk2.view(B * T, -1)
         dx = dx.addmm_(dk2, w_k)
         grads += [torch.mm(dk2.t(), x2), dk2.sum(0)]
     grads[1] = dx.view(x.shape)
