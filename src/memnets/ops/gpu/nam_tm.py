@@ -456,6 +456,31 @@ def kernels():
             tl.store(dK0 + n * LC + off2, dK, mask=m2)
 
     @triton.jit
+    def _unit_rows(x, sx, y, n, f, r, mr, C, EPS, BC: tl.constexpr):
+        """Rows ``r`` of ``x`` (row stride ``sx``, ``C`` columns) to ``y = μ(x) [., C]``, with
+        ``n = max(‖x‖, EPS)`` and ``f`` 1 where the norm was not clamped, 0 where it was."""
+        ic = tl.arange(0, BC)
+        mc = mr[:, None] & (ic < C)[None, :]
+        v = tl.load(x + r[:, None] * sx + ic[None, :], mask=mc, other=0.0)
+        nrm = tl.sqrt(tl.sum(v * v, 1))
+        den = tl.maximum(nrm, EPS)
+        tl.store(y + r[:, None] * C + ic[None, :], v / den[:, None], mask=mc)
+        tl.store(n + r, den, mask=mr)
+        tl.store(f + r, tl.where(nrm >= EPS, 1.0, 0.0).to(den.dtype), mask=mr)
+
+    @triton.jit
+    def _unit_rows_backward(y, n, f, dy, dx, sdx, r, mr, C, BC: tl.constexpr):
+        """:func:`_unit_rows`'s backward into ``dx`` (row stride ``sdx``): ``dx = (dy − y ⟨y, dy⟩)
+        / n``, the projection only where the norm was not clamped."""
+        ic = tl.arange(0, BC)
+        mc = mr[:, None] & (ic < C)[None, :]
+        yy = tl.load(y + r[:, None] * C + ic[None, :], mask=mc, other=0.0)
+        g = tl.load(dy + r[:, None] * C + ic[None, :], mask=mc, other=0.0)
+        s = tl.sum(yy * g, 1) * tl.load(f + r, mask=mr, other=0.0)
+        tl.store(dx + r[:, None] * sdx + ic[None, :], (g - yy * s[:, None]) / tl.load(n + r, mask=mr, other=1.0)[:, None],
+                 mask=mc)
+
+    @triton.jit
     def gates_fwd(ctrl, kraw, act, p, q, nq, fq, k, nk, fk, M, A, C, NC, EPS,
                   NP: tl.constexpr, JUMP: tl.constexpr, BR: tl.constexpr, BA: tl.constexpr, BP: tl.constexpr,
                   BC: tl.constexpr):
@@ -478,20 +503,8 @@ def kernels():
         z = tl.load(ctrl + r[:, None] * NC + 2 * A + ip[None, :], mask=mp, other=0.0)
         tl.store(p + ip[None, :] * M + r[:, None], 1.0 / (1.0 + tl.exp(-z)), mask=mp)
         if JUMP:
-            ic = tl.arange(0, BC)
-            mc = mr[:, None] & (ic < C)[None, :]
-            x = tl.load(ctrl + r[:, None] * NC + 2 * A + NP + ic[None, :], mask=mc, other=0.0)
-            nrm = tl.sqrt(tl.sum(x * x, 1))
-            den = tl.maximum(nrm, EPS)
-            tl.store(q + r[:, None] * C + ic[None, :], x / den[:, None], mask=mc)
-            tl.store(nq + r, den, mask=mr)
-            tl.store(fq + r, tl.where(nrm >= EPS, 1.0, 0.0).to(den.dtype), mask=mr)
-            x = tl.load(kraw + r[:, None] * C + ic[None, :], mask=mc, other=0.0)
-            nrm = tl.sqrt(tl.sum(x * x, 1))
-            den = tl.maximum(nrm, EPS)
-            tl.store(k + r[:, None] * C + ic[None, :], x / den[:, None], mask=mc)
-            tl.store(nk + r, den, mask=mr)
-            tl.store(fk + r, tl.where(nrm >= EPS, 1.0, 0.0).to(den.dtype), mask=mr)
+            _unit_rows(ctrl + 2 * A + NP, NC, q, nq, fq, r, mr, C, EPS, BC)
+            _unit_rows(kraw, C, k, nk, fk, r, mr, C, EPS, BC)
 
     @triton.jit
     def gates_bwd(dact_h, dact_o, act, p, dpr, dpw, dpe, dpw_h, dpe_h, dq, q, nq, fq, dk, k, nk, fk, dc, dk2,
@@ -526,19 +539,12 @@ def kernels():
             p_e = tl.load(p + 2 * M + r, mask=mr, other=0.0)
             tl.store(row + 1, g_w * (p_w * (1 - p_w)), mask=mr)
             tl.store(row + 2, g_e * (p_e * (1 - p_e)), mask=mr)
-        if JUMP:  # dx = (dy − y ⟨y, dy⟩) / n, the projection only where the norm was not clamped
-            ic = tl.arange(0, BC)
-            mc = mr[:, None] & (ic < C)[None, :]
-            y = tl.load(q + r[:, None] * C + ic[None, :], mask=mc, other=0.0)
-            g = tl.load(dq + r[:, None] * C + ic[None, :], mask=mc, other=0.0)
-            s = tl.sum(y * g, 1) * tl.load(fq + r, mask=mr, other=0.0)
-            tl.store(dc + r[:, None] * NC + 2 * A + NP + ic[None, :],
-                     (g - y * s[:, None]) / tl.load(nq + r, mask=mr, other=1.0)[:, None], mask=mc)
-            y = tl.load(k + r[:, None] * C + ic[None, :], mask=mc, other=0.0)
-            g = tl.load(dk + r[:, None] * C + ic[None, :], mask=mc, other=0.0)
-            s = tl.sum(y * g, 1) * tl.load(fk + r, mask=mr, other=0.0)
-            tl.store(dk2 + r[:, None] * C + ic[None, :],
-                     (g - y * s[:, None]) / tl.load(nk + r, mask=mr, other=1.0)[:, None], mask=mc)
+        if JUMP:
+            _unit_rows_backward(q, nq, fq, dq, dc + 2 * A + NP, NC, r, mr, C, BC)
+            _unit_rows_backward(k, nk, fk, dk, dk2, C, r, mr, C, BC)
+
+    # called functions are looked up in the module's globals
+    globals().update(triton=triton, tl=tl, _unit_rows=_unit_rows, _unit_rows_backward=_unit_rows_backward)
 
     class _K:
         pass
