@@ -12,7 +12,8 @@ child then finds its CUDA context unusable (it exits with :data:`EXIT_CUDA_LOST`
 recorded with the reason and a new child resumes after it: it is handed the rows already
 measured, which its bench gives back in order instead of measuring them again
 (:class:`memnets.bench.gpu._Bench`'s ``replay``), so later rows still pair with them and the
-section's budget carries over. A child that dies twice at the same place ends the section.
+section's budget carries over. A child that dies twice at the same place (outside a row) ends
+the section, as does the check's time limit.
 
 For tests, ``MEMNETS_GPU_CHECK_FAULT="crash:<row name>"`` (or ``hang:``) makes a child die (or
 hang) when it starts the first row of that name (``crash_once:``/``hang_once:``: only in the
@@ -35,7 +36,8 @@ __all__ = ["run_section", "run_job", "child_main", "cuda_usable", "EXIT_CUDA_LOS
 EXIT_CUDA_LOST = 3  # a child whose CUDA context failed after a row's error
 FAULT_ENV = "MEMNETS_GPU_CHECK_FAULT"
 ROW_LIMIT_S = 180.0  # a row (first call, warm-up, repeats) still running after this is stopped
-MAX_CHILDREN = 6  # per section
+MAX_CHILDREN = 40  # per section: each one that fails at a row moves past it, so a kernel that faults at
+# every row of one model costs those rows (and a start each), not the models after it
 
 
 def _write_atomic(path: Path, data: dict) -> None:
