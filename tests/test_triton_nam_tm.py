@@ -579,8 +579,10 @@ def test_kernels_compile_for_cuda():
     assert proc.returncode == 0 and out.endswith("OK"), proc.stdout[-4000:] + proc.stderr[-4000:]
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("jump,n_p", [(True, 2), (True, 3), (False, 3), (False, 2)])
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("jump,n_p", [(True, 2), (True, 3), (False, 3), (False, 2)],
+                         ids=["jump-pe=pw", "jump", "nojump", "nojump-pe=pw"])
 def test_gates_kernels_match_the_ops_they_replace(dtype, jump, n_p):
     """The layer's gates kernels (the actions' softmaxes, the gates' sigmoids, μ of the jump
     queries and keys, and their backward in one kernel each way) against those ops in PyTorch
