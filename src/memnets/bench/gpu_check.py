@@ -1469,32 +1469,26 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
 
         shares = {"models": 0.3, "attention": 0.2, "scan": 0.5}
         finish_warmup()  # no row is timed beside the warm-up's autotuning
-        if isolate:
-            from . import isolated
-
-            for name in sections:
-                s0 = time.perf_counter()
-                before = list(result["rows"])
-
-                def on_rows(rows: list[dict], before=before) -> None:
-                    result["rows"][:] = before + rows
-                    _write(result, folders)
-                _, section_notes = isolated.run_section(
-                    name, folder=folders[0], cpu=not cuda, bench_seconds=bench_seconds, share=shares[name],
-                    deadline=t0 + total_seconds, verbose=verbose, on_rows=on_rows, say=say,
-                    **({} if row_limit_s is None else {"row_limit_s": row_limit_s}))
-                run_notes += section_notes
-                phases[name] = round(time.perf_counter() - s0, 1)
-                say(f"{name}: {phases[name]:.1f} s")
-        else:
+        if not isolate:
             bench = _Bench(device, bench_seconds, verbose=verbose, deadline=t0 + total_seconds, on_row=on_row)
             bench.rows = result["rows"]  # the same list: every row written as it comes
-            for name in sections:
+        for name in sections:
+            s0 = time.perf_counter()
+            if isolate:
+                from . import isolated
+
+                def on_rows(rows: list[dict], before=list(result["rows"])) -> None:
+                    result["rows"][:] = before + rows
+                    _write(result, folders)
+                run_notes += isolated.run_section(
+                    name, folder=folders[0], cpu=not cuda, bench_seconds=bench_seconds, share=shares[name],
+                    deadline=t0 + total_seconds, verbose=verbose, on_rows=on_rows, say=say,
+                    **({} if row_limit_s is None else {"row_limit_s": row_limit_s}))[1]
+            else:
                 bench.start_section(name, share=shares[name])
-                s0 = time.perf_counter()
                 SECTIONS[name](bench, not cuda)
-                phases[name] = round(time.perf_counter() - s0, 1)
-                say(f"{name}: {phases[name]:.1f} s")
+            phases[name] = round(time.perf_counter() - s0, 1)
+            say(f"{name}: {phases[name]:.1f} s")
         finish_warmup()
     finally:
         if warm is not None and warm.summary is None:
