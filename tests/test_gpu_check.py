@@ -323,6 +323,9 @@ def test_alternatives_pair_each_comparison_with_the_default_it_varies():
     assert got == {("DNC", "DNC (MEMNETS_TIME_LOOP=steps)"): 1.25,
                    ("DNC (whole step graphed)", "DNC (MEMNETS_DNC_WARPS=16) (whole step graphed)"): 0.5,
                    ("DNC", "DNC (no graph replay)"): 2.0, ("impl=fla", "impl=triton"): 0.5}
+    md = gpu_check.format_markdown({"env": {}, "gpu": "g", "started": "s", "rows": rows})
+    assert "| c | DNC | 4 | DNC (MEMNETS_TIME_LOOP=steps) | 5 | 1.25 |" in md, md  # slower: plain
+    assert "| a | impl=fla | 2 | impl=triton | 1 | **0.5** |" in md, md  # 10% faster or more: bold
 
 
 ATTENTION_ROWS = 15  # the attention section's rows in the dry run (head dims 64 and 128, causal and not)

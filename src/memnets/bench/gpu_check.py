@@ -1163,6 +1163,9 @@ def _fmt(v: Any) -> str:
 _VARIANT = re.compile(r"^(?P<base>.+?) \((?P<what>MEMNETS_[A-Z_]+=[^)]*|no graph replay)\)(?P<rest>.*)$")
 
 
+FASTER = 0.9  # an alternative at most this ratio of its default's time is marked in gpu-check.md
+
+
 def alternatives(rows: list[dict]) -> list[dict]:
     """Each comparison row against the default it varies, for choosing defaults from one run:
     a model's row run another way (``"DNC (MEMNETS_TIME_LOOP=steps)"``, with or without
@@ -1246,11 +1249,13 @@ def format_markdown(result: dict[str, Any]) -> str:
     if alts:
         out += ["## Alternatives against the default", "",
                 "Each comparison row beside the row it varies (same config): ratio = alternative ms / default ms "
-                "(< 1: the alternative was faster on this run).", "",
+                f"(< 1: the alternative was faster on this run; in bold where it was at least "
+                f"{100 * (1 - FASTER):.0f}% faster, a default to reconsider).", "",
                 "| config | default | ms | alternative | ms | ratio |", "|---|---|---|---|---|---|"]
         for a in alts:
+            ratio = _fmt(a["ratio"])
             out.append(f"| {a['config']} | {a['default']} | {_fmt(a['default_ms'])} | {a['alternative']} | "
-                       f"{_fmt(a['alternative_ms'])} | {_fmt(a['ratio'])} |")
+                       f"{_fmt(a['alternative_ms'])} | {f'**{ratio}**' if a['ratio'] <= FASTER else ratio} |")
         out.append("")
     pr = result.get("profile")
     if pr:
