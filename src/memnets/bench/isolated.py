@@ -16,9 +16,9 @@ section's budget carries over. A child that dies twice at the same place (outsid
 the section, as does the check's time limit.
 
 For tests, ``MEMNETS_GPU_CHECK_FAULT="crash:<row name>"`` (or ``hang:``) makes a child die (or
-hang) when it starts the first row of that name (``crash_once:``/``hang_once:``: only in the
-first child of the section); ``lost:<row name>`` fails that row and has the child then take its
-CUDA context for unusable, as after an illegal memory access.
+hang) when it starts a row of that name (``crash_once:``/``hang_once:``: only in the first child
+of the section); ``lost:<row name>`` fails such a row and has the child then take its CUDA
+context for unusable, as after an illegal memory access.
 """
 from __future__ import annotations
 
