@@ -173,10 +173,22 @@ def kernels():
         tl.store(o_ptr + b * L * dv + rows[:, None] * dv + j[None, :], o.to(o_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
+    def _state(h_ptr, b, h_b, n, BK: tl.constexpr, BV: tl.constexpr):
+        """The ``n``-th ``[dk, dv]`` block (a chunk's prefix, or the one total) of sequence ``b``."""
+        return tl.load(h_ptr + b * h_b + n * BK * BV + tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :])
+
+    @triton.jit
     def _suffix(g_ptr, b, n, n_g, g_b, BK: tl.constexpr, BV: tl.constexpr):
         """``Σ_{m>n} Q_mᵀ dO_m`` of sequence ``b``: the last of the ``n_g`` prefixes less the ``n``-th."""
-        gb = g_ptr + b * g_b + tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
-        return tl.load(gb + (n_g - 1) * BK * BV) - tl.load(gb + n * BK * BV)
+        return _state(g_ptr, b, g_b, n_g - 1, BK, BV) - _state(g_ptr, b, g_b, n, BK, BV)
+
+    @triton.jit
+    def _store_unit_grad(ptr, b, n_rows, d, rows, i, g, u, big, inv):
+        """μ's backward, stored at rows ``rows`` of sequence ``b`` (``[n_rows, d]``):
+        d/dx (x / max(‖x‖, eps)) · g = (g − [‖x‖ >= eps] u (u·g)) / max(‖x‖, eps), ``u = μ(x)``."""
+        gx = (g - tl.where(big, tl.sum(g * u, 1), 0.0)[:, None] * u) * inv[:, None]
+        m = (rows < n_rows)[:, None] & (i < d)[None, :]
+        tl.store(ptr + b * n_rows * d + rows[:, None] * d + i[None, :], gx.to(ptr.dtype.element_ty), mask=m)
 
     @triton.jit
     def backward(q_ptr, k_ptr, v_ptr, do_ptr, p_ptr, g_ptr, dq_ptr, dk_ptr, dv_ptr, n_chunks, L, S, dk, dv,
@@ -216,31 +228,21 @@ def kernels():
             if DQ or DK:
                 dA = tl.where(lower, _mm(do, tl.trans(v), HALF_IN, ACC, IN), 0.0)
         if DQ:
-            if CAUSAL:
-                h = tl.load(p_ptr + b * p_b + tl.maximum(n - 1, 0) * BK * BV + i[:, None] * BV + j[None, :])
-                h = tl.where(n > 0, h, 0.0)  # P_{n-1}; none before the first chunk
+            if CAUSAL:  # P_{n-1}; none before the first chunk
+                h = tl.where(n > 0, _state(p_ptr, b, p_b, tl.maximum(n - 1, 0), BK, BV), 0.0)
                 dQ = _mm_state(do, tl.trans(h), HALF_IN, ACC, IN) + _mm(dA, K, HALF_IN, ACC, IN)
             else:
-                h = tl.load(p_ptr + b * p_b + i[:, None] * BV + j[None, :])
-                dQ = _mm_state(do, tl.trans(h), HALF_IN, ACC, IN)
-            # μ's backward: d/dx (x / max(‖x‖, eps)) · g = (g − [‖x‖ >= eps] u (u·g)) / max(‖x‖, eps)
-            gq = dQ * scale
-            gq = (gq - tl.where(big_q, tl.sum(gq * u_q, 1), 0.0)[:, None] * u_q) * inv_q[:, None]
-            mq = (rows < L)[:, None] & (i < dk)[None, :]
-            tl.store(dq_ptr + b * L * dk + rows[:, None] * dk + i[None, :], gq.to(dq_ptr.dtype.element_ty),
-                     mask=mq)
+                dQ = _mm_state(do, tl.trans(_state(p_ptr, b, p_b, 0, BK, BV)), HALF_IN, ACC, IN)
+            _store_unit_grad(dq_ptr, b, L, dk, rows, i, dQ * scale, u_q, big_q, inv_q)
         if DK:
             if CAUSAL:
                 dK = _mm(tl.trans(dA), Q, HALF_IN, ACC, IN)
                 g = _suffix(g_ptr, b, n, n_g, g_b, BK, BV)
                 dK += _mm_state(v, tl.trans(g), HALF_IN, ACC, IN)
             else:
-                g = tl.load(g_ptr + b * g_b + i[:, None] * BV + j[None, :])
+                g = _state(g_ptr, b, g_b, 0, BK, BV)
                 dK = _mm_state(v, tl.trans(g), HALF_IN, ACC, IN)
-            gk = (dK - tl.where(big_k, tl.sum(dK * K, 1), 0.0)[:, None] * K) * inv_k[:, None]
-            mk = (rows < S)[:, None] & (i < dk)[None, :]
-            tl.store(dk_ptr + b * S * dk + rows[:, None] * dk + i[None, :], gk.to(dk_ptr.dtype.element_ty),
-                     mask=mk)
+            _store_unit_grad(dk_ptr, b, S, dk, rows, i, dK, K, big_k, inv_k)
         if DV:
             if CAUSAL:
                 A = tl.where(lower, _mm(Q, tl.trans(K), HALF_IN, ACC, IN), 0.0)
@@ -250,7 +252,7 @@ def kernels():
                 dV += _mm_state(K, g, HALF_IN, ACC, IN)
             else:
                 if not DK:
-                    g = tl.load(g_ptr + b * g_b + i[:, None] * BV + j[None, :])
+                    g = _state(g_ptr, b, g_b, 0, BK, BV)
                 dV = _mm_state(K, g, HALF_IN, ACC, IN)
             mv = (rows < S)[:, None] & (j < dv)[None, :]
             tl.store(dv_ptr + b * S * dv + rows[:, None] * dv + j[None, :], dV.to(dv_ptr.dtype.element_ty),
@@ -278,7 +280,7 @@ def kernels():
             carry += tl.sum(x, 0)
 
     globals().update(triton=triton, tl=tl, _tile=_tile, _inv_norm=_inv_norm, _mm=_mm, _mm_state=_mm_state,
-                     _suffix=_suffix, _chunk_sum=_chunk_sum)
+                     _suffix=_suffix, _chunk_sum=_chunk_sum, _state=_state, _store_unit_grad=_store_unit_grad)
     return chunk_sums, forward_out, backward, chunk_prefix
 
 
