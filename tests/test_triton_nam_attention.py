@@ -1,9 +1,9 @@
 """``nam_attention``'s Triton kernels (memnets.ops.gpu.causal_attention) against the quadratic
 reference, values and every gradient, float32 and float64, causal and not: on a GPU when there
 is one, else on CPU tensors through Triton's interpreter (``TRITON_INTERPRET=1``, the
-``triton_interpreter`` fixture). The interpreter cannot multiply bfloat16 tiles, so on the CPU
-the half-precision path of the kernels (casts, TF32 products) runs on float32 tiles; on a GPU
-bfloat16 itself is held to the float32 result. Skipped, with the reason, only where triton or
+``triton_interpreter`` fixture). The interpreter multiplies bfloat16 tiles wrongly, so on the
+CPU the half-precision path of the kernels (casts, TF32 products) runs in float16 and on float32
+tiles; on a GPU bfloat16 itself is held to the float32 result. Skipped, with the reason, only where triton or
 numpy is not installed (``pip install 'memnets[gpu]' numpy``)."""
 from __future__ import annotations
 
@@ -141,16 +141,26 @@ def test_triton_nam_attention_half_path_on_float32_tiles(monkeypatch):
         _close(got, ref, 1e-2 if CUDA else 2e-5)
 
 
-@pytest.mark.skipif(not CUDA, reason="the interpreter cannot multiply bfloat16 tiles; the half branch runs on "
-                    "float32 tiles on the CPU (test_triton_nam_attention_half_path_on_float32_tiles)")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_triton_nam_attention_half_precision_on_cuda(dtype):
-    q, k, v = _inputs((2, 4, 300, 64), (2, 4, 300, 64), 64, torch.float32)
+@pytest.mark.parametrize("dtype", [
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+        not CUDA, reason="the interpreter multiplies bfloat16 tiles wrongly (their bits taken for numbers); the "
+        "half branch runs in float16 on the CPU, and on float32 tiles (test_triton_nam_attention_half_path_on_float32_tiles)")),
+    torch.float16])
+def test_triton_nam_attention_half_precision(dtype):
+    """The kernels in half precision (their products of half tiles, float32 sums) against the
+    PyTorch path in float32: on a GPU through ``impl="auto"`` (which takes them there), on the CPU
+    (float16) through the interpreter, with the backward as one launch and one per gradient."""
+    shape = (2, 4, 300, 64) if CUDA else (1, 2, 150, 64)
+    q, k, v = _inputs(shape, shape, 64, torch.float32)
     for causal in (True, False):
         ref = _grads(lambda a, b, c: nam_attention(a, b, c, is_causal=causal, impl="torch"), q, k, v)
-        got = _grads(lambda a, b, c: nam_attention(a, b, c, is_causal=causal), *(t.to(dtype) for t in (q, k, v)))
-        assert got[0].dtype == dtype
-        _close([t.float() for t in got], ref, 3e-2)
+        half = [t.to(dtype) for t in (q, k, v)]
+        for env in ("fused",) if CUDA else ("fused", "split"):
+            with gpu.env_var(ca.BACKWARD_ENV, env):
+                got = _grads(lambda a, b, c: nam_attention(a, b, c, is_causal=causal) if CUDA
+                             else ca.nam_attention_triton(a, b, c, causal=causal), *half)
+            assert got[0].dtype == dtype
+            _close([t.float() for t in got], ref, 3e-2)
 
 
 @pytest.mark.parametrize("where", ["key", "value"])
