@@ -633,3 +633,6 @@ def test_gates_kernels_match_the_ops_they_replace(dtype, jump, n_p):
                            fq_k, dq, k_k, nk_k, fk_k, dk, Cq)
     with pytest.raises(ValueError, match="ctrl"):
         nt._gates_forward(ctrl[..., :-1], kraw, A, n_p, Cq, 1e-6)
+    if jump:
+        with pytest.raises(ValueError, match="of its dtype"):
+            nt._gates_forward(ctrl, kraw.half(), A, n_p, Cq, 1e-6)

@@ -854,10 +854,12 @@ def _gates_forward(ctrl: torch.Tensor, kraw: Optional[torch.Tensor], A: int, n_p
     jump = kraw is not None
     lead, NC = ctrl.shape[:-1], ctrl.shape[-1]
     M = lead.numel()
-    if not ctrl.is_contiguous() or NC != 2 * A + n_p + C or (jump and (kraw.shape != lead + (C,)
-                                                                         or not kraw.is_contiguous())):
+    if not ctrl.is_contiguous() or NC != 2 * A + n_p + C or (jump and (
+            kraw.shape != lead + (C,) or not kraw.is_contiguous() or kraw.dtype != ctrl.dtype
+            or kraw.device != ctrl.device)):
         raise ValueError(f"nam_tm gates: `ctrl` expected contiguous [..., {2 * A + n_p + C}] and `kraw` "
-                         f"[..., {C}], got {tuple(ctrl.shape)} and {None if kraw is None else tuple(kraw.shape)}")
+                         f"[..., {C}] of its dtype and device, got {tuple(ctrl.shape)} and "
+                         f"{None if kraw is None else (tuple(kraw.shape), kraw.dtype)}")
     new = ctrl.new_empty
     act, p = new(lead + (2, A)), new((n_p,) + lead)
     outs = [new(lead + (n,)) for _ in range(2) for n in (C, 1, 1)] if jump else [None] * 6
