@@ -77,6 +77,65 @@ def kernels():
     globals()["_prod_combine"] = _times
 
     @triton.jit
+    def _layout(R, W):
+        """Where each part of the interface vector ξ begins: [k_r (R·W) | k_w (W) | β̂_r (R) | β̂_w |
+        v (W) | ê (W) | f̂ (R) | ĝ_a | ĝ_w | modes (3R)]."""
+        STR = (R + 1) * W
+        V = STR + R + 1
+        SIG = V + W
+        FREE = SIG + W
+        GA = FREE + R
+        GW = GA + 1
+        MODES = GW + 1
+        return STR, V, SIG, FREE, GA, GW, MODES
+
+    @triton.jit
+    def _interface(xb, ir, mr, iw, mw, R, W, eps):
+        """The interface's parts at ``xb`` through their nonlinearities (docs/maths.md, DNC): the read
+        and write keys, their strengths' pre-activations, the write vector, the erase vector, the
+        gates, the read modes, the strengths β = 1 + softplus(β̂) and their derivatives in β̂, the keys'
+        inverse norms and the keys scaled by both (k̂ = β k / ‖k‖)."""
+        STR, V, SIG, FREE, GA, GW, MODES = _layout(R, W)
+        mrw = mr[:, None] & mw[None, :]
+        kr = tl.load(xb + ir[:, None] * W + iw[None, :], mask=mrw, other=0.0)  # [BR, BW]
+        kw = tl.load(xb + R * W + iw, mask=mw, other=0.0)
+        s_r = tl.load(xb + STR + ir, mask=mr, other=0.0)
+        s_w = tl.load(xb + STR + R)
+        v = tl.load(xb + V + iw, mask=mw, other=0.0)
+        e = 1.0 / (1.0 + tl.exp(-tl.load(xb + SIG + iw, mask=mw, other=0.0)))
+        ga = 1.0 / (1.0 + tl.exp(-tl.load(xb + GA)))
+        gw = 1.0 / (1.0 + tl.exp(-tl.load(xb + GW)))
+        m0 = tl.load(xb + MODES + ir, mask=mr, other=0.0)
+        m1 = tl.load(xb + MODES + R + ir, mask=mr, other=0.0)
+        m2 = tl.load(xb + MODES + 2 * R + ir, mask=mr, other=0.0)
+        mx = tl.maximum(tl.maximum(m0, m1), m2)
+        e0 = tl.exp(m0 - mx)
+        e1 = tl.exp(m1 - mx)
+        e2 = tl.exp(m2 - mx)
+        es = e0 + e1 + e2
+        pi0 = e0 / es
+        pi1 = e1 / es
+        pi2 = e2 / es
+        beta_r = 1.0 + tl.where(s_r > 20.0, s_r, tl.log(1.0 + tl.exp(tl.minimum(s_r, 20.0))))
+        beta_w = 1.0 + tl.where(s_w > 20.0, s_w, tl.log(1.0 + tl.exp(tl.minimum(s_w, 20.0))))
+        dsp_r = tl.where(s_r > 20.0, 1.0, 1.0 / (1.0 + tl.exp(-s_r)))  # softplus', for the backward
+        dsp_w = tl.where(s_w > 20.0, 1.0, 1.0 / (1.0 + tl.exp(-s_w)))
+        rho_r = 1.0 / tl.sqrt(tl.sum(kr * kr, 1) + eps)
+        rho_w = 1.0 / tl.sqrt(tl.sum(kw * kw, 0) + eps)
+        khr = kr * (beta_r * rho_r)[:, None]
+        khw = kw * (beta_w * rho_w)
+        return kr, kw, v, e, ga, gw, pi0, pi1, pi2, beta_r, beta_w, dsp_r, dsp_w, rho_r, rho_w, khr, khw
+
+    @triton.jit
+    def _lstm_gates(zb, ic, mc, C):
+        """The LSTM's gates from its pre-activations at ``zb``, [i | f | g | o]: σ, σ, tanh, σ."""
+        si = 1.0 / (1.0 + tl.exp(-tl.load(zb + ic, mask=mc, other=0.0)))
+        sf = 1.0 / (1.0 + tl.exp(-tl.load(zb + C + ic, mask=mc, other=0.0)))
+        tg = 2.0 / (1.0 + tl.exp(-2.0 * tl.load(zb + 2 * C + ic, mask=mc, other=0.0))) - 1.0
+        so = 1.0 / (1.0 + tl.exp(-tl.load(zb + 3 * C + ic, mask=mc, other=0.0)))
+        return si, sf, tg, so
+
+    @triton.jit
     def _forward_body(Z, CB, X, wxi_ptr, bxi_ptr, XI, MEM, U, LNK, PREC, WR, WW, t64, B, C, N, W, R, I, eps, zb,
                       BC: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BR: tl.constexpr, BI: tl.constexpr):
         # the buffers [T(+1), B, ...] of every step; step t64 (int64) reads index t and writes t + 1
@@ -110,10 +169,7 @@ def kernels():
         XW = RW + C
         # ---- LSTM pointwise
         zb = z_ptr + b * 4 * C
-        si = 1.0 / (1.0 + tl.exp(-tl.load(zb + ic, mask=mc, other=0.0)))
-        sf = 1.0 / (1.0 + tl.exp(-tl.load(zb + C + ic, mask=mc, other=0.0)))
-        tg = 2.0 / (1.0 + tl.exp(-2.0 * tl.load(zb + 2 * C + ic, mask=mc, other=0.0))) - 1.0
-        so = 1.0 / (1.0 + tl.exp(-tl.load(zb + 3 * C + ic, mask=mc, other=0.0)))
+        si, sf, tg, so = _lstm_gates(zb, ic, mc, C)
         c = sf * tl.load(cp_ptr + b * C + ic, mask=mc, other=0.0) + si * tg
         h = tl.where(mc, so * (2.0 / (1.0 + tl.exp(-2.0 * c)) - 1.0), 0.0)
         tl.store(c_ptr + b * C + ic, c, mask=mc)
@@ -128,39 +184,10 @@ def kernels():
             xi = tl.sum(wt * h[None, :], 1) + tl.load(bxi_ptr + ii, mask=mi, other=0.0)
             tl.store(xb + ii, xi, mask=mi)
         tl.debug_barrier()
-        STR = (R + 1) * W
-        V = STR + R + 1
-        SIG = V + W
-        FREE = SIG + W
-        GA = FREE + R
-        GW = GA + 1
-        MODES = GW + 1
+        STR, V, SIG, FREE, GA, GW, MODES = _layout(R, W)
         mrw = mr[:, None] & mw[None, :]
-        kr = tl.load(xb + ir[:, None] * W + iw[None, :], mask=mrw, other=0.0)  # [BR, BW]
-        kw = tl.load(xb + RW + iw, mask=mw, other=0.0)
-        s_r = tl.load(xb + STR + ir, mask=mr, other=0.0)
-        s_w = tl.load(xb + STR + R)
-        v = tl.load(xb + V + iw, mask=mw, other=0.0)
-        e = 1.0 / (1.0 + tl.exp(-tl.load(xb + SIG + iw, mask=mw, other=0.0)))
-        ga = 1.0 / (1.0 + tl.exp(-tl.load(xb + GA)))
-        gw = 1.0 / (1.0 + tl.exp(-tl.load(xb + GW)))
-        m0 = tl.load(xb + MODES + ir, mask=mr, other=0.0)
-        m1 = tl.load(xb + MODES + R + ir, mask=mr, other=0.0)
-        m2 = tl.load(xb + MODES + 2 * R + ir, mask=mr, other=0.0)
-        mx = tl.maximum(tl.maximum(m0, m1), m2)
-        e0 = tl.exp(m0 - mx)
-        e1 = tl.exp(m1 - mx)
-        e2 = tl.exp(m2 - mx)
-        es = e0 + e1 + e2
-        pi0 = e0 / es
-        pi1 = e1 / es
-        pi2 = e2 / es
-        beta_r = 1.0 + tl.where(s_r > 20.0, s_r, tl.log(1.0 + tl.exp(tl.minimum(s_r, 20.0))))
-        beta_w = 1.0 + tl.where(s_w > 20.0, s_w, tl.log(1.0 + tl.exp(tl.minimum(s_w, 20.0))))
-        rho_r = 1.0 / tl.sqrt(tl.sum(kr * kr, 1) + eps)
-        rho_w = 1.0 / tl.sqrt(tl.sum(kw * kw, 0) + eps)
-        khr = kr * (beta_r * rho_r)[:, None]
-        khw = kw * (beta_w * rho_w)
+        kr, kw, v, e, ga, gw, pi0, pi1, pi2, beta_r, beta_w, dsp_r, dsp_w, rho_r, rho_w, khr, khw = \
+            _interface(xb, ir, mr, iw, mw, R, W, eps)
         # ---- previous state
         mnw = mn[:, None] & mw[None, :]
         mnn = mn[:, None] & mn[None, :]
@@ -267,13 +294,7 @@ def kernels():
         mr = ir < R
         RW = R * W
         XW = RW + C
-        STR = (R + 1) * W
-        V = STR + R + 1
-        SIG = V + W
-        FREE = SIG + W
-        GA = FREE + R
-        GW = GA + 1
-        MODES = GW + 1
+        STR, V, SIG, FREE, GA, GW, MODES = _layout(R, W)
         mrw = mr[:, None] & mw[None, :]
         mnw = mn[:, None] & mw[None, :]
         mnn = mn[:, None] & mn[None, :]
@@ -283,33 +304,8 @@ def kernels():
         offs_r = b * R * N + ir[:, None] * N + inn[None, :]
         # ---- the step's values, recomputed from what the forward kept
         xb = xi_ptr + b * I
-        kr = tl.load(xb + ir[:, None] * W + iw[None, :], mask=mrw, other=0.0)
-        kw = tl.load(xb + RW + iw, mask=mw, other=0.0)
-        s_r = tl.load(xb + STR + ir, mask=mr, other=0.0)
-        s_w = tl.load(xb + STR + R)
-        v = tl.load(xb + V + iw, mask=mw, other=0.0)
-        e = 1.0 / (1.0 + tl.exp(-tl.load(xb + SIG + iw, mask=mw, other=0.0)))
-        ga = 1.0 / (1.0 + tl.exp(-tl.load(xb + GA)))
-        gw = 1.0 / (1.0 + tl.exp(-tl.load(xb + GW)))
-        m0 = tl.load(xb + MODES + ir, mask=mr, other=0.0)
-        m1 = tl.load(xb + MODES + R + ir, mask=mr, other=0.0)
-        m2 = tl.load(xb + MODES + 2 * R + ir, mask=mr, other=0.0)
-        mx = tl.maximum(tl.maximum(m0, m1), m2)
-        e0 = tl.exp(m0 - mx)
-        e1 = tl.exp(m1 - mx)
-        e2 = tl.exp(m2 - mx)
-        es = e0 + e1 + e2
-        pi0 = e0 / es
-        pi1 = e1 / es
-        pi2 = e2 / es
-        beta_r = 1.0 + tl.where(s_r > 20.0, s_r, tl.log(1.0 + tl.exp(tl.minimum(s_r, 20.0))))
-        beta_w = 1.0 + tl.where(s_w > 20.0, s_w, tl.log(1.0 + tl.exp(tl.minimum(s_w, 20.0))))
-        dsp_r = tl.where(s_r > 20.0, 1.0, 1.0 / (1.0 + tl.exp(-s_r)))  # softplus'
-        dsp_w = tl.where(s_w > 20.0, 1.0, 1.0 / (1.0 + tl.exp(-s_w)))
-        rho_r = 1.0 / tl.sqrt(tl.sum(kr * kr, 1) + eps)
-        rho_w = 1.0 / tl.sqrt(tl.sum(kw * kw, 0) + eps)
-        khr = kr * (beta_r * rho_r)[:, None]
-        khw = kw * (beta_w * rho_w)
+        kr, kw, v, e, ga, gw, pi0, pi1, pi2, beta_r, beta_w, dsp_r, dsp_w, rho_r, rho_w, khr, khw = \
+            _interface(xb, ir, mr, iw, mw, R, W, eps)
         Mp = tl.load(mp_ptr + offs_m, mask=mnw, other=0.0)
         M = tl.load(m_ptr + offs_m, mask=mnw, other=0.0)
         Lp = tl.load(lp_ptr + offs_l, mask=mnn, other=0.0)
@@ -459,10 +455,7 @@ def kernels():
             gh += tl.sum(wt * tl.load(gb + ii, mask=mi, other=0.0)[:, None], 0)
         # ---- LSTM pointwise
         zb = z_ptr + b * 4 * C
-        si = 1.0 / (1.0 + tl.exp(-tl.load(zb + ic, mask=mc, other=0.0)))
-        sf = 1.0 / (1.0 + tl.exp(-tl.load(zb + C + ic, mask=mc, other=0.0)))
-        tg = 2.0 / (1.0 + tl.exp(-2.0 * tl.load(zb + 2 * C + ic, mask=mc, other=0.0))) - 1.0
-        so = 1.0 / (1.0 + tl.exp(-tl.load(zb + 3 * C + ic, mask=mc, other=0.0)))
+        si, sf, tg, so = _lstm_gates(zb, ic, mc, C)
         cp = tl.load(cp_ptr + b * C + ic, mask=mc, other=0.0)
         c = tl.load(c_ptr + b * C + ic, mask=mc, other=0.0)
         tc = 2.0 / (1.0 + tl.exp(-2.0 * c)) - 1.0
@@ -532,6 +525,7 @@ def kernels():
     # called functions, and the helpers' names, are looked up in the module's globals
     row_addmv, row_vecmm = rows.kernels()
     globals().update(triton=triton, tl=tl, _forward_body=_forward_body, _backward_body=_backward_body,
+                     _layout=_layout, _interface=_interface, _lstm_gates=_lstm_gates,
                      _row_addmv=row_addmv, _row_vecmm=row_vecmm)
     return forward_step, backward_step, forward_seq, backward_seq
 
