@@ -195,6 +195,28 @@ def kernels():
         tl.store(dS0 + n * KV + off2, dS, mask=m2)
 
     @triton.jit
+    def _shifts(il, L):
+        """The heads' moves on a tape of L cells as 0/1 matrices: (SL H)[l] = roll(H, −1)[l] = H[l + 1],
+        (SR H)[l] = roll(H, +1)[l] = H[l − 1]."""
+        lo = il[:, None]
+        hi = il[None, :]
+        valid = (lo < L) & (hi < L)
+        SL = tl.where(valid & (hi == (lo + 1) % L), 1.0, 0.0)
+        SR = tl.where(valid & (hi == (lo + L - 1) % L), 1.0, 0.0)
+        return SL, SR
+
+    @triton.jit
+    def _action(wa, A, P: tl.constexpr):
+        """The read and the write head's weights of action P, of the A at ``wa`` (none: P < 0)."""
+        if P >= 0:
+            r = tl.load(wa + P)
+            w = tl.load(wa + A + P)
+        else:
+            r = 0.0
+            w = 0.0
+        return r, w
+
+    @triton.jit
     def heads_fwd(act, q, k, pw, pe, H0, K0, Hs, KT, Kc, U, T, Tn, L, C,
                   s_b, s_t, h_b, h_t,
                   A: tl.constexpr, PL: tl.constexpr, PN: tl.constexpr, PR: tl.constexpr, PJ: tl.constexpr,
@@ -206,12 +228,7 @@ def kernels():
         i = n % Tn
         il = tl.arange(0, BL)
         ml = il < L
-        # the shifts as 0/1 matrices: roll(H, −1)[l] = H[l + 1], roll(H, +1)[l] = H[l − 1]
-        lo = il[:, None]
-        hi = il[None, :]
-        valid = (lo < L) & (hi < L)
-        SL = tl.where(valid & (hi == (lo + 1) % L), 1.0, 0.0)
-        SR = tl.where(valid & (hi == (lo + L - 1) % L), 1.0, 0.0)
+        SL, SR = _shifts(il, L)
         hr = tl.load(H0 + n * 2 * L + il, mask=ml, other=0.0)
         hw = tl.load(H0 + n * 2 * L + L + il, mask=ml, other=0.0)
         h0 = b * h_b + i
@@ -220,18 +237,11 @@ def kernels():
         # each step's inputs are loaded one step ahead, while the step before computes
         sb = b * s_b + i  # the row of step t of act, q, k, p_w, p_e, U: sb + t·s_t
         wa = act + sb * 2 * A
-        if PL >= 0:
-            lr = tl.load(wa + PL)
-            lw = tl.load(wa + A + PL)
-        if PN >= 0:
-            nr_ = tl.load(wa + PN)
-            nw_ = tl.load(wa + A + PN)
-        if PR >= 0:
-            rr = tl.load(wa + PR)
-            rw = tl.load(wa + A + PR)
+        lr, lw = _action(wa, A, PL)
+        nr_, nw_ = _action(wa, A, PN)
+        rr, rw = _action(wa, A, PR)
+        jr, jw = _action(wa, A, PJ)
         if PJ >= 0:
-            jr = tl.load(wa + PJ)
-            jw = tl.load(wa + A + PJ)
             ic = tl.arange(0, BC)
             mc = ic < C
             m2 = mc[:, None] & ml[None, :]
@@ -271,24 +281,20 @@ def kernels():
                 j = tl.sum(Kt * qq[:, None], 0)  # K'ᵀ q
                 nr += jr * j
                 nw += jw * j
-                jr = tl.load(wa1 + PJ)
-                jw = tl.load(wa1 + A + PJ)
+                jr, jw = _action(wa1, A, PJ)
                 kk, qq, p_w, p_e = kn, qn, pwn, pen
             if PL >= 0:
                 nr += lr * tl.sum(SL * hr[None, :], 1)
                 nw += lw * tl.sum(SL * hw[None, :], 1)
-                lr = tl.load(wa1 + PL)
-                lw = tl.load(wa1 + A + PL)
+                lr, lw = _action(wa1, A, PL)
             if PN >= 0:
                 nr += nr_ * hr
                 nw += nw_ * hw
-                nr_ = tl.load(wa1 + PN)
-                nw_ = tl.load(wa1 + A + PN)
+                nr_, nw_ = _action(wa1, A, PN)
             if PR >= 0:
                 nr += rr * tl.sum(SR * hr[None, :], 1)
                 nw += rw * tl.sum(SR * hw[None, :], 1)
-                rr = tl.load(wa1 + PR)
-                rw = tl.load(wa1 + A + PR)
+                rr, rw = _action(wa1, A, PR)
             hr = nr
             hw = nw
             hrow = b * h_b + (t + 1) * h_t + i
@@ -310,11 +316,7 @@ def kernels():
         i = n % Tn
         il = tl.arange(0, BL)
         ml = il < L
-        lo = il[:, None]
-        hi = il[None, :]
-        valid = (lo < L) & (hi < L)
-        SL = tl.where(valid & (hi == (lo + 1) % L), 1.0, 0.0)
-        SR = tl.where(valid & (hi == (lo + L - 1) % L), 1.0, 0.0)
+        SL, SR = _shifts(il, L)
         sb = b * s_b + i
         hb = b * h_b + i  # the row of H_t: hb + t·h_t
         hT = hb + T * h_t
@@ -328,18 +330,11 @@ def kernels():
         gr = tl.load(gH + h0 * 2 * L + il, mask=ml, other=0.0)
         gw = tl.load(gH + h0 * 2 * L + L + il, mask=ml, other=0.0)
         wa = act + s0 * 2 * A
-        if PL >= 0:
-            lr = tl.load(wa + PL)
-            lw = tl.load(wa + A + PL)
-        if PN >= 0:
-            nr_ = tl.load(wa + PN)
-            nw_ = tl.load(wa + A + PN)
-        if PR >= 0:
-            rr = tl.load(wa + PR)
-            rw = tl.load(wa + A + PR)
+        lr, lw = _action(wa, A, PL)
+        nr_, nw_ = _action(wa, A, PN)
+        rr, rw = _action(wa, A, PR)
+        jr, jw = _action(wa, A, PJ)
         if PJ >= 0:
-            jr = tl.load(wa + PJ)
-            jw = tl.load(wa + A + PJ)
             ic = tl.arange(0, BC)
             mc = ic < C
             m2 = mc[:, None] & ml[None, :]
@@ -376,15 +371,13 @@ def kernels():
                 tl.store(da_ + A + PL, tl.sum(hw * tw, 0))
                 dr += lr * tr
                 dw += lw * tw
-                lr = tl.load(wa1 + PL)
-                lw = tl.load(wa1 + A + PL)
+                lr, lw = _action(wa1, A, PL)
             if PN >= 0:
                 tl.store(da_ + PN, tl.sum(hr * dnr, 0))
                 tl.store(da_ + A + PN, tl.sum(hw * dnw, 0))
                 dr += nr_ * dnr
                 dw += nw_ * dnw
-                nr_ = tl.load(wa1 + PN)
-                nw_ = tl.load(wa1 + A + PN)
+                nr_, nw_ = _action(wa1, A, PN)
             if PR >= 0:
                 tr = tl.sum(SR * dnr[:, None], 0)
                 tw = tl.sum(SR * dnw[:, None], 0)
@@ -392,8 +385,7 @@ def kernels():
                 tl.store(da_ + A + PR, tl.sum(hw * tw, 0))
                 dr += rr * tr
                 dw += rw * tw
-                rr = tl.load(wa1 + PR)
-                rw = tl.load(wa1 + A + PR)
+                rr, rw = _action(wa1, A, PR)
             if PJ >= 0:
                 kn = tl.load(k + s1 * C + ic, mask=mc, other=0.0)
                 qn = tl.load(q + s1 * C + ic, mask=mc, other=0.0)
@@ -409,8 +401,7 @@ def kernels():
                 tl.store(da_ + PJ, tl.sum(j * dnr, 0))
                 tl.store(da_ + A + PJ, tl.sum(j * dnw, 0))
                 dj = jr * dnr + jw * dnw
-                jr = tl.load(wa1 + PJ)
-                jw = tl.load(wa1 + A + PJ)
+                jr, jw = _action(wa1, A, PJ)
                 tl.store(dq + srow * C + ic, tl.sum(Kt * dj[None, :], 1), mask=mc)
                 dK = dK + qq[:, None] * dj[None, :]
                 hk = hw
@@ -544,7 +535,8 @@ def kernels():
             _unit_rows_backward(k, nk, fk, dk, dk2, C, r, mr, C, BC)
 
     # called functions are looked up in the module's globals
-    globals().update(triton=triton, tl=tl, _unit_rows=_unit_rows, _unit_rows_backward=_unit_rows_backward)
+    globals().update(triton=triton, tl=tl, _shifts=_shifts, _action=_action, _unit_rows=_unit_rows,
+                     _unit_rows_backward=_unit_rows_backward)
 
     class _K:
         pass
