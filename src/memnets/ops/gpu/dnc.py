@@ -91,7 +91,7 @@ def kernels():
 
     @triton.jit
     def _interface(xb, ir, mr, iw, mw, R, W, eps):
-        """The interface's parts at ``xb`` through their nonlinearities (docs/maths.md, DNC): the read
+        """The interface's parts at ``xb`` through their nonlinearities (docs/maths.md §8): the read
         and write keys, their strengths' pre-activations, the write vector, the erase vector, the
         gates, the read modes, the strengths β = 1 + softplus(β̂) and their derivatives in β̂, the keys'
         inverse norms and the keys scaled by both (k̂ = β k / ‖k‖)."""
