@@ -175,6 +175,16 @@ def test_configs_show_without_arguments_asks_for_a_preset(capsys):
     assert "key=value" not in line
 
 
+
+@pytest.mark.parametrize("argv", [["configs", "{}", "cpu/"], ["suite", "{}"]])
+def test_list_is_another_name_for_ls(argv, capsys):
+    outs = []
+    for name in ("ls", "list"):
+        assert main([a.format(name) for a in argv]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and outs[0].count("\n") >= 3
+
+
 # ----------------------------------------------------------------------------- configs keys, docs/config.md
 
 EXPLAINED = ["time_limit_min", "select_ties", "task.fresh_each_epoch", "checkpoint_every", "tensorboard", "amp",

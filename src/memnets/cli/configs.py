@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("configs", help="list or show training presets and config keys", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     cs = p.add_subparsers(dest="configs_cmd", metavar="ACTION")
-    ls = cs.add_parser("ls", help="list presets with their descriptions")
+    ls = cs.add_parser("ls", aliases=["list"], help="list presets with their descriptions")
     ls.add_argument("prefix", nargs="?", default="", help="only presets starting with this (e.g. cpu/)")
     ls.set_defaults(func=_ls)
     sh = cs.add_parser("show", help="print a preset's resolved config as JSON (or TOML)")

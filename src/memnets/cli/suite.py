@@ -347,7 +347,7 @@ def add_parser(sub) -> None:
                        "(Table 1 beside the paper's)", description=__doc__, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ss = p.add_subparsers(dest="suite_cmd", metavar="ACTION")
-    ls = ss.add_parser("ls", help="list the shipped suites")
+    ls = ss.add_parser("ls", aliases=["list"], help="list the shipped suites")
     ls.set_defaults(func=_ls)
     r = ss.add_parser("run", help="run (or continue) a suite, then print its tables", epilog=EPILOG,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
