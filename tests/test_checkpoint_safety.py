@@ -25,7 +25,7 @@ log_every = 1
 checkpoint_every = 2
 threads = 1
 [model]
-backbone = "lstm"
+backbone = "bilstm"
 d_model = 8
 options = { num_layers = 1 }
 [task]

@@ -267,7 +267,7 @@ def test_tensorboard_flag(tmp_path, capsys):
 
     cfg = config_from_dict({
         "name": "tb", "epochs": 1, "batch_size": 4, "log_every": 1, "threads": 1, "tensorboard": True,
-        "model": {"backbone": "lstm", "d_model": 8, "options": {"num_layers": 1}},
+        "model": {"backbone": "bilstm", "d_model": 8, "options": {"num_layers": 1}},
         "task": {"train_digits": [1, 2], "train_size": 8, "eval_size": 4, "splits": {"id": [1, 2]}},
         "select_split": "id"})
     train(cfg, tmp_path / "tb-run", quiet=True)

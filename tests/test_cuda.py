@@ -261,8 +261,8 @@ def _train_losses(run_dir) -> list:
             if json.loads(x)["kind"] == "train"]
 
 
-@pytest.mark.parametrize("backbone", ["lsam", "lsam_encdec", "nam_tm", "nam_tm_nojmp", "transformer",
-                                      "universal_transformer", "lstm_attention", "dnc", "ntm", "lstm"])
+@pytest.mark.parametrize("backbone", ["lsam_stack", "lsam_encdec", "nam_tm", "nam_tm_nojmp", "transformer",
+                                      "universal_transformer", "lstm_attention", "dnc", "ntm", "bilstm"])
 def test_memnets_train_default_amp_on_cuda_trains_every_backbone(tmp_path, backbone, cuda_side, monkeypatch):
     """`memnets train` on CUDA with the defaults amp="auto" (bf16 autocast) and cuda_graph="auto":
     every backbone trains eight steps, forward and backward, with finite losses — three eager,
@@ -301,7 +301,7 @@ def test_memnets_train_default_amp_on_cuda_trains_every_backbone(tmp_path, backb
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-@pytest.mark.parametrize("backbone", ["transformer", "lsam", "nam_tm", "dnc"])
+@pytest.mark.parametrize("backbone", ["transformer", "lsam_stack", "nam_tm", "dnc"])
 def test_memnets_train_compile_on_cuda_follows_eager(tmp_path, backbone, mode, cuda_side, monkeypatch):
     """`compile` on CUDA (inductor; reduce-overhead adds CUDA graphs), float32: the training
     losses follow the eager run's to float32 rounding, and the weights are saved unprefixed.

@@ -14,7 +14,7 @@ from memnets.train import ModelConfig, OptimConfig, RunConfig, TaskConfig, train
 
 def _cfg() -> RunConfig:
     return RunConfig(name="ddp", seed=1, epochs=2, batch_size=16, log_every=2, threads=1,
-                     model=ModelConfig("lstm", 16, {"num_layers": 1}),
+                     model=ModelConfig("bilstm", 16, {"num_layers": 1}),
                      task=TaskConfig(name="reduce", train_digits=(1, 4), train_size=96, eval_size=32,
                                      splits={"id": (2, 4), "od_easy": (5, 6)}),
                      optim=OptimConfig(lr=3e-3))

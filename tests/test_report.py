@@ -39,7 +39,7 @@ def report(tmp_path_factory) -> tuple[Path, list[Path]]:
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("report")
     runs = [_engine_run(root, "ntm", {"memory_slots": 8, "word_size": 8, "controller_size": 16}),
-            _engine_run(root, "lstm", {"num_layers": 1})]
+            _engine_run(root, "bilstm", {"num_layers": 1})]
     out = root / "out" / "report.html"
     assert main(["report", *map(str, runs), "--out", str(out)]) == 0
     return out, runs
@@ -53,7 +53,7 @@ def test_report_is_self_contained(report):
     for run in runs:
         assert json.loads((run / "results.json").read_text())["name"] in page
     images = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    # ntm: learning curve + weightings; lstm: learning curve only (no memory to show); combined curves
+    # ntm: learning curve + weightings; bilstm: learning curve only (no memory to show); combined curves
     assert len(images) == 4, len(images)
     for b64 in images:
         assert base64.b64decode(b64)[:8] == PNG_SIGNATURE
