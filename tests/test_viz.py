@@ -423,6 +423,18 @@ def test_one_point_learning_curve_is_a_marker_and_shows_beside_others():
     assert long.get_marker() in (None, "None", "")
 
 
+@pytest.mark.parametrize("steps", [[2], [20, 30], range(1, 400, 37)])
+def test_learning_curve_step_axes_tick_whole_steps(steps):
+    recs = [{"kind": "train", "step": s, "loss": 1.0 + 1 / s} for s in steps]
+    recs.append({"kind": "eval", "step": steps[-1], "epoch": 1, "splits": {"id": {"seq_acc": 0.5}}})
+    fig = plot_learning_curves({"a": recs})
+    fig.canvas.draw()
+    for ax in fig.axes:
+        lo, hi = ax.get_xlim()
+        shown = [t for t in ax.get_xticks() if lo <= t <= hi]
+        assert shown and all(float(t).is_integer() for t in shown), (ax.get_title(), shown)
+
+
 def test_tape_heads_lay_tapes_side_by_side_with_tokens_and_a_note_on_signed_weights():
     T, tapes, L = 6, 4, 8
     pos = torch.linspace(-1.0, 1.25, T * tapes * L).reshape(T, tapes, L)

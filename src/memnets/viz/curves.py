@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .plotting import grid_figure
 
@@ -111,6 +112,7 @@ def plot_learning_curves(runs, *, title: str | None = None, log_loss: bool = Tru
     key = "/".join(sorted(keys))
     ax.set_title(f"training {key}")
     ax.set_xlabel("optimiser step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # steps are whole numbers
     ax.set_ylabel(key + (" (bits per sequence)" if key == "cost_bits" else ""))
     if log_loss and lo > 0 and hi / lo > 20:  # log scale only when the loss spans decades
         ax.set_yscale("log")
@@ -125,6 +127,7 @@ def plot_learning_curves(runs, *, title: str | None = None, log_loss: bool = Tru
         label = _METRIC_NAMES.get(metric, metric)
         ax.set_title(f"evaluation {label}")
         ax.set_xlabel("optimiser step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         ax.set_ylabel(label)
         if all(0.0 <= y <= 1.0 for splits in evals.values() for _, ys in splits.values() for y in ys):
             ax.set_ylim(-0.02, 1.02)
