@@ -105,6 +105,9 @@ from typing import Any, Callable
 
 import torch
 
+from ..train.checkpoint import atomic_write_text
+from . import isolated
+
 __all__ = ["run", "main", "format_markdown", "ROW_COLUMNS", "warmup_calls", "warm_up", "WarmUp", "WARM_GROUPS",
            "parse_test_results", "xdist_workers"]
 
@@ -916,10 +919,7 @@ def _fla_cache_results() -> bool | None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=1, default=str))
 
 
 def warm_up(groups: tuple[str, ...] = WARM_GROUPS, *, cpu: bool = False, json_path: str | Path | None = None,
@@ -1297,11 +1297,8 @@ def _write(result: dict[str, Any], folders: list[Path]) -> None:
     text_json = json.dumps(result, indent=1, default=str)
     text_md = format_markdown(result)
     for folder in folders:
-        folder.mkdir(parents=True, exist_ok=True)
         for name, text in (("gpu-check.json", text_json), ("gpu-check.md", text_md)):
-            tmp = folder / (name + ".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, folder / name)
+            atomic_write_text(folder / name, text)
 
 
 def _env(device: torch.device) -> dict[str, Any]:
@@ -1480,8 +1477,6 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
         for name in sections:
             s0 = time.perf_counter()
             if isolate:
-                from . import isolated
-
                 def on_rows(rows: list[dict], before=list(result["rows"])) -> None:
                     result["rows"][:] = before + rows
                     _write(result, folders)
@@ -1503,7 +1498,6 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
         s0 = time.perf_counter()
         try:
             if isolate:
-                from . import isolated
                 result["profile"] = isolated.run_job("profile", folder=folders[0], cpu=False, limit_s=JOB_LIMIT_S)
                 result["profile"].setdefault("rows", {})
             else:
@@ -1521,7 +1515,6 @@ def run(out: str | Path = "out/gpu-check", *, cpu: bool = False, tests: bool = T
             s0 = time.perf_counter()
             try:
                 if isolate:
-                    from . import isolated
                     result["launches"] = isolated.run_job("launches", folder=folders[0], cpu=not cuda,
                                                           limit_s=JOB_LIMIT_S)
                 else:

@@ -31,6 +31,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from ..train.checkpoint import atomic_write_text
+
 __all__ = ["run_section", "run_job", "child_main", "cuda_usable", "EXIT_CUDA_LOST", "FAULT_ENV", "ROW_LIMIT_S"]
 
 EXIT_CUDA_LOST = 3  # a child whose CUDA context failed after a row's error
@@ -41,9 +43,7 @@ MAX_CHILDREN = 40  # per section: each one that fails at a row moves past it, so
 
 
 def _write_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, default=str))
 
 
 def _read(path: Path) -> dict | None:
