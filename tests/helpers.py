@@ -50,12 +50,18 @@ def tiny_backbone_model(backbone: str) -> torch.nn.Module:
 
 
 def triton_missing() -> list[str]:
-    """What the Triton kernel tests need and is not installed: triton, and numpy for the
-    interpreter where there is no GPU."""
+    """What the Triton kernel tests need and is not installed: triton (not older than
+    ``memnets.ops.gpu.MIN_TRITON``), and numpy for the interpreter where there is no GPU."""
     import importlib.util
 
+    from memnets.ops.gpu import MIN_TRITON, triton_version
+
     need = ("triton",) + (() if torch.cuda.is_available() else ("numpy",))
-    return [m for m in need if importlib.util.find_spec(m) is None]
+    missing = [m for m in need if importlib.util.find_spec(m) is None]
+    version = triton_version()
+    if version is not None and version < MIN_TRITON:
+        missing.append("triton>={}.{} ({}.{} is installed)".format(*MIN_TRITON, *version))
+    return missing
 
 
 def triton_marks() -> list:

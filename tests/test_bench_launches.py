@@ -2,7 +2,6 @@
 recurrent memory down its CUDA code path, counted on CPU tensors."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import triton_missing
 from memnets.bench import launches
 from memnets.cli.main import main
 
@@ -121,9 +121,6 @@ def test_bench_launches_rejects_odd_length_and_unknown_models():
         main(["bench", "launches", "--length", "5"])
 
 
-@pytest.mark.interpret
-@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("triton", "numpy")),
-                    reason="triton (and numpy, for its interpreter) not installed")
 def _launches_child(tmp_path, *args, graphs=True):
     """``memnets bench launches --tiny --batch 2 --length 4 ARGS`` in a child process (it sets
     TRITON_INTERPRET=1 itself: the interpreter is chosen when kernels are decorated); its result
@@ -143,8 +140,7 @@ def _launches_child(tmp_path, *args, graphs=True):
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("triton", "numpy")),
-                    reason="triton (and numpy, for its interpreter) not installed")
+@pytest.mark.skipif(bool(triton_missing()), reason=f"not installed: {', '.join(triton_missing())}")
 def test_bench_launches_runs_triton_kernels_through_the_interpreter(tmp_path):
     """Every row's counts are positive and the table says Triton ran. With graph replay, each call
     of a graphed loop (LSAM's and the NTM's, forward and backward: once each a step) counts one
@@ -181,8 +177,7 @@ def test_bench_launches_runs_triton_kernels_through_the_interpreter(tmp_path):
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("triton", "numpy")),
-                    reason="triton (and numpy, for its interpreter) not installed")
+@pytest.mark.skipif(bool(triton_missing()), reason=f"not installed: {', '.join(triton_missing())}")
 def test_bench_launches_without_graph_replay_counts_the_same_twice(tmp_path):
     """MEMNETS_CUDA_GRAPHS=0: nothing replays on CUDA, so the graphed count is the eager one."""
     res, printed = _launches_child(tmp_path, "--models", "LSAM", "DNC", "NTM", graphs=False)

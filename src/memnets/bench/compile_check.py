@@ -138,7 +138,10 @@ def compile_only(arch: int = 90, records: list | None = None, usage: bool = True
             records.append(rec)
         return None
 
-    old_driver = driver._active  # None without a GPU: the next use finds the real one again
+    # the active driver to give back: None without a GPU (the next use finds the real one
+    # again); before triton 3.5 `active` itself, a lazy proxy of the default one
+    slot = "_active" if hasattr(driver, "_active") else "active"
+    old_driver = getattr(driver, slot)
     driver.set_active(_AOTDriver(GPUTarget("cuda", arch, 32)))
     JITFunction.run = run
     _COMPILE_ONLY[0] += 1
@@ -147,7 +150,7 @@ def compile_only(arch: int = 90, records: list | None = None, usage: bool = True
     finally:
         _COMPILE_ONLY[0] -= 1
         JITFunction.run = real_run
-        driver._active = old_driver
+        setattr(driver, slot, old_driver)
 
 
 class _Attention(torch.nn.Module):

@@ -124,7 +124,9 @@ class LaunchCounter:
 
     # ---- Triton
     def _wrap_run(self, cls) -> None:
-        real = cls.run
+        real = getattr(cls, "run", None)
+        if real is None:  # a triton older than memnets' kernels need (memnets.ops.gpu.MIN_TRITON)
+            return
         counter = self
 
         def run(fn_self, *args, **kwargs):

@@ -876,7 +876,25 @@ def update_unchecked(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Op
 def _gradient_norm(model: torch.nn.Module) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The parameters that have a gradient, and the total norm of their gradients (a tensor)."""
     params = [p for p in model.parameters() if p.grad is not None]
-    return params, torch.nn.utils.get_total_norm([p.grad for p in params])
+    grads = [p.grad for p in params]
+    if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
+        return params, torch.nn.utils.get_total_norm(grads)
+    if not grads:
+        return params, torch.tensor(0.0)
+    dev = grads[0].device
+    return params, torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g).to(dev) for g in grads]))
+
+
+def _clip_with_norm(params: list[torch.Tensor], max_norm: float, norm: torch.Tensor) -> None:
+    """Scale the gradients of ``params`` by ``min(1, max_norm / (norm + 1e-6))`` in place, the
+    factor left on the device (``torch.nn.utils.clip_grads_with_norm_``, its own form before
+    torch 2.6)."""
+    if hasattr(torch.nn.utils, "clip_grads_with_norm_"):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for p in params:
+        p.grad.mul_(coef.to(p.grad.device, p.grad.dtype))
 
 
 def _clip_gradients(cfg: RunConfig, model: torch.nn.Module) -> torch.Tensor:
@@ -884,7 +902,7 @@ def _clip_gradients(cfg: RunConfig, model: torch.nn.Module) -> torch.Tensor:
     returned unread."""
     params, norm = _gradient_norm(model)
     if cfg.optim.grad_clip > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, cfg.optim.grad_clip, norm)
+        _clip_with_norm(params, cfg.optim.grad_clip, norm)
     return norm
 
 
@@ -910,5 +928,5 @@ def _finite_step(cfg: RunConfig, model: torch.nn.Module, loss: torch.Tensor, ste
             raise NonFiniteError(step, "total gradient norm", "gradient", 0, 1)
         raise NonFiniteError(step, *found)
     if cfg.optim.grad_clip > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, cfg.optim.grad_clip, norm)
+        _clip_with_norm(params, cfg.optim.grad_clip, norm)
     return True

@@ -7,7 +7,8 @@ gradients; on a machine without a GPU the same kernels run on CPU tensors throug
 interpreter (``TRITON_INTERPRET=1``, set before the kernels are first used), which is how the
 tests check them everywhere.
 
-* :func:`triton_ok` — Triton importable and not switched off (``MEMNETS_TRITON=0``).
+* :func:`triton_ok` — Triton importable, recent enough (:data:`MIN_TRITON`) and not switched
+  off (``MEMNETS_TRITON=0``).
 * :func:`use_triton` — whether an op runs its Triton kernel for tensors like ``x``: on CUDA,
   or on the CPU inside :func:`cuda_path` in interpreter mode.
 * :func:`cuda_path` — a context in which CPU tensors take the CUDA code path: Triton kernels
@@ -18,27 +19,66 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import importlib.util
 import inspect
 import os
+import re
 import sys
+import warnings
 
 import torch
 
-__all__ = ["triton_ok", "interpreting", "decorating", "fix_interpreter", "lazy_kernels", "use_triton", "on_cuda_path", "cuda_path",
+__all__ = ["MIN_TRITON", "triton_version", "triton_ok", "interpreting", "decorating", "fix_interpreter", "lazy_kernels", "use_triton", "on_cuda_path", "cuda_path",
            "cuda_code_path", "env_var", "warps_from_env"]
 
 _FORCED = [0]
 _COMPILE_ONLY = [0]  # inside compile_check.compile_only: launches compile for a GPU instead of running
 
 
+#: The oldest Triton release the kernels are built with: every kernel compiles for sm_90 under
+#: triton 3.5.1, 3.6.0 and 3.9.0 (``python -m memnets.bench.compile_check``); under 3.4.0 the
+#: float64 attention kernels do not, under 3.3.1 neither LSAM's nor the half-precision attention
+#: backward. torch 2.9 and later bring triton 3.5 or newer.
+MIN_TRITON = (3, 5)
+
+#: The distributions that install the ``triton`` module: triton itself, or PyTorch's own builds of it.
+_TRITON_DISTS = ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
+
+
+@functools.lru_cache(maxsize=None)
+def triton_version() -> tuple[int, int] | None:
+    """``(major, minor)`` of the installed Triton, read from its package's metadata (without
+    importing it); None where it is not installed or its version is not known."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    for dist in _TRITON_DISTS:
+        try:
+            text = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found = re.match(r"(\d+)\.(\d+)", text)
+        return (int(found[1]), int(found[2])) if found else None
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def _importable() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    """Triton is installed and not older than :data:`MIN_TRITON` (said once where it is older)."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    version = triton_version()
+    if version is not None and version < MIN_TRITON:
+        warnings.warn(f"memnets: triton {version[0]}.{version[1]} is older than {MIN_TRITON[0]}.{MIN_TRITON[1]}, "
+                      "the oldest memnets' Triton kernels are built with: on CUDA the recurrent memories and "
+                      "nam_attention run their PyTorch paths (more kernel launches, slower). A newer triton "
+                      "(torch 2.9 or later brings one) runs the kernels.", RuntimeWarning, stacklevel=3)
+        return False
+    return True
 
 
 def triton_ok() -> bool:
-    """Triton is installed and ``MEMNETS_TRITON`` is not ``0``."""
+    """Triton is installed, not older than :data:`MIN_TRITON`, and ``MEMNETS_TRITON`` is not ``0``."""
     return os.environ.get("MEMNETS_TRITON", "1") != "0" and _importable()
 
 

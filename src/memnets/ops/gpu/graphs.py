@@ -157,9 +157,11 @@ def _groups(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> list[
     for d, s in zip(dsts, srcs):
         if d.dtype == s.dtype and d.device == s.device and d.shape == s.shape and d.stride() == s.stride() \
                 and d.is_contiguous() and d.numel() > 0:
-            g = groups.setdefault((d.dtype, d.device), ([], []))
-            g[0].append(d)
-            g[1].append(s)
+            key = (d.dtype, d.device)
+            if key not in groups:  # not setdefault: torch.compile before 2.5 breaks the graph on it
+                groups[key] = ([], [])
+            groups[key][0].append(d)
+            groups[key][1].append(s)
         else:
             alone.append(([d], [s]))
     return list(groups.values()) + alone
@@ -174,7 +176,10 @@ def _index_groups(tensors: Sequence[torch.Tensor]) -> list[list[int]]:
     alone = []
     for i, t in enumerate(tensors):
         if t.is_contiguous() and t.numel() > 0:
-            groups.setdefault((t.dtype, t.device), []).append(i)
+            key = (t.dtype, t.device)
+            if key not in groups:  # not setdefault: torch.compile before 2.5 breaks the graph on it
+                groups[key] = []
+            groups[key].append(i)
         else:
             alone.append([i])
     return list(groups.values()) + alone
@@ -222,7 +227,10 @@ def fresh_zeros(likes: Sequence[torch.Tensor | tuple]) -> list[torch.Tensor]:
     groups: dict = {}
     for t in out:
         if t.numel():
-            groups.setdefault((t.dtype, t.device), []).append(t)
+            key = (t.dtype, t.device)
+            if key not in groups:  # not setdefault: torch.compile before 2.5 breaks the graph on it
+                groups[key] = []
+            groups[key].append(t)
     with torch.no_grad():
         for ts in groups.values():
             if len(ts) == 1:
