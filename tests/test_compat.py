@@ -67,11 +67,11 @@ def triton_installed_as(monkeypatch):
             return real_version(name)
         monkeypatch.setattr(importlib.util, "find_spec", find_spec)
         monkeypatch.setattr(importlib.metadata, "version", metadata_version)
-        gpu.triton_version.cache_clear()
+        gpu.triton_release.cache_clear()
         gpu._importable.cache_clear()
     yield set_
     monkeypatch.undo()
-    gpu.triton_version.cache_clear()
+    gpu.triton_release.cache_clear()
     gpu._importable.cache_clear()
 
 

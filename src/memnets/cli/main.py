@@ -14,7 +14,7 @@ __all__ = ["main", "build_parser", "SUBCOMMANDS", "add_device_option"]
 
 SUBCOMMANDS = (
     "demo", "train", "eval", "table", "configs", "bench", "viz", "report", "capacity", "experiment",
-    "suite", "data",
+    "suite", "data", "env",
 )
 
 

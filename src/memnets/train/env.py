@@ -43,8 +43,9 @@ def model_impls(model: torch.nn.Module) -> dict[str, str]:
 def run_env(device: torch.device, world_size: int = 1, model: torch.nn.Module | None = None) -> dict[str, Any]:
     """torch version, threads, device, git commit (when available), NAM scan implementation,
     with ``model`` the implementation each of its memories runs (``impls``, :func:`model_impls`),
-    and on the CPU which C kernels of :mod:`memnets.ops._native` load here (``native_kernels``;
-    where one does not, its PyTorch path runs)."""
+    on the CPU which C kernels of :mod:`memnets.ops._native` load here (``native_kernels``;
+    where one does not, its PyTorch path runs), and on CUDA the Triton release and whether
+    memnets' Triton kernels run with it (``triton``, ``triton_kernels``)."""
     env = {
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -59,6 +60,11 @@ def run_env(device: torch.device, world_size: int = 1, model: torch.nn.Module | 
     }
     if model is not None:
         env["impls"] = model_impls(model)
+    if device.type == "cuda":  # memnets' Triton kernels, or (an older triton, none) the PyTorch paths
+        from ..ops.gpu import triton_ok, triton_release
+
+        env["triton"] = triton_release()
+        env["triton_kernels"] = triton_ok()
     if device.type == "cpu":  # the C kernels (NAM-TM tapes and heads, GRU step) or their PyTorch paths
         from ..ops import _native
 

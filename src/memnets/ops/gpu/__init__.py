@@ -29,7 +29,7 @@ import warnings
 
 import torch
 
-__all__ = ["MIN_TRITON", "triton_version", "triton_ok", "interpreting", "decorating", "fix_interpreter", "lazy_kernels", "use_triton", "on_cuda_path", "cuda_path",
+__all__ = ["MIN_TRITON", "triton_release", "triton_version", "triton_ok", "interpreting", "decorating", "fix_interpreter", "lazy_kernels", "use_triton", "on_cuda_path", "cuda_path",
            "cuda_code_path", "env_var", "warps_from_env"]
 
 _FORCED = [0]
@@ -47,19 +47,23 @@ _TRITON_DISTS = ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-tri
 
 
 @functools.lru_cache(maxsize=None)
-def triton_version() -> tuple[int, int] | None:
-    """``(major, minor)`` of the installed Triton, read from its package's metadata (without
-    importing it); None where it is not installed or its version is not known."""
+def triton_release() -> str | None:
+    """The installed Triton's version as its package's metadata gives it (``"3.6.0"``), read
+    without importing it; None where it is not installed or its version is not known."""
     if importlib.util.find_spec("triton") is None:
         return None
     for dist in _TRITON_DISTS:
         try:
-            text = importlib.metadata.version(dist)
+            return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             continue
-        found = re.match(r"(\d+)\.(\d+)", text)
-        return (int(found[1]), int(found[2])) if found else None
     return None
+
+
+def triton_version() -> tuple[int, int] | None:
+    """``(major, minor)`` of :func:`triton_release`; None where that is not known."""
+    found = re.match(r"(\d+)\.(\d+)", triton_release() or "")
+    return (int(found[1]), int(found[2])) if found else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -177,9 +181,15 @@ def fix_interpreter() -> bool:
     except (OSError, TypeError):
         return False
 
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+    def index(self):
+        return int(np.asarray(self.handle.data).reshape(-1)[0])
+
+    def patched(tensor, *scope):  # 3.6 passes a scope that sets (and later restores) attributes
+        original(tensor, *scope)
+        if scope:
+            scope[0].set_attr(tensor, "__index__", index)
+        else:
+            tensor.__index__ = index
 
     patched.memnets_fixed_index = True
     interpreter._patch_lang_tensor = patched

@@ -158,7 +158,7 @@ def _groups(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> list[
         if d.dtype == s.dtype and d.device == s.device and d.shape == s.shape and d.stride() == s.stride() \
                 and d.is_contiguous() and d.numel() > 0:
             key = (d.dtype, d.device)
-            if key not in groups:  # not setdefault: torch.compile before 2.5 breaks the graph on it
+            if key not in groups:  # not setdefault: torch 2.4's compile breaks the graph on it
                 groups[key] = ([], [])
             groups[key][0].append(d)
             groups[key][1].append(s)
@@ -177,7 +177,7 @@ def _index_groups(tensors: Sequence[torch.Tensor]) -> list[list[int]]:
     for i, t in enumerate(tensors):
         if t.is_contiguous() and t.numel() > 0:
             key = (t.dtype, t.device)
-            if key not in groups:  # not setdefault: torch.compile before 2.5 breaks the graph on it
+            if key not in groups:  # not setdefault: torch 2.4's compile breaks the graph on it
                 groups[key] = []
             groups[key].append(i)
         else:
@@ -228,7 +228,7 @@ def fresh_zeros(likes: Sequence[torch.Tensor | tuple]) -> list[torch.Tensor]:
     for t in out:
         if t.numel():
             key = (t.dtype, t.device)
-            if key not in groups:  # not setdefault: torch.compile before 2.5 breaks the graph on it
+            if key not in groups:  # not setdefault: torch 2.4's compile breaks the graph on it
                 groups[key] = []
             groups[key].append(t)
     with torch.no_grad():
