@@ -54,3 +54,24 @@ def test_an_old_interpreter_is_fixed_and_a_new_one_left_alone(monkeypatch):
 
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", new_style)
     assert fix_interpreter() is False and interpreter._patch_lang_tensor is new_style
+
+
+def test_an_interpreter_without_a_scope_argument_is_fixed_too(monkeypatch):
+    """Triton <= 3.5 sets the attributes on the tensor class itself (no scope argument)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    from memnets.ops.gpu import fix_interpreter
+
+    def older_style(tensor):
+        tensor.__index__ = lambda self: int(self.handle.data)
+        tensor.__repr__ = lambda self: repr(self.handle.data)
+
+    class Tensor(_Tensor):
+        pass
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", older_style)
+    assert fix_interpreter() is True
+    interpreter._patch_lang_tensor(Tensor)
+    assert Tensor.__index__(Tensor(np.array([7], dtype=np.int32))) == 7
+    assert Tensor.__repr__(Tensor(np.array(5))) == "array(5)"  # the rest of the original kept
