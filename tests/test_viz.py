@@ -466,3 +466,76 @@ def test_report_has_a_table_of_contents(tmp_path):
     nav = page[page.index('<nav class="toc">'):page.index("</nav>")]
     assert '<a href="#results">' in nav and '<a href="#a">' in nav and '<a href="#b">' in nav
     assert 'id="results"' in page and 'id="a"' in page and 'id="b"' in page
+
+
+# ----------------------------------------------------------------------------- capacity runs: the recall map
+
+def test_mqar_layout_finds_each_query_and_its_value():
+    from memnets.tasks.retrieval import mqar_batch
+    from memnets.viz.runs import mqar_layout
+
+    b = mqar_batch(6, seq_len=40, num_pairs=5, vocab_size=32, generator=torch.Generator().manual_seed(3))
+    for tokens, labels in zip(b.inputs, b.labels):
+        q_pos, vals, targets = mqar_layout(tokens, 32)
+        assert q_pos == (labels != -100).nonzero().flatten().tolist()
+        assert torch.equal(vals[targets], labels[q_pos])
+        assert len(vals) == 5
+
+
+def test_recall_map_of_a_retrieval_model_rings_the_last_pair_of_each_key():
+    from memnets.capacity.harness import RetrievalModel
+
+    torch.manual_seed(0)
+    model = RetrievalModel("delta", num_keys=10, d_key=16, value_dim=8)
+    keys = torch.tensor([[3, 5, 7, 5, 1]])  # key 5 written twice: its pair is the later one
+    values, queries = torch.randn(1, 5, 8), torch.tensor([[5, 1, 3]])
+    figs = model_figures(model, (keys, values, queries))
+    assert set(figs) == {"recall"}
+    fig = figs["recall"]
+    assert_well_formed(fig, 1)
+    (ax,) = panels(fig)
+    pred = model(keys, values, queries)[0]
+    want = torch.nn.functional.cosine_similarity(pred[:, None], values[0][None], dim=-1)
+    assert torch.allclose(torch.as_tensor(ax.images[0].get_array().data, dtype=torch.float32), want, atol=1e-6)
+    rings = ax.collections[0].get_offsets()
+    assert rings.tolist() == [[3, 0], [4, 1], [0, 2]]  # (column, row) of each query's pair
+    hits = int((want.argmax(1) == torch.tensor([3, 4, 0])).sum())
+    assert f": {hits} of 3 recalled" in ax.get_title()
+    assert "delta-rule" in fig._suptitle.get_text()
+
+
+def test_recall_map_of_an_mqar_model_is_its_probability_of_each_stored_value():
+    from memnets.capacity.harness import TokenModel
+    from memnets.tasks.retrieval import mqar_batch
+    from memnets.viz.runs import mqar_layout
+
+    torch.manual_seed(0)
+    model = TokenModel("linear", vocab_size=32, d_model=16)
+    tokens = mqar_batch(1, seq_len=32, num_pairs=4, vocab_size=32, generator=torch.Generator().manual_seed(1)).inputs
+    fig = model_figures(model, tokens)["recall"]
+    (ax,) = panels(fig)
+    q_pos, vals, targets = mqar_layout(tokens[0], 32)
+    probs = torch.softmax(model(tokens)[0], -1)
+    assert ax.images[0].get_array().shape == (len(q_pos), 4)
+    assert torch.allclose(torch.as_tensor(ax.images[0].get_array().data, dtype=torch.float32),
+                          probs[q_pos][:, vals], atol=1e-6)
+    right = int((probs[q_pos].argmax(-1) == vals[targets]).sum())
+    assert f": {right} of {len(q_pos)} recalled" in ax.get_title()
+
+
+def test_plot_recall_rejects_targets_that_do_not_fit():
+    from memnets.viz import plot_recall
+
+    with pytest.raises(ValueError, match="one column per query"):
+        plot_recall(torch.rand(3, 4), [0, 1], value_label="x")
+    with pytest.raises(ValueError, match=r"columns in \[0, 4\) or -1"):
+        plot_recall(torch.rand(2, 4), [0, 4], value_label="x")
+
+
+def test_viz_cli_of_a_capacity_run_draws_its_recall_map(tmp_path, capsys):
+    run = tmp_path / "cap"
+    assert main(["train", "capacity/retrieval-delta", "max_steps=2", "batch_size=2", "task.train_size=8",
+                 "task.eval_size=4", "--run-dir", str(run)]) == 0
+    assert main(["viz", str(run)]) == 0
+    assert_png(run / "figures" / "recall.png")
+    assert_png(run / "figures" / "learning_curve.png")

@@ -81,6 +81,7 @@ class RetrievalModel(nn.Module):
 
     def __init__(self, memory: str, num_keys: int, d_key: int = 64, value_dim: int = 64):
         super().__init__()
+        self.memory = memory  # its name in memnets.capacity.adapters.MEMORIES
         self.embed = nn.Embedding(num_keys, d_key)
         self.value_dim = value_dim
         self.mem = build_adapter(memory, d_key + value_dim + 1, d_key, value_dim)
@@ -169,6 +170,7 @@ class TokenModel(nn.Module):
 
     def __init__(self, memory: str, vocab_size: int, d_model: int = 64):
         super().__init__()
+        self.memory = memory  # its name in memnets.capacity.adapters.MEMORIES
         self.embed = nn.Embedding(vocab_size, d_model)
         self.mem = build_adapter(memory, 2 * d_model, d_model, d_model)
         self.head = nn.Linear(d_model, vocab_size)

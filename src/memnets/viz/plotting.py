@@ -16,7 +16,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 __all__ = [
     "to_numpy", "heatmap", "grid_figure", "save_figure", "used_slots", "plot_read_write", "plot_dnc_memory",
-    "plot_tape_heads", "plot_gates", "plot_attention_maps",
+    "plot_tape_heads", "plot_gates", "plot_attention_maps", "plot_recall",
 ]
 
 
@@ -306,4 +306,31 @@ def plot_attention_maps(maps: dict, *, tokens: Sequence[str] | None = None, titl
             ax.set_yticklabels(list(tokens), fontsize=6)
     for ax in axes[n:]:
         ax.set_visible(False)
+    return fig
+
+
+def plot_recall(scores, targets, *, value_label: str, title: str | None = None, note: str | None = None,
+                recalled: int | None = None) -> Figure:
+    """A recall map: ``scores [Q, S]``, how much the read-out of each query (y) is the value
+    of each stored pair (x), with each query's own pair (``targets [Q]``, its column; -1: none)
+    ringed. A query recalled right has its row's largest score in its ring; interference shows
+    as weight on the other pairs. ``value_label``: what a score is (the colour bar's label);
+    ``recalled``: how many queries were answered right, where the caller knows better than the
+    row maxima (e.g. two pairs holding the same value); ``note``: said under the panel."""
+    a = _check_dims("scores", to_numpy(scores), ["Q", "S"])
+    t = np.asarray(to_numpy(targets)).reshape(-1).astype(int)
+    if t.shape[0] != a.shape[0]:
+        raise ValueError(f"`targets` expected one column per query ({a.shape[0]}), got {t.shape[0]}")
+    if ((t < -1) | (t >= a.shape[1])).any():
+        raise ValueError(f"`targets` expected columns in [0, {a.shape[1]}) or -1, got {t.min()}..{t.max()}")
+    rows = np.nonzero(t >= 0)[0]
+    hit = int((a[rows].argmax(1) == t[rows]).sum()) if recalled is None else int(recalled)
+    ring = "Red rings: each query's own pair"
+    fig, axes = grid_figure(1, 1, panel_w=max(4.8, min(7.6, 2.0 + 0.12 * a.shape[1])),
+                            panel_h=max(1.6, min(6.0, 1.0 + 0.12 * a.shape[0])), title=title,
+                            note=f"{ring}. {note}" if note else ring)
+    ax = axes[0]
+    heatmap(fig, ax, a, title=f"each query's read-out against each stored value: {hit} of {len(rows)} recalled",
+            xlabel="stored pair (order written)", ylabel="query", cbar_label=value_label)
+    ax.scatter(t[rows], rows, s=36, facecolors="none", edgecolors="red", linewidths=1.2)
     return fig

@@ -12,7 +12,8 @@ capacity tasks.
 Figures by memory: NTM — inputs/outputs/write/read weightings; DNC — the same plus usage,
 temporal links and read modes; NAM-TM — head positions and action probabilities per tape
 (and its gates); LSAM — read/write gates per head; attention models — the implied attention
-maps; every run — its learning curve (training loss and the task's metric per split).
+maps; capacity models — the recall map (each query's read-out against every stored value);
+every run — its learning curve (training loss and the task's metric per split).
 """
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ from matplotlib.figure import Figure
 
 from .attention_maps import attention_map, collect_attention_maps
 from .curves import plot_learning_curves, read_metrics, train_curve
-from .plotting import plot_attention_maps, plot_dnc_memory, plot_gates, plot_read_write, plot_tape_heads, save_figure
+from .plotting import (plot_attention_maps, plot_dnc_memory, plot_gates, plot_read_write, plot_recall, plot_tape_heads,
+                       save_figure)
 from .trace import collect_lsam_gates, memory_kind, memory_trace, record_module_inputs
 
 __all__ = ["RunDirError", "LoadedRun", "load_run", "run_sample", "model_figures", "run_figures",
-           "write_figures", "QUICK_MODELS", "quick_model", "quick_figures"]
+           "write_figures", "QUICK_MODELS", "quick_model", "quick_figures", "mqar_layout"]
 
 QUICK_MODELS = ("ntm", "dnc", "nam_tm", "lsam", "softmax", "nam", "linear", "delta")
 
@@ -207,6 +209,11 @@ def model_figures(model: torch.nn.Module, x: Any) -> dict[str, Figure]:
     """
     from ..attention import MultiHeadBase
 
+    recall = _recall_figure(model, x)
+    if recall is not None:  # a capacity model: its recall map, and what its memory shows inside it
+        figs = _inner_figures(model, x if isinstance(x, tuple) else (x,))
+        figs["recall"] = recall
+        return figs
     if isinstance(model, MultiHeadBase):
         figs = {"attention": _attention_figure({type(model).__name__: attention_map(model.eval(), x)})}
         beta = getattr(model, "beta", None)
@@ -231,6 +238,58 @@ def model_figures(model: torch.nn.Module, x: Any) -> dict[str, Figure]:
         return _inner_figures(model, x if isinstance(x, tuple) else (x,))
     trace = memory_trace(model, x)
     return _memory_figures(trace, model, x[0], torch.sigmoid(trace["output"][0]), None, None, "output")
+
+
+def mqar_layout(tokens: torch.Tensor, vocab_size: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """Where the queries of one MQAR sequence are and what they ask for
+    (:func:`memnets.tasks.retrieval.mqar_batch`'s layout: ``k₁ v₁ … k_P v_P`` with keys below
+    ``V/2`` and values from ``V/2``, then each key once more among filler zeros).
+
+    ``tokens [T]`` → ``(query positions, the stored values [P], each query's pair [Q])``."""
+    values_from = vocab_size // 2
+    ends = [i for i in range(0, len(tokens) - 1, 2) if int(tokens[i + 1]) < values_from]
+    P = (ends[0] if ends else 0) // 2
+    keys, vals = tokens[0:2 * P:2], tokens[1:2 * P:2]
+    where = {int(k): j for j, k in enumerate(keys)}
+    q_pos = [t for t in range(2 * P, len(tokens)) if int(tokens[t]) in where]
+    return q_pos, vals, torch.tensor([where[int(tokens[t])] for t in q_pos], dtype=torch.long)
+
+
+@torch.no_grad()
+def _recall_figure(model: torch.nn.Module, x: Any) -> Figure | None:
+    """The recall map (:func:`~memnets.viz.plotting.plot_recall`) of a capacity model on its
+    sample, None for any other model. Key-value retrieval (``x``: keys ``[1, T]``, values
+    ``[1, T, dv]``, queries ``[1, Q]``): the cosine of each read-out with each written value,
+    a query's pair the last written under its key. MQAR (``x``: tokens ``[1, T]``, pairs
+    ``k₁ v₁ … k_P v_P`` then the queries): the probability the model gives each stored value
+    token at each query."""
+    from ..capacity.adapters import MEMORIES
+    from ..capacity.harness import RetrievalModel, TokenModel
+
+    if isinstance(model, (RetrievalModel, TokenModel)):
+        label = MEMORIES[model.memory][0] if model.memory in MEMORIES else model.memory
+    if isinstance(model, RetrievalModel):
+        keys, values, queries = (t[:1] for t in x)
+        pred = model.eval()(keys, values, queries)[0]  # [Q, dv]
+        scores = torch.nn.functional.cosine_similarity(pred[:, None, :], values[0][None, :, :], dim=-1)  # [Q, T]
+        match = queries[0][:, None] == keys[0][None, :]  # [Q, T]
+        last = (match * torch.arange(1, keys.shape[1] + 1)).argmax(1)  # the last pair written under the key
+        targets = torch.where(match.any(1), last, -1)
+        return plot_recall(scores, targets, value_label="cosine(read-out, value)",
+                           title=f"{label}: key-value recall, {keys.shape[1]} pairs written")
+    if isinstance(model, TokenModel):
+        tok = x[0] if x.dim() == 2 else x
+        q_pos, vals, targets = mqar_layout(tok, model.embed.num_embeddings)
+        if not q_pos:
+            return None
+        probs = torch.softmax(model.eval()(tok[None]).float()[0], -1)  # [T, V]
+        scores = probs[q_pos][:, vals]  # [Q, P]
+        right = int((probs[q_pos].argmax(-1) == vals[targets]).sum())
+        return plot_recall(scores, targets, value_label="p(value token)",
+                           title=f"{label}: multi-query associative recall, {len(vals)} pairs",
+                           recalled=right, note="A query is recalled when its value token is the most probable "
+                           "of the whole vocabulary; two pairs may hold the same value token")
+    return None
 
 
 def _inner_figures(model: torch.nn.Module, inputs: tuple, tokens=None, memories: bool = True) -> dict[str, Figure]:
