@@ -46,6 +46,9 @@ def test_gpu_check_dry_run_writes_every_row(tmp_path, monkeypatch, capsys):
         res = json.loads((folder / "gpu-check.json").read_text())
         md = (folder / "gpu-check.md").read_text()
         assert res["gpu"] == "none (CPU dry run)" and md.startswith("# GPU check: none (CPU dry run)")
+        from memnets.ops.gpu import triton_ok
+        assert res["env"]["triton_kernels"] == triton_ok()
+        assert ("memnets' Triton kernels did not run" in md) == (not triton_ok())
         assert res["wheels"] == [{"wheel": "broken-0.0-py3-none-any.whl", "ok": False, "error": res["wheels"][0]["error"]}]
         t = res["tests"]
         assert (t["status"], t["passed"], t["failed"], t["errors"]) == ("ok", 1, 0, 0), t

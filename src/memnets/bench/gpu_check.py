@@ -1197,6 +1197,9 @@ def format_markdown(result: dict[str, Any]) -> str:
     out = [f"# GPU check: {result['gpu']}", "",
            f"{result['started']} · torch {env.get('torch')} · CUDA {env.get('cuda')} · triton {env.get('triton')} · "
            f"fla {env.get('fla')} · commit {env.get('git_commit')} · {result.get('mode')}", ""]
+    if env.get("triton_kernels") is False:
+        out += ["**memnets' Triton kernels did not run** (triton missing, older than memnets.ops.gpu.MIN_TRITON, "
+                "or MEMNETS_TRITON=0): the rows time the PyTorch paths.", ""]
     if result.get("plan") or result.get("phases"):
         out += ["## Time", ""]
         if result.get("plan"):
@@ -1317,7 +1320,10 @@ def _env(device: torch.device) -> dict[str, Any]:
             commit += "+changes"
     except Exception:  # noqa: BLE001
         commit = None
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version, "fla": fla_version(),
+    from ..ops.gpu import triton_ok
+
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version,
+            "triton_kernels": triton_ok(), "fla": fla_version(),
             "python": sys.version.split()[0], "device": str(device), "git_commit": commit,
             "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
             # the float32 precision of the two sides' products (cuDNN's RNNs; cuBLAS matmuls, ours)
