@@ -267,7 +267,7 @@ def kernels():
                     tl.store(Kc + ((t // SEG) * NS + n) * LC + off2, Kt, mask=m2)
                 hk = hw
                 if UNIT_KEYS:  # μ(H_w) = H_w / max(‖H_w‖, eps)
-                    hk = hw / tl.maximum(tl.sqrt(tl.sum(hw * hw, 0)), 1e-6)
+                    hk = hw / tl.maximum(tl.sqrt(tl.sum(hw * hw, 0)), tl.full([], 1e-6, hw.dtype))  # exact in float64
                 if TRANSPOSED:  # a = Kᵀ k; w = p_w h − p_e a; K' = K + k wᵀ
                     a = tl.sum(Kt * kk[:, None], 0)
                     w = p_w * hk - p_e * a
@@ -407,7 +407,8 @@ def kernels():
                 hk = hw
                 if UNIT_KEYS:
                     nrm = tl.sqrt(tl.sum(hw * hw, 0))
-                    den = tl.maximum(nrm, 1e-6)
+                    eps = tl.full([], 1e-6, hw.dtype)  # a bare 1e-6 is a float32 constant: exact in float64
+                    den = tl.maximum(nrm, eps)
                     hk = hw / den
                 if TRANSPOSED:  # K' = K + k wᵀ, w = p_w h − p_e a, a = Kᵀ k
                     dkk = tl.sum(dK * uu[None, :], 1)
@@ -433,7 +434,7 @@ def kernels():
                     dhk = dhk + tl.sum(Kt * dav[:, None], 0)
                 tl.store(dk + srow * C + ic, dkk, mask=mc)
                 if UNIT_KEYS:  # dH_w += (dμ − μ <μ, dμ>) / max(‖H_w‖, eps), the projection where not clamped
-                    s = tl.where(nrm >= 1e-6, tl.sum(hk * dhk, 0), 0.0)
+                    s = tl.where(nrm >= eps, tl.sum(hk * dhk, 0), 0.0)
                     dw += (dhk - hk * s) / den
                 else:
                     dw += dhk
@@ -447,17 +448,19 @@ def kernels():
             tl.store(dK0 + n * LC + off2, dK, mask=m2)
 
     @triton.jit
-    def _unit_rows(x, sx, y, n, f, r, mr, C, EPS, BC: tl.constexpr):
+    def _unit_rows(x, sx, y, n, f, r, mr, C, EPS: tl.constexpr, BC: tl.constexpr):
         """Rows ``r`` of ``x`` (row stride ``sx``, ``C`` columns) to ``y = μ(x) [., C]``, with
-        ``n = max(‖x‖, EPS)`` and ``f`` 1 where the norm was not clamped, 0 where it was."""
+        ``n = max(‖x‖, EPS)`` and ``f`` 1 where the norm was not clamped, 0 where it was. ``EPS``
+        a compile-time constant made in the data's type (a float argument would be float32)."""
         ic = tl.arange(0, BC)
         mc = mr[:, None] & (ic < C)[None, :]
         v = tl.load(x + r[:, None] * sx + ic[None, :], mask=mc, other=0.0)
         nrm = tl.sqrt(tl.sum(v * v, 1))
-        den = tl.maximum(nrm, EPS)
+        eps = tl.full([], EPS, nrm.dtype)
+        den = tl.maximum(nrm, eps)
         tl.store(y + r[:, None] * C + ic[None, :], v / den[:, None], mask=mc)
         tl.store(n + r, den, mask=mr)
-        tl.store(f + r, tl.where(nrm >= EPS, 1.0, 0.0).to(den.dtype), mask=mr)
+        tl.store(f + r, tl.where(nrm >= eps, 1.0, 0.0).to(den.dtype), mask=mr)
 
     @triton.jit
     def _unit_rows_backward(y, n, f, dy, dx, sdx, r, mr, C, BC: tl.constexpr):
@@ -472,7 +475,7 @@ def kernels():
                  mask=mc)
 
     @triton.jit
-    def gates_fwd(ctrl, kraw, act, p, q, nq, fq, k, nk, fk, M, A, C, NC, EPS,
+    def gates_fwd(ctrl, kraw, act, p, q, nq, fq, k, nk, fk, M, A, C, NC, EPS: tl.constexpr,
                   NP: tl.constexpr, JUMP: tl.constexpr, BR: tl.constexpr, BA: tl.constexpr, BP: tl.constexpr,
                   BC: tl.constexpr):
         """Rows ``m`` of the control projection ``ctrl [M, NC]`` (M = B·T·Tn; per row the read and
