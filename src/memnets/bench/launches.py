@@ -123,9 +123,9 @@ class LaunchCounter:
         self.eager: LaunchCounter | None = None  # count_step(): the step's eager count, where it differs
 
     # ---- Triton
-    def _wrap_run(self, cls) -> None:
-        real = getattr(cls, "run", None)
-        if real is None:  # a triton older than memnets' kernels need (memnets.ops.gpu.MIN_TRITON)
+    def _wrap_run(self, cls, attr: str = "run") -> None:
+        real = getattr(cls, attr, None)
+        if real is None:
             return
         counter = self
 
@@ -142,8 +142,8 @@ class LaunchCounter:
             finally:
                 counter._in_triton -= 1
 
-        cls.run = run
-        self._stack.callback(setattr, cls, "run", real)
+        setattr(cls, attr, run)
+        self._stack.callback(setattr, cls, attr, real)
 
     def _patch_triton(self) -> None:
         if "triton" not in __import__("sys").modules and importlib.util.find_spec("triton") is None:
@@ -154,10 +154,13 @@ class LaunchCounter:
             return
         self._wrap_run(JITFunction)
         try:
-            from triton.runtime.interpreter import InterpretedFunction
+            from triton.runtime.interpreter import GridExecutor, InterpretedFunction
         except Exception:  # noqa: BLE001
             return
-        self._wrap_run(InterpretedFunction)
+        if "run" in vars(InterpretedFunction):
+            self._wrap_run(InterpretedFunction)
+        else:  # triton <= 3.5: kernel[grid] is the executor itself, which a launch calls
+            self._wrap_run(GridExecutor, "__call__")
 
     # ---- ATen
     def _record(self, func) -> None:
