@@ -53,7 +53,8 @@ def test_every_triton_kernel_compiles_for_sm90(tmp_path):
 
     # bounds as triton 3.9 compiles them (what CI installs); triton 3.6, the GPU machines', gives
     # the backward 8 bytes of spills and 107 barriers at the same 16 warps (docs/bench.md)
-    old = tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 9)
+    version = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    old = version < (3, 9)
     for name, r in ntm.items():
         if name.endswith("_step"):  # the loop one launch per step (MEMNETS_TIME_LOOP=steps)
             assert r.get("spill_stores", 0) <= (16 if old else 0), r
@@ -64,7 +65,9 @@ def test_every_triton_kernel_compiles_for_sm90(tmp_path):
     # the NTM's backward and 8 in the DNC's; triton 3.6 still spills 120 and 4); the DNC's at
     # LSTM 64 (its default form there)
     assert ntm["forward_seq"].get("spill_stores", 0) == 0 and ntm["forward_seq"]["barriers"] <= (70 if old else 60)
-    assert ntm["backward_seq"].get("spill_stores", 0) <= (128 if old else 0), ntm["backward_seq"]
+    # (triton 3.5, the oldest memnets.ops.gpu.MIN_TRITON admits, spills 184 bytes there)
+    assert ntm["backward_seq"].get("spill_stores", 0) <= ((184 if version < (3, 6) else 128) if old else 0), \
+        ntm["backward_seq"]
     assert ntm["backward_seq"]["barriers"] <= (120 if old else 100)
     dnc = {r["kernel"].rsplit(".", 1)[-1]: r for r in res["records"]
            if r["case"].startswith("DNC LSTM 64") and r["kernel"].rsplit(".", 2)[-2] == "dnc"}
