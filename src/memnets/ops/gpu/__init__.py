@@ -29,8 +29,9 @@ import warnings
 
 import torch
 
-__all__ = ["MIN_TRITON", "triton_release", "triton_version", "triton_ok", "interpreting", "decorating", "fix_interpreter", "lazy_kernels", "use_triton", "on_cuda_path", "cuda_path",
-           "cuda_code_path", "env_var", "warps_from_env"]
+__all__ = ["MIN_TRITON", "triton_release", "triton_version", "triton_ok", "interpreting", "decorating",
+           "fix_interpreter", "lazy_kernels", "use_triton", "on_cuda_path", "cuda_path", "cuda_code_path", "env_var",
+           "warps_from_env"]
 
 _FORCED = [0]
 _COMPILE_ONLY = [0]  # inside compile_check.compile_only: launches compile for a GPU instead of running
