@@ -15,6 +15,8 @@ from helpers import triton_missing
 from memnets.bench import launches
 from memnets.cli.main import main
 
+MISSING = triton_missing()  # what the interpreter counts need
+
 MODELS = ["LSAM", "LSAM bi", "NAM-TM", "DNC", "NTM"]
 GRAPHED = {"LSAM": ("lsam.forward", "lsam.backward"), "LSAM bi": ("lsam.forward", "lsam.backward"),
            "DNC": ("dnc.module.forward", "dnc.module.backward"), "NTM": ("ntm.forward", "ntm.backward"),
@@ -140,7 +142,7 @@ def _launches_child(tmp_path, *args, graphs=True):
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(bool(triton_missing()), reason=f"not installed: {', '.join(triton_missing())}")
+@pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)}")
 def test_bench_launches_runs_triton_kernels_through_the_interpreter(tmp_path):
     """Every row's counts are positive and the table says Triton ran. With graph replay, each call
     of a graphed loop (LSAM's and the NTM's, forward and backward: once each a step) counts one
@@ -177,7 +179,7 @@ def test_bench_launches_runs_triton_kernels_through_the_interpreter(tmp_path):
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(bool(triton_missing()), reason=f"not installed: {', '.join(triton_missing())}")
+@pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)}")
 def test_bench_launches_without_graph_replay_counts_the_same_twice(tmp_path):
     """MEMNETS_CUDA_GRAPHS=0: nothing replays on CUDA, so the graphed count is the eager one."""
     res, printed = _launches_child(tmp_path, "--models", "LSAM", "DNC", "NTM", graphs=False)

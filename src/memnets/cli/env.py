@@ -17,19 +17,11 @@ import warnings
 __all__ = ["add_parser", "machine_report"]
 
 
-def _dist_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
 def _quietly(fn):
-    """``fn()`` without the warning it may give (the report says the same in its own words)."""
+    """``fn()`` without the warnings it may give (the report says the same in its own words;
+    importing fla on a machine without a GPU warns that it falls back to the CPU)."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+        warnings.simplefilter("ignore")
         return fn()
 
 
@@ -45,6 +37,7 @@ def machine_report() -> dict:
 
     from ..datadir import locate_data_dir
     from ..ops import _native
+    from ..ops.delta.fla_backend import fla_version
     from ..ops.gpu import MIN_TRITON, triton_ok, triton_release
     from .main import _version
 
@@ -74,7 +67,7 @@ def machine_report() -> dict:
         "triton": triton_text,
         "triton_minimum": "{}.{}".format(*MIN_TRITON),
         "triton_kernels": _quietly(triton_ok),
-        "fla": _dist_version("fla-core") or _dist_version("flash-linear-attention"),
+        "fla": _quietly(fla_version),  # what nam_scan finds: None where fla is missing or does not import
         "data_dir": os.path.normpath(data_dir),
         "data_dir_from": data_why,
     }
@@ -105,7 +98,7 @@ def _lines(r: dict) -> list[str]:
         f"GPUs        {devices}",
         f"C kernels   {c_line}",
         f"triton      {t_line}",
-        f"fla         {r['fla'] or 'not installed'}" + ("" if r["fla"] else " (nam_scan on CUDA: the chunked PyTorch path)"),
+        f"fla         {r['fla'] or 'not installed or not usable (nam_scan on CUDA: the chunked PyTorch path)'}",
         f"data        {r['data_dir']} ({r['data_dir_from']}; memnets data where)",
     ]
 

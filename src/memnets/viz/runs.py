@@ -266,8 +266,9 @@ def _recall_figure(model: torch.nn.Module, x: Any) -> Figure | None:
     from ..capacity.adapters import MEMORIES
     from ..capacity.harness import RetrievalModel, TokenModel
 
-    if isinstance(model, (RetrievalModel, TokenModel)):
-        label = MEMORIES[model.memory][0] if model.memory in MEMORIES else model.memory
+    if not isinstance(model, (RetrievalModel, TokenModel)):
+        return None
+    label = MEMORIES[model.memory][0] if model.memory in MEMORIES else model.memory
     if isinstance(model, RetrievalModel):
         keys, values, queries = (t[:1] for t in x)
         pred = model.eval()(keys, values, queries)[0]  # [Q, dv]
@@ -277,19 +278,18 @@ def _recall_figure(model: torch.nn.Module, x: Any) -> Figure | None:
         targets = torch.where(match.any(1), last, -1)
         return plot_recall(scores, targets, value_label="cosine(read-out, value)",
                            title=f"{label}: key-value recall, {keys.shape[1]} pairs written")
-    if isinstance(model, TokenModel):
-        tok = x[0] if x.dim() == 2 else x
-        q_pos, vals, targets = mqar_layout(tok, model.embed.num_embeddings)
-        if not q_pos:
-            return None
-        probs = torch.softmax(model.eval()(tok[None]).float()[0], -1)  # [T, V]
-        scores = probs[q_pos][:, vals]  # [Q, P]
-        right = int((probs[q_pos].argmax(-1) == vals[targets]).sum())
-        return plot_recall(scores, targets, value_label="p(value token)",
-                           title=f"{label}: multi-query associative recall, {len(vals)} pairs",
-                           recalled=right, note="A query is recalled when its value token is the most probable "
-                           "of the whole vocabulary; two pairs may hold the same value token")
-    return None
+    # MQAR
+    tok = x[0] if x.dim() == 2 else x
+    q_pos, vals, targets = mqar_layout(tok, model.embed.num_embeddings)
+    if not q_pos:
+        return None
+    probs = torch.softmax(model.eval()(tok[None]).float()[0], -1)  # [T, V]
+    scores = probs[q_pos][:, vals]  # [Q, P]
+    right = int((probs[q_pos].argmax(-1) == vals[targets]).sum())
+    return plot_recall(scores, targets, value_label="p(value token)",
+                       title=f"{label}: multi-query associative recall, {len(vals)} pairs",
+                       recalled=right, note="A query is recalled when its value token is the most probable "
+                       "of the whole vocabulary; two pairs may hold the same value token")
 
 
 def _inner_figures(model: torch.nn.Module, inputs: tuple, tokens=None, memories: bool = True) -> dict[str, Figure]:
