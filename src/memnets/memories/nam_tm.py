@@ -33,7 +33,7 @@ from ..ops import nam_tape
 from ..ops.gru import gru_module_forward
 from ..ops.nam_tm_heads import kernel_available, nam_tm_heads
 from ..registry import register_model
-from ..ops._amp import run_rnn
+from ..ops._amp import backward_without_autocast, run_rnn
 from ..ops._impl import runs_fused
 from ..ops.gpu import on_cuda_path, use_triton
 from ..ops.gpu.graphs import fresh_zeros, graphed_autograd, whole_module
@@ -171,6 +171,7 @@ class _Unit(torch.autograd.Function):
         return y
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, dy):
         return unit_backward(*ctx.saved_tensors, dy), None

@@ -9,12 +9,13 @@ as they are. The result is float32; later autocast-eligible ops cast it down aga
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, TypeVar
 
 import torch
 
-__all__ = ["autocast_device", "to_float32", "float32_under_autocast", "run_rnn"]
+__all__ = ["autocast_device", "to_float32", "float32_under_autocast", "backward_without_autocast", "run_rnn"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _LOW = (torch.float16, torch.bfloat16, torch.float32)
@@ -71,6 +72,27 @@ def float32_under_autocast(fn: F) -> F:
             return fn(*args, **kwargs)
         with torch.autocast(dev, enabled=False):
             return fn(*to_float32(args), **to_float32(kwargs))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def backward_without_autocast(fn: F) -> F:
+    """Decorator for the ``backward`` of an autograd Function whose forward ran with autocast
+    off (:func:`float32_under_autocast`): run it with autocast off too, on the device types of
+    its incoming gradients. A backward called inside an autocast region (``loss.backward()``
+    within ``with torch.autocast(...)``) would otherwise have its matmuls cast down while the
+    saved tensors are float32, and fail on the mixed dtypes."""
+
+    @functools.wraps(fn)
+    def wrapper(ctx, *grads):
+        kinds = {g.device.type for g in grads if isinstance(g, torch.Tensor)}
+        on = [k for k in kinds if torch.is_autocast_enabled(k)]
+        if not on:
+            return fn(ctx, *grads)
+        with contextlib.ExitStack() as stack:
+            for kind in on:
+                stack.enter_context(torch.autocast(kind, enabled=False))
+            return fn(ctx, *grads)
 
     return wrapper  # type: ignore[return-value]
 

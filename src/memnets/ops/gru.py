@@ -31,6 +31,7 @@ from torch.autograd.function import once_differentiable
 from . import _native
 from ._script import script_once
 from ._workspace import WorkspacePool
+from ._amp import backward_without_autocast
 
 __all__ = ["gru_scan", "gru_module_forward", "forward_loop", "backward_loop", "step_view"]
 
@@ -156,6 +157,7 @@ class _GRURecurrence(torch.autograd.Function):
         return HS[:, :, 1: T + 1].permute(1, 2, 0, 3).reshape(B, T, D * hd)
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, dout):
         w_hh, HS = ctx.saved_tensors

@@ -24,6 +24,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _native
 from .gpu import use_triton
+from ._amp import backward_without_autocast
 
 __all__ = ["nam_tape_scan", "available", "SEGMENT"]
 
@@ -72,6 +73,7 @@ class _TapeScan(torch.autograd.Function):
         return o, St.transpose(-1, -2)
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, go, gS):
         q, k, v, pw, pe, pr, Sc, Aa, U = ctx.saved_tensors

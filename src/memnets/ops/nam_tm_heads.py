@@ -48,6 +48,7 @@ from . import _native
 from .gpu import use_triton
 from ._script import script_once
 from ._workspace import WorkspacePool
+from ._amp import backward_without_autocast
 
 __all__ = ["nam_tm_heads", "kernel_available", "forward_loop", "backward_loop", "loops"]
 
@@ -352,6 +353,7 @@ class _HeadScan(torch.autograd.Function):
             fwd(W, [], [], [], [], [], _steps(Hs), [], [], [], [], order, False, transposed)
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, gH, gK):
         if ctx.kernel is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
+from .._amp import backward_without_autocast
 
 __all__ = ["nam_scan_chunked", "unit_lower_inverse"]
 
@@ -129,6 +130,7 @@ class _ChunkScan(torch.autograd.Function):
         return O.view(N, BH, C, dv), Sb[N]
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, dO, dS):
         q, k, v, pw, pe, Tm, Wk, S0, U, P = ctx.saved_tensors

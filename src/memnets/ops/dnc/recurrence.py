@@ -35,6 +35,7 @@ from torch.autograd.function import once_differentiable
 from .backward import run_backward
 from .forward import run_forward
 from .workspace import POOL, BackwardWorkspace, ForwardWorkspace
+from .._amp import backward_without_autocast
 
 __all__ = ["DNCRecurrence"]
 
@@ -89,6 +90,7 @@ class DNCRecurrence(torch.autograd.Function):
         return out
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww):
         R, W, Lc, key = ctx.dims

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from .._amp import backward_without_autocast
 
 __all__ = ["WriteLink", "dnc_access_fused", "interface_sizes"]
 
@@ -45,6 +46,7 @@ class WriteLink(torch.autograd.Function):
         return mem_new, link_new, prec_new, fwd, bwd
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx, g_mem, g_link, g_prec, g_fwd, g_bwd):
         mem, link, prec, w, erase, v, wr, offdiag, keep, decay, link_new = ctx.saved_tensors
         zeros = torch.zeros_like

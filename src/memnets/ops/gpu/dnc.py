@@ -51,6 +51,7 @@ from ..dnc.layout import interface_layout, interface_permutation
 from ..permute import inverse_permutation
 from . import lazy_kernels, rows, warps_from_env
 from .graphs import fresh_copies, graphed, zeros_for_none
+from .._amp import backward_without_autocast
 
 __all__ = ["DNCRecurrenceTriton", "EPS", "WARPS_ENV", "applies", "kernel_form", "launches_per_step"]
 
@@ -761,6 +762,7 @@ class DNCRecurrenceTriton(torch.autograd.Function):
                                    PREC[T], WR[T], WW[T])))
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww):
         x, w_x, w_xi, w0, X, CB, Z, XI, MEM, U, LNK, PREC, WR, WW = ctx.saved_tensors

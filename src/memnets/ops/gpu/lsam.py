@@ -27,6 +27,7 @@ import torch
 
 from . import lazy_kernels
 from .graphs import graphed
+from .._amp import backward_without_autocast
 
 __all__ = ["LSAMRecurrenceTriton", "SEGMENT", "EPS", "MAX_HEAD_DIM", "applies"]
 
@@ -241,6 +242,7 @@ class LSAMRecurrenceTriton(torch.autograd.Function):
         return out, M.clone()
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx, dout, dM):
         w_hh, h0, out, M_T, ckpts, blk, U = ctx.saved_tensors
         T, dirs, B, Dp = out.shape

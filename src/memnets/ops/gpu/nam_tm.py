@@ -50,6 +50,7 @@ from torch.autograd.function import once_differentiable
 
 from . import lazy_kernels
 from .graphs import graphed, zeros_for_none
+from .._amp import backward_without_autocast
 
 __all__ = ["nam_tape_scan_triton", "nam_tm_heads_triton", "nam_tm_layer_scan_triton", "kernels", "SEGMENT"]
 
@@ -579,6 +580,7 @@ class TapeScan(torch.autograd.Function):
         return o, ST
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, go, gS):
         q, k, v, pw, pe, pr, Sc, U = ctx.saved_tensors
@@ -685,6 +687,7 @@ class HeadScan(torch.autograd.Function):
         return Hs, KT
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, gH, gK):
         act, q, k, pw, pe, Hs, Kc, U = ctx.saved_tensors
@@ -995,6 +998,7 @@ class LayerScan(torch.autograd.Function):
         return r, ST, KT, Hs, act
 
     @staticmethod
+    @backward_without_autocast
     @once_differentiable
     def backward(ctx, dr, dST, dKT, dHs, dact):
         cfg = ctx.cfg

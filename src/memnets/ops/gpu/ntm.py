@@ -41,6 +41,7 @@ import torch
 
 from . import lazy_kernels, rows, warps_from_env
 from .graphs import fresh_copies, graphed, zeros_for_none
+from .._amp import backward_without_autocast
 
 __all__ = ["NTMScanTriton", "ntm_scan_triton", "applies", "time_loop_in_kernel", "MAX_SLOTS", "WARPS_ENV"]
 
@@ -632,6 +633,7 @@ class NTMScanTriton(torch.autograd.Function):
         return tuple(fresh_copies((RH[1:], Ms[T], Wr[T], Ww[T], Cs[T])))
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx, d_rh, dM, dwr, dww, dc):
         x, w_x, w_rh, w_h, Ms, Wr, Ww, Cs, RH, Z, Pp, Aux = ctx.saved_tensors
         meta, K, fresh = ctx.meta, ctx.K, ctx.fresh

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._amp import float32_under_autocast
+from .._amp import backward_without_autocast, float32_under_autocast
 from ..gpu import use_triton
 from ..gpu.lsam import LSAMRecurrenceTriton, applies
 from ..permute import inverse_permutation, permute
@@ -82,6 +82,7 @@ class LSAMRecurrence(torch.autograd.Function):
         return out, X.transpose(1, 2).contiguous()
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx, dout, dM):
         w_hh, h0, out, X_T, ckpts, QK, NRM, P, CQ, E, U, R = ctx.saved_tensors  # X = Mᵀ, ckpts too
         _, bwd, _ = _loops.loops(ctx.compiled)
