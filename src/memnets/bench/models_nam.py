@@ -7,6 +7,8 @@
 - NAM-TM at a typical small configuration (input 64, hidden 128, 4 tapes, tape length 32,
   bidirectional GRU controller), B=32, T=50, against ``torch.nn.LSTM`` (hidden 128; bar:
   ratio ≤ 3.0) and against its own per-step reference (``impl="reference"``; bar ≤ 1/3).
+- The bidirectional LSAM on a ``PackedSequence`` (sequences of different lengths) against the
+  bidirectional ``torch.nn.LSTM`` on the same packed batch, and against itself padded.
 - The NAM-TM's pieces, each C kernel of :mod:`memnets.ops._native` against the PyTorch path it
   replaces: heads and key tape, value tape (against the chunked ``nam_scan``), GRU controller.
 
@@ -72,6 +74,35 @@ def _lsam_cases(quick: bool, repeat: int) -> list[dict]:
             f"; LSAM loops {'compiled' if loops()[2] else 'in Python'}"
         rows.append(_row("LSAM" + (" (bi)" if bi else ""), cfg, "torch.nn.LSTM", timing, note))
     return rows
+
+
+def _packed_cases(quick: bool, repeat: int) -> list[dict]:
+    """The bidirectional LSAM on a packed batch (``PackedSequence``, lengths drawn evenly from
+    T/4 … T) against a bidirectional ``torch.nn.LSTM`` on the same packed batch, and against
+    itself on the padded batch (what running each distinct length's stretch separately costs)."""
+    B, T, D, H = (8, 20, 64, 4) if quick else (32, 100, 256, 8)
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(T // 4, T + 1, (B,), generator=g)
+    lengths[0] = T
+    torch.manual_seed(0)
+    x = torch.randn(B, T, D, requires_grad=True)
+    lstm = torch.nn.LSTM(D, D // 2, batch_first=True, bidirectional=True)
+    lsam = LSAM(D, D, H, bidirectional=True)
+
+    def packed():
+        return torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+
+    ours = fwd_bwd(lambda: lsam(packed())[0].data, [*lsam.parameters(), x])
+    cfg = f"B={B} T={T} hidden={D} heads={H} bidirectional, {len(set(lengths.tolist()))} distinct lengths"
+    note = f"fwd+bwd, float32, {torch.get_num_threads()} threads"
+    return [
+        _row("LSAM (bi) packed", cfg, "torch.nn.LSTM packed",
+             _paired(fwd_bwd(lambda: lstm(packed())[0].data, [*lstm.parameters(), x]), ours, repeat),
+             note + "; LSTM 2 x hidden/2 on the same PackedSequence"),
+        _row("LSAM (bi) packed", cfg, "LSAM (bi) padded", _paired(fwd_bwd(lambda: lsam(x)[0], [*lsam.parameters(), x]),
+                                                                 ours, repeat),
+             note + "; the padded run's backward direction starts in the padding (not the same function)"),
+    ]
 
 
 def _nam_tm_case(quick: bool, repeat: int) -> list[dict]:
@@ -154,4 +185,5 @@ def _nam_tm_piece_cases(quick: bool, repeat: int) -> list[dict]:
 def run_cases(quick: bool = False) -> list[dict]:
     """Rows with keys model, config, baseline, baseline_ms, ours_ms, ratio (ours / baseline), note."""
     repeat = 2 if quick else 7
-    return [*_lsam_cases(quick, repeat), *_nam_tm_case(quick, repeat), *_nam_tm_piece_cases(quick, repeat)]
+    return [*_lsam_cases(quick, repeat), *_packed_cases(quick, repeat), *_nam_tm_case(quick, repeat),
+            *_nam_tm_piece_cases(quick, repeat)]

@@ -34,6 +34,7 @@ from ..ops.gpu.dnc import DNCRecurrenceTriton, applies as triton_applies, kernel
 from ..ops.gpu.graphs import fresh_zeros, graphed_autograd, whole_module
 from ..ops.permute import inverse_permutation, permute
 from ..registry import register_model
+from .packed import PackedSequence, forward_packed
 from ..ops._impl import resolve_impl, runs_fused
 
 __all__ = ["DNC", "DNCConfig", "DNCState", "DNCAccessState", "DNCControllerState", "DNCAux"]
@@ -308,7 +309,13 @@ class DNC(nn.Module):
 
         Under autocast the whole recurrence runs in float32 with autocast off (``x`` and the
         state cast up, :mod:`memnets.ops._amp`), so the fused path applies there too; outputs
-        and state are float32."""
+        and state are float32. ``x`` may be a ``torch.nn.utils.rnn.PackedSequence``: ``y`` is
+        packed alike and each sequence's state is its own after its last step
+        (:mod:`memnets.memories.packed`)."""
+        if isinstance(x, PackedSequence):  # sequences of different lengths (memnets.memories.packed)
+            if return_aux:
+                raise ValueError("`return_aux` needs a padded tensor `x` [B, T, input_size], not a PackedSequence")
+            return forward_packed(self.forward, x, state)
         cfg = self.config
         check_shape("x", x, ["B", "T", "input_size"], [None, None, cfg.input_size])
         self._check_dtype("x", x)

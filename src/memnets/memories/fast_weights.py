@@ -28,6 +28,7 @@ from ..attention.delta import UPDATE_RULES, fast_weight_scan, fast_weight_step
 from ..attention.feature_maps import feature_dim, get_feature_map
 from ..ops._impl import check_impl, nam_scan_impl
 from ..registry import register_model
+from .packed import PackedSequence, forward_packed
 
 __all__ = ["FastWeightState", "FastWeightMemory"]
 
@@ -133,7 +134,15 @@ class FastWeightMemory(nn.Module):
         return w.to(x.dtype)
 
     def forward(self, x: torch.Tensor, state: FastWeightState | None = None, mask: torch.Tensor | None = None):
-        """Whole sequence: ``x [B, T, input_size]`` → ``(y [B, T, output_size], FastWeightState)``."""
+        """Whole sequence: ``x [B, T, input_size]`` → ``(y [B, T, output_size], FastWeightState)``.
+        ``x`` may be a ``torch.nn.utils.rnn.PackedSequence`` (no ``mask`` then): ``y`` is packed
+        alike and each sequence's state is its own after its last step
+        (:mod:`memnets.memories.packed`)."""
+        if isinstance(x, PackedSequence):
+            if mask is not None:
+                raise ValueError("`mask` goes with a padded tensor `x` [B, T, input_size]; a PackedSequence "
+                                 "already says where each sequence ends")
+            return forward_packed(self.forward, x, state)
         check_shape("x", x, ["B", "T", "input_size"], [None, None, self.input_size])
         q, k, v, beta = self._heads(x)
         if mask is not None and mask.dtype != torch.bool:

@@ -28,6 +28,8 @@ import torch.nn.functional as F
 
 from .._checks import check_input_dtype, check_positive_int, check_shape, check_tensor
 from ..ops.lsam import lsam_cell_step, lsam_scan, lsam_scan_reference
+from ..ops.gpu.graphs import modules_off
+from .packed import PackedSequence, lengths_of, repack, reverse_within, run_segments, unpack_sorted
 from ..registry import register_model
 from ..ops._impl import resolve_impl, runs_fused
 from ..ops.gpu.graphs import fresh_zeros
@@ -147,7 +149,10 @@ class LSAM(nn.Module):
     ``weight_hh_l{l} [dirs, G, D']``, ``bias_l{l} [dirs, G]``; direction j of layer l is
     exactly an :class:`LSAMCell` (D', H') with ``weight_ih = weight_ih_l{l}[j]`` etc.
 
-    ``forward(x, state=None) -> (output [B, T, D], LSAMState)``.
+    ``forward(x, state=None) -> (output [B, T, D], LSAMState)``; ``x`` may also be a
+    ``torch.nn.utils.rnn.PackedSequence`` (sequences of different lengths), as ``torch.nn.LSTM``
+    takes it: the output is then packed alike, and each sequence's state is its own after its
+    last step (:mod:`memnets.memories.packed`; the backward direction starts at that step).
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_heads: int, num_layers: int = 1,
@@ -209,7 +214,10 @@ class LSAM(nn.Module):
             raise TypeError(f"`state` expected dtype {dtype} like `x`, got {state.memory.dtype} / {state.h.dtype}")
 
     def forward(self, x: torch.Tensor, state: LSAMState | None = None):
-        """``x [B, T, input_size]`` (or ``[T, B, ·]``) -> ``(output [B, T, D], LSAMState)``."""
+        """``x [B, T, input_size]`` (or ``[T, B, ·]``, or a PackedSequence) -> ``(output [B, T, D],
+        LSAMState)``."""
+        if isinstance(x, PackedSequence):
+            return self._forward_packed(x, state)
         check_tensor("x", x)
         sym = ["B", "T", "input_size"] if self.batch_first else ["T", "B", "input_size"]
         check_shape("x", x, sym, [None, None, self.input_size])
@@ -240,6 +248,54 @@ class LSAM(nn.Module):
         y = inp.transpose(0, 1) if self.batch_first else inp
         # the scan's final memory is a tensor of its own (one layer: no copy); h_T, a step of the output, is copied
         return y, LSAMState(mems[0] if len(mems) == 1 else torch.cat(mems, 0), torch.cat(hs, 0))
+
+    def _forward_packed(self, packed: PackedSequence, state: LSAMState | None):
+        """:meth:`forward` of a packed batch: each layer and direction run stretch by stretch of
+        equal batch (:func:`~memnets.memories.packed.run_segments`), the backward direction on
+        each sequence reversed within its own length."""
+        x = unpack_sorted(packed)  # [B, T, F], longest first
+        check_shape("x.data", packed.data, ["N", "input_size"], [None, self.input_size])
+        check_input_dtype("x", x, self.weight_ih_l0.dtype)
+        B, sizes = x.shape[0], packed.batch_sizes
+        sdtype = self.weight_ih_l0.dtype if torch.is_autocast_enabled(x.device.type) else x.dtype
+        if state is None:
+            state = self.init_state(B, x.device, sdtype)
+        else:
+            self._check_state(state, B, sdtype)
+            if packed.sorted_indices is not None:  # given in the batch's own order, as torch.nn.LSTM's hx
+                order = packed.sorted_indices.to(x.device)
+                state = LSAMState(state.memory.index_select(1, order), state.h.index_select(1, order))
+        lengths = lengths_of(sizes)
+        dirs, Hp = self.num_directions, self.num_heads // self.num_directions
+        scan = lsam_scan if runs_fused(self.impl) else lsam_scan_reference
+
+        def run(inp, w_ih, w_hh, b, M0, h0):
+            def piece(xs, st):
+                out, M, h = scan(xs, w_ih, w_hh, b, st[0], st[1], Hp)
+                return out, (M, h)
+            return run_segments(piece, inp, sizes, (M0, h0), state_dim=1, time_dim=0)
+
+        mems, hs = [], []
+        inp = x.transpose(0, 1)  # [T, B, F]
+        with modules_off():
+            for l in range(self.num_layers):
+                w_ih, w_hh, b = self.layer_weights(l)
+                outs = []
+                for j in range(dirs):
+                    i, one = l * dirs + j, slice(j, j + 1)
+                    src = inp if j == 0 else reverse_within(inp, lengths, time_dim=0)
+                    out, (M, h) = run(src, w_ih[one], w_hh[one], b[one], state.memory[i:i + 1], state.h[i:i + 1])
+                    outs.append(out if j == 0 else reverse_within(out, lengths, time_dim=0))
+                    mems.append(M)
+                    hs.append(h)
+                inp = outs[0] if dirs == 1 else torch.cat(outs, -1)  # [T, B, D], zeros after each end
+                if self.dropout and self.training and l < self.num_layers - 1:
+                    inp = F.dropout(inp, self.dropout, training=True)
+        memory, h = torch.cat(mems, 0), torch.cat(hs, 0)
+        if packed.unsorted_indices is not None:
+            order = packed.unsorted_indices.to(x.device)
+            memory, h = memory.index_select(1, order), h.index_select(1, order)
+        return repack(inp.transpose(0, 1), packed), LSAMState(memory, h)
 
     def step(self, x_t: torch.Tensor, state: LSAMState | None = None):
         """One token: ``x_t [B, input_size]`` -> ``(y_t [B, D], LSAMState)`` (unidirectional only)."""

@@ -446,6 +446,10 @@ class NAMTuringMachine(nn.Module):
 
     def forward(self, x: torch.Tensor, state: NAMTMState | None = None, tape_length: int | None = None,
                 return_aux: bool = False):
+        if isinstance(x, torch.nn.utils.rnn.PackedSequence):
+            raise TypeError("`x` expected a padded tensor [B, T, input_size], got a PackedSequence: the NAM Turing "
+                            "Machine's controller runs over each call's whole input (by default in both "
+                            "directions), so pad the batch (torch.nn.utils.rnn.pad_packed_sequence)")
         check_tensor("x", x)
         check_shape("x", x, ["B", "T", "input_size"], [None, None, self.input_size])
         B = x.shape[0]

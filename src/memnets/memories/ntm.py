@@ -31,6 +31,7 @@ from ..ops.addressing import circular_shift, content_weights, erase_add_write, i
 from ..ops.gpu import use_triton
 from ..ops.gpu.ntm import applies as ntm_applies, ntm_scan_triton
 from ..registry import register_model
+from .packed import PackedSequence, forward_packed
 
 __all__ = ["NTM", "NTMConfig", "NTMState", "NTMAux"]
 
@@ -227,7 +228,13 @@ class NTM(nn.Module):
         return self._readout(state.h, state.reads), state
 
     def forward(self, x: torch.Tensor, state: NTMState | None = None, return_aux: bool = False):
-        """Run a sequence ``x [B, T, input_size]``; returns ``(y [B, T, output_size], state[, aux])``."""
+        """Run a sequence ``x [B, T, input_size]``; returns ``(y [B, T, output_size], state[, aux])``.
+        ``x`` may be a ``torch.nn.utils.rnn.PackedSequence``: ``y`` is packed alike and each
+        sequence's state is its own after its last step (:mod:`memnets.memories.packed`)."""
+        if isinstance(x, PackedSequence):  # sequences of different lengths (memnets.memories.packed)
+            if return_aux:
+                raise ValueError("`return_aux` needs a padded tensor `x` [B, T, input_size], not a PackedSequence")
+            return forward_packed(self.forward, x, state)
         check_shape("x", x, ["B", "T", "input_size"], [None, None, self.config.input_size])
         self._check_dtype("x", x)
         B, T = x.shape[:2]
