@@ -523,6 +523,44 @@ def test_recall_map_of_an_mqar_model_is_its_probability_of_each_stored_value():
     assert f": {right} of {len(q_pos)} recalled" in ax.get_title()
 
 
+@pytest.mark.parametrize("name", ["softmax", "linear", "dpfp2", "delta", "nam", "nam_erase"])
+def test_capacity_adapters_implied_attention_is_their_causal_read(name):
+    """``causal(x) == o(Σ_s A[t, s] v_s)`` with ``A = implied_attention(x)``, causal (zero above
+    the diagonal), for every attention and fast-weight memory of the capacity lab."""
+    from memnets.capacity.adapters import build_adapter
+
+    torch.manual_seed(0)
+    adapter = build_adapter(name, 12, 8, 6).double()
+    x = torch.randn(2, 9, 12, dtype=torch.float64)
+    A = adapter.implied_attention(x)  # [B, H, T, T]
+    assert A.shape[0] == 2 and A.shape[2:] == (9, 9)
+    assert not A.triu(1).any()
+    mixed = torch.einsum("bhts,bshv->bthv", A, adapter.values(x))
+    y = adapter.mem._readout(mixed) if hasattr(adapter, "mem") else adapter.o(mixed.flatten(-2))
+    torch.testing.assert_close(y, adapter.causal(x), rtol=1e-10, atol=1e-12)
+    gates = adapter.write_gates(x)
+    want = {"delta": {"write strength β"}, "nam": {"write p_w"}, "nam_erase": {"write p_w", "erase p_e"}}
+    assert set(gates) == want.get(name, set())
+    assert all(g.shape == (2, 9, 1) and ((g >= 0) & (g <= 1)).all() for g in gates.values())
+
+
+def test_mqar_model_figures_show_what_its_memory_reads_and_writes():
+    from memnets.capacity.harness import TokenModel
+    from memnets.tasks.retrieval import mqar_batch
+
+    torch.manual_seed(0)
+    model = TokenModel("nam_erase", vocab_size=32, d_model=16)
+    tokens = mqar_batch(1, seq_len=24, num_pairs=4, vocab_size=32, generator=torch.Generator().manual_seed(1)).inputs
+    figs = model_figures(model, tokens)
+    assert set(figs) == {"recall", "attention", "gates"}
+    (ax,) = panels(figs["attention"])
+    A = model.mem.implied_attention(model.memory_input(tokens))[0, 0]
+    assert torch.allclose(torch.as_tensor(ax.images[0].get_array().data, dtype=A.dtype), A, atol=1e-6)
+    assert len(panels(figs["gates"])) == 2  # p_w and p_e
+    softmax = TokenModel("softmax", vocab_size=32, d_model=16)
+    assert set(model_figures(softmax, tokens)) == {"recall", "attention"}  # no gates to show
+
+
 def test_plot_recall_rejects_targets_that_do_not_fit():
     from memnets.viz import plot_recall
 
@@ -532,10 +570,16 @@ def test_plot_recall_rejects_targets_that_do_not_fit():
         plot_recall(torch.rand(2, 4), [0, 4], value_label="x")
 
 
-def test_viz_cli_of_a_capacity_run_draws_its_recall_map(tmp_path, capsys):
+def test_viz_cli_of_capacity_runs_draws_their_recall_maps_and_memories(tmp_path, capsys):
     run = tmp_path / "cap"
     assert main(["train", "capacity/retrieval-delta", "max_steps=2", "batch_size=2", "task.train_size=8",
                  "task.eval_size=4", "--run-dir", str(run)]) == 0
     assert main(["viz", str(run)]) == 0
     assert_png(run / "figures" / "recall.png")
     assert_png(run / "figures" / "learning_curve.png")
+    mqar = tmp_path / "mqar"
+    assert main(["train", "capacity/mqar-delta", "max_steps=2", "batch_size=2", "task.train_size=8",
+                 "task.eval_size=4", "task.options.seq_len=32", "task.options.num_pairs=4", "--run-dir", str(mqar)]) == 0
+    assert main(["viz", str(mqar)]) == 0
+    for name in ("recall", "attention", "gates", "learning_curve"):
+        assert_png(mqar / "figures" / f"{name}.png")

@@ -9,6 +9,11 @@ entry points:
 * ``causal(x [B, T, F]) -> [B, T, dv]``: read at every step after that step's write
   (token models, MQAR).
 
+The attention and fast-weight adapters mix their values linearly, so they also give the
+``T × T`` map of that causal read (``implied_attention(x) -> A [B, H, T, T]`` with
+``causal(x) == o(Σ_s A[:, :, t, s] v_s)``, docs/maths.md §5, §6) and their write gates over
+time (``write_gates(x) -> {name: [B, T, H]}``): what ``memnets viz`` draws for a capacity run.
+
 All adapters project with the same key width ``d_key`` (the fast-weight feature size is
 then ``d_key`` for elu+1 and ``2·d_key·ν`` for DPFP-ν, as in Schlag et al. 2021, Sec. 4.1).
 See :data:`MEMORIES` for the names, and :func:`build_adapter`.
@@ -16,12 +21,14 @@ See :data:`MEMORIES` for the names, and :func:`build_adapter`.
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..attention.delta import fast_weight_scan
 from ..memories.fast_weights import FastWeightMemory
 from ..ops import nam_scan, unit
 
@@ -49,6 +56,22 @@ class SoftmaxAdapter(nn.Module):
         y = F.scaled_dot_product_attention(self.q(x), self.k(x), self.v(x), is_causal=True)  # [B, T, dv]
         return self.o(y)
 
+    def implied_attention(self, x: torch.Tensor) -> torch.Tensor:
+        """``A [B, 1, T, T]`` of :meth:`causal`: ``softmax(q Kᵀ/√d)`` over the steps ≤ t."""
+        q, k = self.q(x), self.k(x)
+        T = x.shape[1]
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [B, T, T]
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        return torch.softmax(scores.masked_fill(~causal, float("-inf")), -1)[:, None]
+
+    def write_gates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Softmax attention writes every step alike: no gates."""
+        return {}
+
+    def values(self, x: torch.Tensor) -> torch.Tensor:
+        """The values ``[B, T, 1, dv]`` that :meth:`implied_attention` mixes."""
+        return self.v(x)[:, :, None]
+
 
 class FastWeightAdapter(nn.Module):
     """Fast-weight programmer (docs/maths.md §6) through :class:`~memnets.memories.FastWeightMemory`:
@@ -65,6 +88,31 @@ class FastWeightAdapter(nn.Module):
 
     def causal(self, x: torch.Tensor) -> torch.Tensor:
         return self.mem(x)[0]
+
+    def implied_attention(self, x: torch.Tensor) -> torch.Tensor:
+        """``A [B, H, T, T]`` of :meth:`causal`: the fast weights are linear in the values, so the
+        memory's own scan run with one-hot values ``v_s = e_s`` reads row ``t`` of ``A`` at step ``t``."""
+        q, k, _, beta = self.mem._heads(x)
+        return _one_hot_reads(x, q, lambda vals: fast_weight_scan(
+            q, k, vals, beta, feature_map=self.mem.feature_map, update_rule=self.mem.update_rule,
+            impl="reference")[0])
+
+    def write_gates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The delta rule's write strength ``β [B, T, H]``; the sum rule has none."""
+        beta = self.mem._heads(x)[3]
+        return {} if beta is None else {"write strength β": beta}
+
+    def values(self, x: torch.Tensor) -> torch.Tensor:
+        """The values ``[B, T, H, dv]`` that :meth:`implied_attention` mixes."""
+        return self.mem._heads(x)[2]
+
+
+def _one_hot_reads(x: torch.Tensor, q: torch.Tensor, scan: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``A [B, H, T, T]``: ``scan(v)`` (a read ``[B, T, H, T]`` linear in the values) run on the
+    one-hot values ``v_s = e_s`` (``[B, T, H, T]``)."""
+    B, T, H = q.shape[:3]
+    onehot = torch.eye(T, dtype=x.dtype, device=x.device)[None, :, None, :].expand(B, T, H, T)
+    return scan(onehot).transpose(1, 2)
 
 
 class NAMAdapter(nn.Module):
@@ -86,8 +134,7 @@ class NAMAdapter(nn.Module):
     def _scan(self, x: torch.Tensor, q: torch.Tensor):
         k = unit(self.k(x)).unsqueeze(2)  # [B, T, 1, dk]
         v = self.v(x).unsqueeze(2)  # [B, T, 1, dv]
-        p_w = torch.sigmoid(self.p_w(x))  # [B, T, 1]
-        p_e = torch.sigmoid(self.p_e(x)) if self.p_e is not None else p_w  # [B, T, 1]
+        p_w, p_e = self._gates(x)  # [B, T, 1] each
         return nam_scan(q, k, v, p_w, p_e, None)
 
     def write_read(self, x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
@@ -98,6 +145,26 @@ class NAMAdapter(nn.Module):
     def causal(self, x: torch.Tensor) -> torch.Tensor:
         y, _ = self._scan(x, unit(self.q(x)).unsqueeze(2))  # y [B, T, 1, dv]
         return self.o(y[:, :, 0])
+
+    def _gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p_w = torch.sigmoid(self.p_w(x))  # [B, T, 1]
+        return p_w, (torch.sigmoid(self.p_e(x)) if self.p_e is not None else p_w)
+
+    def implied_attention(self, x: torch.Tensor) -> torch.Tensor:
+        """``A [B, 1, T, T]`` of :meth:`causal`: the NAM memory is linear in the values, so its
+        scan run with one-hot values ``v_s = e_s`` reads row ``t`` of ``A`` at step ``t``."""
+        q, k = unit(self.q(x)).unsqueeze(2), unit(self.k(x)).unsqueeze(2)  # [B, T, 1, dk]
+        p_w, p_e = self._gates(x)
+        return _one_hot_reads(x, q, lambda vals: nam_scan(q, k, vals, p_w, p_e, None, impl="reference")[0])
+
+    def write_gates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``p_w`` (and ``p_e`` when it is a gate of its own), ``[B, T, 1]``."""
+        p_w, p_e = self._gates(x)
+        return {"write p_w": p_w} if self.p_e is None else {"write p_w": p_w, "erase p_e": p_e}
+
+    def values(self, x: torch.Tensor) -> torch.Tensor:
+        """The values ``[B, T, 1, dv]`` that :meth:`implied_attention` mixes."""
+        return self.v(x).unsqueeze(2)
 
 
 class RecurrentAdapter(nn.Module):

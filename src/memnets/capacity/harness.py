@@ -175,10 +175,14 @@ class TokenModel(nn.Module):
         self.mem = build_adapter(memory, 2 * d_model, d_model, d_model)
         self.head = nn.Linear(d_model, vocab_size)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def memory_input(self, tokens: torch.Tensor) -> torch.Tensor:
+        """What the memory reads at each step: ``[E(w_t) ; E(w_{t−1})]`` ``[B, T, 2d]``."""
         e = self.embed(tokens)  # [B, T, d]
         prev = F.pad(e, (0, 0, 1, 0))[:, :-1]  # [B, T, d], E(w_{t-1}), zeros at t = 0
-        return self.head(self.mem.causal(torch.cat([e, prev], dim=-1)))  # [B, T, V]
+        return torch.cat([e, prev], dim=-1)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.mem.causal(self.memory_input(tokens)))  # [B, T, V]
 
 
 def train_mqar(cfg: MQARConfig | None = None, *, run_dir: str | Path | None = None, **overrides) -> dict:

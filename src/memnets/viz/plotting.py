@@ -276,6 +276,8 @@ def plot_gates(gates: dict, *, model_name: str = "LSAM", title: str | None = Non
     for ax, (label, a) in zip(axes, g.items()):
         heatmap(fig, ax, a.T, title=f"{model_name}: {label}", xlabel="time step", ylabel="head",
                 cbar_label="gate", vmin=0.0, vmax=1.0, cmap="cividis")
+        if a.shape[1] <= 16:  # one tick per head (a single head: no fractional ticks)
+            ax.set_yticks(range(a.shape[1]))
     return fig
 
 

@@ -212,6 +212,7 @@ def model_figures(model: torch.nn.Module, x: Any) -> dict[str, Figure]:
     recall = _recall_figure(model, x)
     if recall is not None:  # a capacity model: its recall map, and what its memory shows inside it
         figs = _inner_figures(model, x if isinstance(x, tuple) else (x,))
+        figs.update(_adapter_figures(model, x))
         figs["recall"] = recall
         return figs
     if isinstance(model, MultiHeadBase):
@@ -290,6 +291,28 @@ def _recall_figure(model: torch.nn.Module, x: Any) -> Figure | None:
                        title=f"{label}: multi-query associative recall, {len(vals)} pairs",
                        recalled=right, note="A query is recalled when its value token is the most probable "
                        "of the whole vocabulary; two pairs may hold the same value token")
+
+
+@torch.no_grad()
+def _adapter_figures(model: torch.nn.Module, x: Any) -> dict[str, Figure]:
+    """An MQAR model's attention or fast-weight memory (:mod:`memnets.capacity.adapters`): the
+    implied map of its causal read (``attention``, query step on y, written step on x) and its
+    write gates over time (``gates``). Nothing for other capacity models or memories."""
+    from ..capacity.adapters import MEMORIES
+    from ..capacity.harness import TokenModel
+
+    adapter = getattr(model, "mem", None)
+    if not isinstance(model, TokenModel) or not hasattr(adapter, "implied_attention"):
+        return {}
+    tok = x[0] if x.dim() == 2 else x
+    inp = model.eval().memory_input(tok[None])  # [1, T, 2d]
+    label = MEMORIES[model.memory][0] if model.memory in MEMORIES else model.memory
+    figs = {"attention": _attention_figure({label: adapter.implied_attention(inp)},  # [1, H, T, T]
+                                           title=f"{label}: what each step reads")}
+    gates = adapter.write_gates(inp)
+    if gates:
+        figs["gates"] = plot_gates({k: v[0] for k, v in gates.items()}, model_name=label)
+    return figs
 
 
 def _inner_figures(model: torch.nn.Module, inputs: tuple, tokens=None, memories: bool = True) -> dict[str, Figure]:
