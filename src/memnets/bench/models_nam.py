@@ -79,7 +79,8 @@ def _lsam_cases(quick: bool, repeat: int) -> list[dict]:
 def _packed_cases(quick: bool, repeat: int) -> list[dict]:
     """The bidirectional LSAM on a packed batch (``PackedSequence``, lengths drawn evenly from
     T/4 … T) against a bidirectional ``torch.nn.LSTM`` on the same packed batch, and against
-    itself on the padded batch (what running each distinct length's stretch separately costs)."""
+    itself on the padded batch (what packing costs: a scan per direction, the reversals and
+    gathers)."""
     B, T, D, H = (8, 20, 64, 4) if quick else (32, 100, 256, 8)
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(T // 4, T + 1, (B,), generator=g)

@@ -28,14 +28,18 @@ import torch.nn.functional as F
 
 from .._checks import check_input_dtype, check_positive_int, check_shape, check_tensor
 from ..ops.lsam import lsam_cell_step, lsam_scan, lsam_scan_reference
-from ..ops.gpu.graphs import modules_off
-from .packed import PackedSequence, lengths_of, repack, reverse_within, run_segments, unpack_sorted
+from .packed import PackedSequence, lengths_of, repack, reverse_within, unpack_sorted
 from ..registry import register_model
 from ..ops._impl import resolve_impl, runs_fused
 from ..ops.gpu.graphs import fresh_zeros
 
 __all__ = ["LSAMCell", "LSAMCellState", "LSAM", "LSAMState", "lsam_scan", "lsam_scan_reference",
            "lsam_cell_step"]
+
+
+#: The write gate's pre-activation after a packed sequence's end: σ of it is exactly 0 in every
+#: floating type the scans run in, so the memory is left as it was (and no gradient flows there).
+_CLOSED = -1e6
 
 
 class LSAMCellState(NamedTuple):
@@ -250,13 +254,15 @@ class LSAM(nn.Module):
         return y, LSAMState(mems[0] if len(mems) == 1 else torch.cat(mems, 0), torch.cat(hs, 0))
 
     def _forward_packed(self, packed: PackedSequence, state: LSAMState | None):
-        """:meth:`forward` of a packed batch: each layer and direction run stretch by stretch of
-        equal batch (:func:`~memnets.memories.packed.run_segments`), the backward direction on
-        each sequence reversed within its own length."""
+        """:meth:`forward` of a packed batch, one scan per layer and direction over the padded
+        batch: the backward direction reads each sequence reversed within its own length (so
+        every sequence starts at step 0), and after its end a sequence's write gate is held at
+        exactly 0 (a pre-activation of :data:`_CLOSED` through one more input column), so its
+        memory stays as its last step left it; its last read ``h`` is its output there."""
         x = unpack_sorted(packed)  # [B, T, F], longest first
         check_shape("x.data", packed.data, ["N", "input_size"], [None, self.input_size])
         check_input_dtype("x", x, self.weight_ih_l0.dtype)
-        B, sizes = x.shape[0], packed.batch_sizes
+        B, T = x.shape[:2]
         sdtype = self.weight_ih_l0.dtype if torch.is_autocast_enabled(x.device.type) else x.dtype
         if state is None:
             state = self.init_state(B, x.device, sdtype)
@@ -265,32 +271,32 @@ class LSAM(nn.Module):
             if packed.sorted_indices is not None:  # given in the batch's own order, as torch.nn.LSTM's hx
                 order = packed.sorted_indices.to(x.device)
                 state = LSAMState(state.memory.index_select(1, order), state.h.index_select(1, order))
-        lengths = lengths_of(sizes)
+        lengths = lengths_of(packed.batch_sizes)
+        valid = (torch.arange(T)[:, None] < lengths[None, :]).to(x.device)  # [T, B]
+        ended = (~valid).to(x.dtype)[..., None]  # [T, B, 1]: the extra input column
+        last = (lengths - 1).to(x.device)[None, :, None]  # [1, B, 1]
         dirs, Hp = self.num_directions, self.num_heads // self.num_directions
+        Dp = self.hidden_size // dirs
         scan = lsam_scan if runs_fused(self.impl) else lsam_scan_reference
-
-        def run(inp, w_ih, w_hh, b, M0, h0):
-            def piece(xs, st):
-                out, M, h = scan(xs, w_ih, w_hh, b, st[0], st[1], Hp)
-                return out, (M, h)
-            return run_segments(piece, inp, sizes, (M0, h0), state_dim=1, time_dim=0)
-
         mems, hs = [], []
         inp = x.transpose(0, 1)  # [T, B, F]
-        with modules_off():
-            for l in range(self.num_layers):
-                w_ih, w_hh, b = self.layer_weights(l)
-                outs = []
-                for j in range(dirs):
-                    i, one = l * dirs + j, slice(j, j + 1)
-                    src = inp if j == 0 else reverse_within(inp, lengths, time_dim=0)
-                    out, (M, h) = run(src, w_ih[one], w_hh[one], b[one], state.memory[i:i + 1], state.h[i:i + 1])
-                    outs.append(out if j == 0 else reverse_within(out, lengths, time_dim=0))
-                    mems.append(M)
-                    hs.append(h)
-                inp = outs[0] if dirs == 1 else torch.cat(outs, -1)  # [T, B, D], zeros after each end
-                if self.dropout and self.training and l < self.num_layers - 1:
-                    inp = F.dropout(inp, self.dropout, training=True)
+        for l in range(self.num_layers):
+            w_ih, w_hh, b = self.layer_weights(l)
+            closing = w_ih.new_zeros(1, w_ih.shape[1], 1)  # [1, G, 1]: rows q | k | v | p_r | p_w
+            closing[:, 3 * Dp + Hp:] = _CLOSED
+            outs = []
+            for j in range(dirs):
+                i, one = l * dirs + j, slice(j, j + 1)
+                src = inp if j == 0 else reverse_within(inp, lengths, time_dim=0)
+                out, M, _ = scan(torch.cat([src, ended.to(src.dtype)], -1), torch.cat([w_ih[one], closing], -1),
+                                 w_hh[one], b[one], state.memory[i:i + 1], state.h[i:i + 1], Hp)
+                hs.append(out.gather(0, last.expand(1, B, Dp)))  # [1, B, D']: the read at each one's last step
+                mems.append(M)
+                out = out * valid[..., None]  # zeros after each end
+                outs.append(out if j == 0 else reverse_within(out, lengths, time_dim=0))
+            inp = outs[0] if dirs == 1 else torch.cat(outs, -1)  # [T, B, D]
+            if self.dropout and self.training and l < self.num_layers - 1:
+                inp = F.dropout(inp, self.dropout, training=True)
         memory, h = torch.cat(mems, 0), torch.cat(hs, 0)
         if packed.unsorted_indices is not None:
             order = packed.unsorted_indices.to(x.device)

@@ -9,9 +9,11 @@ running every sequence alone over its own length gives (``tests/test_packed.py``
 module to that, values and gradients), at one call of the recurrence per distinct length.
 
 The recurrence must be causal and carry over through its state: running ``x[:, :a]`` then
-``x[:, a:]`` from the state the first call returned equals running ``x``. LSAM, the NTM, the
-DNC and :class:`~memnets.memories.fast_weights.FastWeightMemory` take packed batches through
-their ``forward``; the NAM Turing Machine does not (its controller runs over each call's input
+``x[:, a:]`` from the state the first call returned equals running ``x``. The NTM, the DNC and
+:class:`~memnets.memories.fast_weights.FastWeightMemory` take packed batches through their
+``forward`` this way. LSAM takes them too, in one scan per layer and direction: its write gate
+can be closed exactly after each sequence's end (``LSAM._forward_packed``), which needs no
+stretches. The NAM Turing Machine does not (its controller runs over each call's input
 from a zero state, by default in both directions): pad its batch instead
 (``torch.nn.utils.rnn.pad_packed_sequence``).
 """
