@@ -198,7 +198,9 @@ def test_bad_input_raises():
     with pytest.raises(ValueError, match="`x`"):
         m(torch.randn(2, 5, 4))
     with pytest.raises(ValueError, match="`x`"):
-        m(torch.randn(5, 3))
+        m(torch.randn(5, 4))  # unbatched [T, input_size] of the wrong width
+    with pytest.raises(ValueError, match="`x`"):
+        m(torch.randn(3))
     with pytest.raises(ValueError, match="state.memory"):
         m(torch.randn(2, 5, 3), LSAMState(torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 8)))
     with pytest.raises(ValueError, match="num_heads"):

@@ -204,3 +204,22 @@ def test_packed_lsam_trains():
         _, s = lsam(x)
         acc = (head(torch.cat([s.h[0], s.h[1]], -1)).argmax(-1) == yb).float().mean().item()
     assert acc > 0.9, acc
+
+
+def test_lsam_takes_an_unbatched_sequence_and_its_state_back():
+    """As torch.nn.LSTM: ``x [T, input_size]`` (either ``batch_first``) gives ``[T, D]`` and a
+    state without the batch dim, equal to the batch of one; the state continues the sequence."""
+    for batch_first in (True, False):
+        torch.manual_seed(0)
+        lsam = LSAM(4, 8, 4, num_layers=2, bidirectional=True, batch_first=batch_first, dtype=D64)
+        assert all(p.dtype == D64 for p in lsam.parameters())
+        x = torch.randn(6, 4, dtype=D64)
+        y, s = lsam(x)
+        yb, sb = lsam(x[None] if batch_first else x[:, None])
+        torch.testing.assert_close(y, yb[0] if batch_first else yb[:, 0])
+        assert s.memory.shape == (4, 2, 2, 2) and s.h.shape == (4, 4)
+        torch.testing.assert_close(s.memory, sb.memory[:, 0])
+        y2, _ = lsam(x[:3], lsam(x[3:], s)[1])  # a state of its own taken back
+        assert y2.shape == (3, 8)
+    with pytest.raises(ValueError, match=r"`x` expected \[T, input_size\] = \[\?, 4\]"):
+        lsam(torch.randn(6, 5, dtype=D64))

@@ -147,6 +147,7 @@ class LSAM(nn.Module):
             hand-written backward, :func:`memnets.ops.lsam.lsam_scan`) or ``"reference"`` (a loop
             of :func:`lsam_cell_step` under plain autograd: slower, twice differentiable).
             ``model.impl`` holds the resolved value.
+        device, dtype: where and in which type the parameters are made (as ``torch.nn.LSTM``'s).
 
     Parameters per layer ``l`` (``dirs`` = 2 if bidirectional else 1, ``D' = D/dirs``,
     ``H' = H/dirs``, ``G = 3D' + 2H'``): ``weight_ih_l{l} [dirs, G, in_l]``,
@@ -156,12 +157,15 @@ class LSAM(nn.Module):
     ``forward(x, state=None) -> (output [B, T, D], LSAMState)``; ``x`` may also be a
     ``torch.nn.utils.rnn.PackedSequence`` (sequences of different lengths), as ``torch.nn.LSTM``
     takes it: the output is then packed alike, and each sequence's state is its own after its
-    last step (:mod:`memnets.memories.packed`; the backward direction starts at that step).
+    last step (:mod:`memnets.memories.packed`; the backward direction starts at that step). An
+    unbatched ``x [T, input_size]`` (whatever ``batch_first`` says) gives ``output [T, D]`` and a
+    state without the batch dim (``memory [L*dirs, H/dirs, d, d]``, ``h [L*dirs, D/dirs]``),
+    which ``forward`` takes back.
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_heads: int, num_layers: int = 1,
                  bidirectional: bool = False, batch_first: bool = True, dropout: float = 0.0,
-                 impl: str = "auto"):
+                 impl: str = "auto", device=None, dtype=None):
         super().__init__()
         self.impl = resolve_impl("LSAM", impl)
         check_positive_int("input_size", input_size)
@@ -184,7 +188,7 @@ class LSAM(nn.Module):
             in_l = input_size if l == 0 else hidden_size
             for name, shape in ((f"weight_ih_l{l}", (dirs, G, in_l)), (f"weight_hh_l{l}", (dirs, G, Dp)),
                                 (f"bias_l{l}", (dirs, G))):
-                p = nn.Parameter(torch.empty(shape))
+                p = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
                 _init_uniform(p, in_l + Dp)
                 self.register_parameter(name, p)
 
@@ -223,6 +227,14 @@ class LSAM(nn.Module):
         if isinstance(x, PackedSequence):
             return self._forward_packed(x, state)
         check_tensor("x", x)
+        if x.dim() == 2:  # unbatched [T, input_size], as torch.nn.LSTM takes it
+            check_shape("x", x, ["T", "input_size"], [None, self.input_size])
+            if state is not None:
+                if not (isinstance(state, tuple) and len(state) == 2):
+                    raise TypeError(f"`state` expected an LSAMState(memory, h), got {type(state).__name__}")
+                state = LSAMState(state.memory.unsqueeze(1), state.h.unsqueeze(1))
+            y, state = self.forward(x.unsqueeze(0) if self.batch_first else x.unsqueeze(1), state)
+            return (y[0] if self.batch_first else y[:, 0]), LSAMState(state.memory[:, 0], state.h[:, 0])
         sym = ["B", "T", "input_size"] if self.batch_first else ["T", "B", "input_size"]
         check_shape("x", x, sym, [None, None, self.input_size])
         check_input_dtype("x", x, self.weight_ih_l0.dtype)
