@@ -28,6 +28,8 @@ MODULES = {
     "dnc-reference": (lambda n: DNC(n, 3, memory_slots=5, word_size=4, read_heads=2, controller_size=8,
                                     impl="reference"), 0),
     "fast-weights": (lambda n: FastWeightMemory(n, num_heads=2, key_size=4, value_size=4, output_size=6), 0),
+    "fast-weights-sum-dpfp": (lambda n: FastWeightMemory(n, num_heads=2, key_size=4, value_size=4, output_size=6,
+                                                         update_rule="sum", feature_map="dpfp1"), 0),
 }
 
 

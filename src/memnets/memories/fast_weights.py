@@ -142,7 +142,7 @@ class FastWeightMemory(nn.Module):
             if mask is not None:
                 raise ValueError("`mask` goes with a padded tensor `x` [B, T, input_size]; a PackedSequence "
                                  "already says where each sequence ends")
-            return forward_packed(self.forward, x, state)
+            return forward_packed(self.forward, x, state, write_mask="mask")  # one call: no writes after each end
         check_shape("x", x, ["B", "T", "input_size"], [None, None, self.input_size])
         q, k, v, beta = self._heads(x)
         if mask is not None and mask.dtype != torch.bool:

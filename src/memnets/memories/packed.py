@@ -9,12 +9,13 @@ running every sequence alone over its own length gives (``tests/test_packed.py``
 module to that, values and gradients), at one call of the recurrence per distinct length.
 
 The recurrence must be causal and carry over through its state: running ``x[:, :a]`` then
-``x[:, a:]`` from the state the first call returned equals running ``x``. The NTM, the DNC and
-:class:`~memnets.memories.fast_weights.FastWeightMemory` take packed batches through their
-``forward`` this way. LSAM takes them too, in one scan per layer and direction: its write gate
-can be closed exactly after each sequence's end (``LSAM._forward_packed``), which needs no
-stretches. The NAM Turing Machine does not (its controller runs over each call's input
-from a zero state, by default in both directions): pad its batch instead
+``x[:, a:]`` from the state the first call returned equals running ``x``. The NTM and the DNC
+take packed batches through their ``forward`` this way. The fast-weight memory and LSAM take
+them in one call over the padded batch: a step that does not write leaves their state exactly
+as it was, so each sequence simply stops writing after its end (:func:`forward_packed`'s
+``write_mask``; LSAM closes its write gate through one more input column,
+``LSAM._forward_packed``). The NAM Turing Machine takes none (its controller runs over each
+call's input from a zero state, by default in both directions): pad its batch instead
 (``torch.nn.utils.rnn.pad_packed_sequence``).
 """
 from __future__ import annotations
@@ -139,17 +140,26 @@ def _state_batch(state: Any, dim: int) -> int:
 
 
 def forward_packed(forward: Callable, packed: PackedSequence, state: Any = None, state_dim: int = 0,
-                   **kwargs) -> tuple[PackedSequence, Any]:
+                   write_mask: str | None = None, **kwargs) -> tuple[PackedSequence, Any]:
     """``forward(x [B, T, F], state, **kwargs) -> (y [B, T, D], state, ...)`` of a causal
     recurrence on a packed batch: ``(y as a PackedSequence, final state)``. ``state`` in the
     batch's own order (as the packed batch was made, like ``torch.nn.LSTM``'s ``hx``), every
-    tensor's batch dim at ``state_dim``; the final state is returned in that order too."""
+    tensor's batch dim at ``state_dim``; the final state is returned in that order too.
+
+    ``write_mask``: the name of ``forward``'s keyword for a ``[B, T]`` bool mask of the steps
+    that write (a step that does not leaves the state exactly as it was): then one call on the
+    padded batch, writing only up to each sequence's end; else :func:`run_segments`."""
     x = unpack_sorted(packed)
     if state is not None and packed.sorted_indices is not None:
         state = map_state(lambda s: s.index_select(state_dim, packed.sorted_indices.to(s.device)), state)
-    with modules_off():  # a module graphed whole would capture a graph per stretch's shape
-        y, state = run_segments(lambda xs, st: forward(xs, st, **kwargs)[:2], x, packed.batch_sizes, state,
-                                state_dim)
+    if write_mask is not None:
+        valid = _valid(packed.batch_sizes, x.device).t()  # [B, T]
+        y, state = forward(x, state, **{write_mask: valid}, **kwargs)[:2]
+        y = y * valid[..., None]
+    else:
+        with modules_off():  # a module graphed whole would capture a graph per stretch's shape
+            y, state = run_segments(lambda xs, st: forward(xs, st, **kwargs)[:2], x, packed.batch_sizes, state,
+                                    state_dim)
     if packed.unsorted_indices is not None:
         state = map_state(lambda s: s.index_select(state_dim, packed.unsorted_indices.to(s.device)), state)
     return repack(y, packed), state
