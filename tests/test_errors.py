@@ -59,6 +59,11 @@ def _fw(**kw):
     return build_model("fast_weights", input_size=4, **kw)
 
 
+def _packed(width: int):
+    """Two sequences of lengths 3 and 2 as a PackedSequence (5 steps of ``width`` features)."""
+    return torch.nn.utils.rnn.pack_sequence([torch.zeros(3, width), torch.zeros(2, width)])
+
+
 def _with_state(model, x, batch):
     return model(x, model.init_state(batch))
 
@@ -229,6 +234,10 @@ CASES = {
     "lsam-batch-0": lambda p: _lsam().init_state(0),
     "lsam-state-batch": lambda p: _with_state(_lsam(), t(2, 5, 3), 3),
     "lsam-x-dtype": lambda p: _lsam()(t(2, 5, 3, dtype=torch.float64)),
+    "lsam-packed-size": lambda p: _lsam()(_packed(4)),
+    "dnc-packed-aux": lambda p: _dnc()(_packed(3), return_aux=True),
+    "fast_weights-packed-mask": lambda p: _fw()(_packed(4), mask=torch.ones(2, 3, dtype=torch.bool)),
+    "nam_tm-packed": lambda p: _namtm()(_packed(3)),
     # fast weights
     "fast_weights-x-size": lambda p: _fw()(t(2, 5, 3)),
     "fast_weights-empty-T": lambda p: _fw()(t(2, 0, 4)),
