@@ -225,3 +225,18 @@ def test_lsam_takes_an_unbatched_sequence_and_its_state_back():
         assert y2.shape == (3, 8)
     with pytest.raises(ValueError, match=r"`x` expected \[T, input_size\] = \[\?, 4\]"):
         lsam(torch.randn(6, 5, dtype=D64))
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=5), st.sampled_from(["lsam-bi-2layers", "dnc", "fast-weights"]))
+def test_packed_equals_alone_for_any_lengths(lengths, name):
+    module, dim = _module(name)
+    g = torch.Generator().manual_seed(len(lengths))
+    seqs = [torch.randn(L, 4, generator=g, dtype=D64) for L in lengths]
+    y, final = module(pack_sequence(seqs, enforce_sorted=False))
+    out, _ = pad_packed_sequence(y, batch_first=True)
+    ys, finals = _alone(module, seqs, None, dim)
+    for b, L in enumerate(lengths):
+        torch.testing.assert_close(out[b, :L], ys[b], rtol=1e-10, atol=1e-10)
+    for got, want in zip(_leaves(final), _leaves(finals)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
