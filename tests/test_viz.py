@@ -490,7 +490,7 @@ def test_recall_map_of_a_retrieval_model_rings_the_last_pair_of_each_key():
     keys = torch.tensor([[3, 5, 7, 5, 1]])  # key 5 written twice: its pair is the later one
     values, queries = torch.randn(1, 5, 8), torch.tensor([[5, 1, 3]])
     figs = model_figures(model, (keys, values, queries))
-    assert set(figs) == {"recall"}
+    assert set(figs) == {"recall", "attention", "gates"}  # the delta rule's reads and its β
     fig = figs["recall"]
     assert_well_formed(fig, 1)
     (ax,) = panels(fig)
@@ -502,6 +502,14 @@ def test_recall_map_of_a_retrieval_model_rings_the_last_pair_of_each_key():
     hits = int((want.argmax(1) == torch.tensor([3, 4, 0])).sum())
     assert f": {hits} of 3 recalled" in ax.get_title()
     assert "delta-rule" in fig._suptitle.get_text()
+    # where each query reads: its read weight on each written pair, the same rings
+    (ax,) = panels(figs["attention"])
+    x, xq = model.memory_inputs(keys, values, queries)
+    A = model.mem.implied_read(x, xq)[0, 0]  # [Q, T]
+    assert torch.allclose(torch.as_tensor(ax.images[0].get_array().data, dtype=A.dtype), A, atol=1e-6)
+    assert ax.collections[0].get_offsets().tolist() == [[3, 0], [4, 1], [0, 2]]
+    reads_own = int((A.argmax(1) == torch.tensor([3, 4, 0])).sum())
+    assert f": {reads_own} of 3 weigh their own pair most" in ax.get_title()
 
 
 def test_recall_map_of_an_mqar_model_is_its_probability_of_each_stored_value():
@@ -526,7 +534,8 @@ def test_recall_map_of_an_mqar_model_is_its_probability_of_each_stored_value():
 @pytest.mark.parametrize("name", ["softmax", "linear", "dpfp2", "delta", "nam", "nam_erase"])
 def test_capacity_adapters_implied_attention_is_their_causal_read(name):
     """``causal(x) == o(Σ_s A[t, s] v_s)`` with ``A = implied_attention(x)``, causal (zero above
-    the diagonal), for every attention and fast-weight memory of the capacity lab."""
+    the diagonal), and ``write_read(x, xq) == o(Σ_s R[q, s] v_s)`` with ``R = implied_read(x, xq)``,
+    for every attention and fast-weight memory of the capacity lab."""
     from memnets.capacity.adapters import build_adapter
 
     torch.manual_seed(0)
@@ -538,6 +547,12 @@ def test_capacity_adapters_implied_attention_is_their_causal_read(name):
     mixed = torch.einsum("bhts,bshv->bthv", A, adapter.values(x))
     y = adapter.mem._readout(mixed) if hasattr(adapter, "mem") else adapter.o(mixed.flatten(-2))
     torch.testing.assert_close(y, adapter.causal(x), rtol=1e-10, atol=1e-12)
+    xq = torch.randn(2, 4, 12, dtype=torch.float64)
+    R = adapter.implied_read(x, xq)  # [B, H, Q, T]
+    assert R.shape[0] == 2 and R.shape[2:] == (4, 9)
+    mixed = torch.einsum("bhqs,bshv->bqhv", R, adapter.values(x))
+    y = adapter.mem._readout(mixed) if hasattr(adapter, "mem") else adapter.o(mixed.flatten(-2))
+    torch.testing.assert_close(y, adapter.write_read(x, xq), rtol=1e-10, atol=1e-12)
     gates = adapter.write_gates(x)
     want = {"delta": {"write strength β"}, "nam": {"write p_w"}, "nam_erase": {"write p_w", "erase p_e"}}
     assert set(gates) == want.get(name, set())
@@ -575,8 +590,8 @@ def test_viz_cli_of_capacity_runs_draws_their_recall_maps_and_memories(tmp_path,
     assert main(["train", "capacity/retrieval-delta", "max_steps=2", "batch_size=2", "task.train_size=8",
                  "task.eval_size=4", "--run-dir", str(run)]) == 0
     assert main(["viz", str(run)]) == 0
-    assert_png(run / "figures" / "recall.png")
-    assert_png(run / "figures" / "learning_curve.png")
+    for name in ("recall", "attention", "gates", "learning_curve"):
+        assert_png(run / "figures" / f"{name}.png")
     mqar = tmp_path / "mqar"
     assert main(["train", "capacity/mqar-delta", "max_steps=2", "batch_size=2", "task.train_size=8",
                  "task.eval_size=4", "task.options.seq_len=32", "task.options.num_pairs=4", "--run-dir", str(mqar)]) == 0

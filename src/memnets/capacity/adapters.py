@@ -11,8 +11,10 @@ entry points:
 
 The attention and fast-weight adapters mix their values linearly, so they also give the
 ``T × T`` map of that causal read (``implied_attention(x) -> A [B, H, T, T]`` with
-``causal(x) == o(Σ_s A[:, :, t, s] v_s)``, docs/maths.md §5, §6) and their write gates over
-time (``write_gates(x) -> {name: [B, T, H]}``): what ``memnets viz`` draws for a capacity run.
+``causal(x) == o(Σ_s A[:, :, t, s] v_s)``, docs/maths.md §5, §6), the ``Q × T`` map of the
+queries' reads after all writes (``implied_read(x, xq) -> A [B, H, Q, T]`` with
+``write_read(x, xq) == o(Σ_s A[:, :, q, s] v_s)``) and their write gates over time
+(``write_gates(x) -> {name: [B, T, H]}``): what ``memnets viz`` draws for a capacity run.
 
 All adapters project with the same key width ``d_key`` (the fast-weight feature size is
 then ``d_key`` for elu+1 and ``2·d_key·ν`` for DPFP-ν, as in Schlag et al. 2021, Sec. 4.1).
@@ -64,6 +66,11 @@ class SoftmaxAdapter(nn.Module):
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         return torch.softmax(scores.masked_fill(~causal, float("-inf")), -1)[:, None]
 
+    def implied_read(self, x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
+        """``A [B, 1, Q, T]`` of :meth:`write_read`: ``softmax(q Kᵀ/√d)`` over every written step."""
+        q, k = self.q(xq), self.k(x)
+        return torch.softmax((q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1]), -1)[:, None]
+
     def write_gates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """Softmax attention writes every step alike: no gates."""
         return {}
@@ -97,6 +104,16 @@ class FastWeightAdapter(nn.Module):
             q, k, vals, beta, feature_map=self.mem.feature_map, update_rule=self.mem.update_rule,
             impl="reference")[0])
 
+    def implied_read(self, x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
+        """``A [B, H, Q, T]`` of :meth:`write_read`: the fast weights written with one-hot values
+        ``v_s = e_s``, read by the queries."""
+        q, k, _, beta = self.mem._heads(x)
+        W = _one_hot_state(x, q, lambda vals: fast_weight_scan(
+            q, k, vals, beta, feature_map=self.mem.feature_map, update_rule=self.mem.update_rule,
+            impl="reference")[1])  # [B, H, T, dφ]
+        fq = self.mem.phi(self.mem._heads(xq)[0])  # [B, Q, H, dφ]
+        return torch.einsum("bhsf,bqhf->bhqs", W, fq)
+
     def write_gates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """The delta rule's write strength ``β [B, T, H]``; the sum rule has none."""
         beta = self.mem._heads(x)[3]
@@ -107,12 +124,22 @@ class FastWeightAdapter(nn.Module):
         return self.mem._heads(x)[2]
 
 
+def _one_hots(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The one-hot values ``v_s = e_s``, ``[B, T, H, T]``."""
+    B, T, H = q.shape[:3]
+    return torch.eye(T, dtype=x.dtype, device=x.device)[None, :, None, :].expand(B, T, H, T)
+
+
 def _one_hot_reads(x: torch.Tensor, q: torch.Tensor, scan: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """``A [B, H, T, T]``: ``scan(v)`` (a read ``[B, T, H, T]`` linear in the values) run on the
-    one-hot values ``v_s = e_s`` (``[B, T, H, T]``)."""
-    B, T, H = q.shape[:3]
-    onehot = torch.eye(T, dtype=x.dtype, device=x.device)[None, :, None, :].expand(B, T, H, T)
-    return scan(onehot).transpose(1, 2)
+    one-hot values."""
+    return scan(_one_hots(x, q)).transpose(1, 2)
+
+
+def _one_hot_state(x: torch.Tensor, q: torch.Tensor, scan: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The final memory ``[B, H, T, dk]`` that ``scan(v)`` (linear in the values) writes from the
+    one-hot values: row ``s`` of head ``h`` is what step ``s`` left in it."""
+    return scan(_one_hots(x, q))
 
 
 class NAMAdapter(nn.Module):
@@ -156,6 +183,14 @@ class NAMAdapter(nn.Module):
         q, k = unit(self.q(x)).unsqueeze(2), unit(self.k(x)).unsqueeze(2)  # [B, T, 1, dk]
         p_w, p_e = self._gates(x)
         return _one_hot_reads(x, q, lambda vals: nam_scan(q, k, vals, p_w, p_e, None, impl="reference")[0])
+
+    def implied_read(self, x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
+        """``A [B, 1, Q, T]`` of :meth:`write_read`: the memory written with one-hot values
+        ``v_s = e_s``, read at the unit queries."""
+        q, k = unit(self.q(x)).unsqueeze(2), unit(self.k(x)).unsqueeze(2)  # [B, T, 1, dk]
+        p_w, p_e = self._gates(x)
+        M = _one_hot_state(x, q, lambda vals: nam_scan(q, k, vals, p_w, p_e, None, impl="reference")[1])
+        return torch.einsum("bhsk,bqk->bhqs", M, unit(self.q(xq)))
 
     def write_gates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """``p_w`` (and ``p_e`` when it is a gate of its own), ``[B, T, 1]``."""

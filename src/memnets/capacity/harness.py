@@ -86,12 +86,17 @@ class RetrievalModel(nn.Module):
         self.value_dim = value_dim
         self.mem = build_adapter(memory, d_key + value_dim + 1, d_key, value_dim)
 
-    def forward(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    def memory_inputs(self, keys: torch.Tensor, values: torch.Tensor,
+                      queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the memory writes and what reads it: ``x [B, T, dk + dv + 1]`` (key embedding,
+        value, query flag 0) and ``xq [B, Q, dk + dv + 1]`` (key embedding, zeros, flag 1)."""
         ek, eq = self.embed(keys), self.embed(queries)  # [B, T, dk], [B, Q, dk]
-        x = torch.cat([ek, values, values.new_zeros(*keys.shape, 1)], dim=-1)  # [B, T, dk + dv + 1]
-        xq = torch.cat([eq, eq.new_zeros(*queries.shape, self.value_dim), eq.new_ones(*queries.shape, 1)],
-                       dim=-1)  # [B, Q, dk + dv + 1]
-        return self.mem.write_read(x, xq)
+        x = torch.cat([ek, values, values.new_zeros(*keys.shape, 1)], dim=-1)
+        xq = torch.cat([eq, eq.new_zeros(*queries.shape, self.value_dim), eq.new_ones(*queries.shape, 1)], dim=-1)
+        return x, xq
+
+    def forward(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        return self.mem.write_read(*self.memory_inputs(keys, values, queries))
 
 
 def retrieval_metrics(pred: torch.Tensor, batch, value_kind: str = "random") -> tuple[torch.Tensor, torch.Tensor]:

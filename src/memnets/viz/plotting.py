@@ -312,13 +312,15 @@ def plot_attention_maps(maps: dict, *, tokens: Sequence[str] | None = None, titl
 
 
 def plot_recall(scores, targets, *, value_label: str, title: str | None = None, note: str | None = None,
-                recalled: int | None = None) -> Figure:
+                recalled: int | None = None, panel: str | None = None) -> Figure:
     """A recall map: ``scores [Q, S]``, how much the read-out of each query (y) is the value
     of each stored pair (x), with each query's own pair (``targets [Q]``, its column; -1: none)
     ringed. A query recalled right has its row's largest score in its ring; interference shows
     as weight on the other pairs. ``value_label``: what a score is (the colour bar's label);
     ``recalled``: how many queries were answered right, where the caller knows better than the
-    row maxima (e.g. two pairs holding the same value); ``note``: said under the panel."""
+    row maxima (e.g. two pairs holding the same value); ``note``: said under the panel;
+    ``panel``: the panel's title, ``{hit}`` and ``{total}`` filled in (default: the recall
+    wording)."""
     a = _check_dims("scores", to_numpy(scores), ["Q", "S"])
     t = np.asarray(to_numpy(targets)).reshape(-1).astype(int)
     if t.shape[0] != a.shape[0]:
@@ -332,7 +334,8 @@ def plot_recall(scores, targets, *, value_label: str, title: str | None = None, 
                             panel_h=max(1.6, min(6.0, 1.0 + 0.12 * a.shape[0])), title=title,
                             note=f"{ring}. {note}" if note else ring)
     ax = axes[0]
-    heatmap(fig, ax, a, title=f"each query's read-out against each stored value: {hit} of {len(rows)} recalled",
+    panel = panel or "each query's read-out against each stored value: {hit} of {total} recalled"
+    heatmap(fig, ax, a, title=panel.format(hit=hit, total=len(rows)),
             xlabel="stored pair (order written)", ylabel="query", cbar_label=value_label)
     ax.scatter(t[rows], rows, s=36, facecolors="none", edgecolors="red", linewidths=1.2)
     return fig

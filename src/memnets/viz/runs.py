@@ -274,9 +274,7 @@ def _recall_figure(model: torch.nn.Module, x: Any) -> Figure | None:
         keys, values, queries = (t[:1] for t in x)
         pred = model.eval()(keys, values, queries)[0]  # [Q, dv]
         scores = torch.nn.functional.cosine_similarity(pred[:, None, :], values[0][None, :, :], dim=-1)  # [Q, T]
-        match = queries[0][:, None] == keys[0][None, :]  # [Q, T]
-        last = (match * torch.arange(1, keys.shape[1] + 1)).argmax(1)  # the last pair written under the key
-        targets = torch.where(match.any(1), last, -1)
+        targets = _retrieval_targets(keys[0], queries[0])
         return plot_recall(scores, targets, value_label="cosine(read-out, value)",
                            title=f"{label}: key-value recall, {keys.shape[1]} pairs written")
     # MQAR
@@ -293,22 +291,40 @@ def _recall_figure(model: torch.nn.Module, x: Any) -> Figure | None:
                        "of the whole vocabulary; two pairs may hold the same value token")
 
 
+def _retrieval_targets(keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """Each query's pair: the last written under its key (``keys [T]``, ``queries [Q]``), -1 if none."""
+    match = queries[:, None] == keys[None, :]  # [Q, T]
+    last = (match * torch.arange(1, keys.shape[0] + 1, device=keys.device)).argmax(1)
+    return torch.where(match.any(1), last, -1)
+
+
 @torch.no_grad()
 def _adapter_figures(model: torch.nn.Module, x: Any) -> dict[str, Figure]:
-    """An MQAR model's attention or fast-weight memory (:mod:`memnets.capacity.adapters`): the
-    implied map of its causal read (``attention``, query step on y, written step on x) and its
-    write gates over time (``gates``). Nothing for other capacity models or memories."""
+    """A capacity model's attention or fast-weight memory (:mod:`memnets.capacity.adapters`):
+    ``attention``, the implied map of its reads (MQAR: each step's causal read, query step on y,
+    written step on x; key-value retrieval: each query's read of the written pairs, its own pair
+    ringed), and ``gates``, its write gates over time. Nothing for the recurrent memories."""
     from ..capacity.adapters import MEMORIES
-    from ..capacity.harness import TokenModel
+    from ..capacity.harness import RetrievalModel
 
     adapter = getattr(model, "mem", None)
-    if not isinstance(model, TokenModel) or not hasattr(adapter, "implied_attention"):
+    if not hasattr(adapter, "implied_attention"):
         return {}
-    tok = x[0] if x.dim() == 2 else x
-    inp = model.eval().memory_input(tok[None])  # [1, T, 2d]
     label = MEMORIES[model.memory][0] if model.memory in MEMORIES else model.memory
-    figs = {"attention": _attention_figure({label: adapter.implied_attention(inp)},  # [1, H, T, T]
-                                           title=f"{label}: what each step reads")}
+    model.eval()
+    if isinstance(model, RetrievalModel):
+        keys, values, queries = (t[:1] for t in x)
+        inp, xq = model.memory_inputs(keys, values, queries)
+        A = adapter.implied_read(inp, xq)[0, 0]  # [Q, T] (one head)
+        figs = {"attention": plot_recall(A, _retrieval_targets(keys[0], queries[0]), value_label="read weight",
+                                         title=f"{label}: which written pair each query reads",
+                                         panel="each query's read weight on each written pair: {hit} of {total} "
+                                               "weigh their own pair most")}
+    else:
+        tok = x[0] if x.dim() == 2 else x
+        inp = model.memory_input(tok[None])  # [1, T, 2d]
+        figs = {"attention": _attention_figure({label: adapter.implied_attention(inp)},  # [1, H, T, T]
+                                               title=f"{label}: what each step reads")}
     gates = adapter.write_gates(inp)
     if gates:
         figs["gates"] = plot_gates({k: v[0] for k, v in gates.items()}, model_name=label)
