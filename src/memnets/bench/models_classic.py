@@ -7,6 +7,9 @@
 - NTM at LSTM 100, memory 128 × 20, one read and one write head, batch 32, copy length 20,
   forward + backward, against the published ≈ 1.2 s per step of the implementation cited
   by seed 002 (a reference figure, not measured here). Target: ≤ 0.4 s.
+- The DNC of the first case on a ``PackedSequence`` of 32 random lengths (21 to 41) against the
+  same DNC on the padded batch: what one call per distinct length costs
+  (:mod:`memnets.memories.packed`).
 """
 from __future__ import annotations
 
@@ -106,6 +109,39 @@ def _dnc_case(quick: bool, layers: int) -> dict:
     return row
 
 
+def _dnc_packed_case(quick: bool) -> dict:
+    repeat = 3 if quick else 7
+    batch = _copy_batch()
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(21, 42, (32,), generator=g)
+    lengths[0] = 41
+    torch.manual_seed(0)
+    dnc = DNC(9, 8, memory_slots=16, word_size=20, read_heads=4, controller_size=64)
+    x = batch.inputs.clone().requires_grad_()
+    params = [*dnc.parameters(), x]
+
+    def run(packed: bool):
+        def fn() -> None:
+            for p in params:
+                p.grad = None
+            inp = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False) \
+                if packed else x
+            y = dnc(inp)[0]
+            (y.data if packed else y).sum().backward()
+        return fn
+
+    padded, packed = [], []
+    for _ in range(repeat):  # interleaved, as the peer comparison
+        padded.append(time_fn(run(False), warmup=1 if not padded else 0, repeat=1))
+        packed.append(time_fn(run(True), warmup=1 if not packed else 0, repeat=1))
+    base, ours = 1e3 * statistics.median(padded), 1e3 * statistics.median(packed)
+    return {"model": "dnc packed", "config": f"as above, 1 layer; a PackedSequence of lengths 21-41 "
+                                             f"({len(set(lengths.tolist()))} distinct)",
+            "baseline": "the same DNC on the padded batch", "baseline_ms": round(base, 1),
+            "ours_ms": round(ours, 1), "ratio": round(ours / base, 3),
+            "note": f"one call per distinct length; median of {repeat} interleaved runs, 1 thread"}
+
+
 def _ntm_case(quick: bool) -> dict:
     repeat = 3 if quick else 7
     batch = _copy_batch()
@@ -126,6 +162,6 @@ def run_cases(quick: bool = False) -> list[dict]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny per-step ops: one intra-op thread, the same for every model
     try:
-        return [_dnc_case(quick, 1), _dnc_case(quick, 2), _ntm_case(quick)]
+        return [_dnc_case(quick, 1), _dnc_case(quick, 2), _dnc_packed_case(quick), _ntm_case(quick)]
     finally:
         torch.set_num_threads(threads)
