@@ -76,7 +76,8 @@ def test_bench_gpu_times_compiled_models_beside_eager(eager_backend):
         assert eager["ms"] and comp["ms"] and comp["compile"] == "default", comp
         assert comp["speedup_vs_eager"] == round(eager["ms"] / comp["ms"], 3)
         assert "than eager" in comp["note"]
-    assert len(eager_backend) == 4
+    # the four models (a library imported on the way, e.g. fla, may compile functions of its own)
+    assert len([c for c in eager_backend if isinstance(c["model"], torch.nn.Module)]) == 4
     with pytest.raises(ValueError, match="compile_modes"):
         gpu.run(device="cpu", tiny=True, sections=(), verbose=False, compile_modes=("fastest",))
 
