@@ -1,5 +1,5 @@
 """The C kernels of memnets.ops._native (NAM-TM heads and key tape, the value tape, the GRU
-step) against the PyTorch paths they replace, in float64: values, every gradient, gradcheck;
+step, LSAM's step) against the PyTorch paths they replace, in float64: values, every gradient, gradcheck;
 and the fallbacks when no kernel can be built."""
 import shutil
 
@@ -36,7 +36,7 @@ def _close(a, b, tol=1e-10):
 
 @needs_kernels
 def test_kernels_build_here():
-    for name in ("nam_tm_heads", "nam_tape", "gru"):
+    for name in ("nam_tm_heads", "nam_tape", "gru", "lsam"):
         assert _native.load(name) is not None, f"{name}.c did not compile"
 
 
@@ -166,6 +166,70 @@ def test_gru_step_kernel_matches_nn_gru(bidirectional):
     _close(_grads([ours], ps), _grads([ref], ps))
 
 
+def _lsam_scan_run(x, w_ih, w_hh, b, M0, h0, heads, compiled):
+    from memnets.ops.lsam import lsam_scan
+
+    out, M, h = lsam_scan(x, w_ih, w_hh, b, M0, h0, heads, compiled=compiled)
+    return [out, M, h]
+
+
+def _lsam_inputs(T, B, F, dirs, Hp, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Dp, G = Hp * d, 3 * Hp * d + 2 * Hp
+    r = lambda *s, scale=0.5: (scale * torch.randn(*s, generator=g, dtype=D64)).requires_grad_()
+    return [r(T, B, F), r(dirs, G, F), r(dirs, G, Dp), r(dirs, G), r(dirs, B, Hp, d, d, scale=0.2), r(dirs, B, Dp)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("T,B,dirs,Hp,d", [(70, 3, 1, 2, 4), (70, 2, 2, 2, 5), (1, 2, 2, 1, 3), (33, 1, 1, 3, 8),
+                                           (32, 4, 2, 1, 16)])
+def test_lsam_step_kernel_matches_the_loops(T, B, dirs, Hp, d):
+    """LSAM's recurrence with its step in C (memnets.ops.lsam.native) against the TorchScript
+    loops (``compiled=False`` leaves the kernel out): outputs, final memory and state, every
+    gradient (input, weights, initial memory and state), float64; T past the exact copies kept
+    every 32 steps, odd head widths, T = 1."""
+    from memnets.ops.lsam.native import kernel
+
+    xs = _lsam_inputs(T, B, 3, dirs, Hp, d)
+    assert kernel(xs[0]) is not None
+    ours = _lsam_scan_run(*xs, Hp, compiled=True)
+    ref = _lsam_scan_run(*xs, Hp, compiled=False)
+    _close(ours, ref, tol=1e-11)
+    _close(_grads(ours, xs), _grads(ref, xs), tol=1e-10)
+
+
+@needs_kernels
+def test_lsam_step_kernel_gradcheck():
+    from memnets.ops.lsam import lsam_scan
+
+    xs = _lsam_inputs(5, 2, 3, 2, 2, 3, seed=1)
+    assert torch.autograd.gradcheck(lambda *a: lsam_scan(*a, 2)[0], xs)
+
+
+@needs_kernels
+def test_lsam_step_kernel_checks_its_buffers():
+    from memnets.ops.lsam import native
+
+    step = native.kernel(torch.zeros(1))[0]
+    T, N, d = 2, 3, 4
+    f = lambda *s: torch.zeros(*s)
+    args = [f(T, 1, N, 3 * d + 2), f(1, 3 * d + 2, d), f(N, d, d), f(1, N, d), f(T, 1, N, d), f(T, N, 2, d),
+            f(T, N, 2, 1), f(T, N, 2), f(T, N), f(T, N, d), f(T, N, d), f(T, N, d), f(0, N, d, d)]
+    native.forward_steps(step, *args, 32, 1e-6)  # fits
+    bad = list(args)
+    bad[6] = f(T, N, 3, 1)  # NRM of another shape
+    with pytest.raises(ValueError, match="`NRM` expected shape"):
+        native.forward_steps(step, *bad, 32, 1e-6)
+    bad = list(args)
+    bad[2] = f(N, d, d).double()  # the memory in another dtype
+    with pytest.raises(ValueError, match="`X` expected a contiguous torch.float32"):
+        native.forward_steps(step, *bad, 32, 1e-6)
+    bad = list(args)
+    bad[2] = f(N, d, d).transpose(1, 2)  # not contiguous
+    with pytest.raises(ValueError, match="`X` expected a contiguous"):
+        native.forward_steps(step, *bad, 32, 1e-6)
+
+
 def test_no_compiler_means_the_pytorch_paths(monkeypatch, tmp_path):
     """A failed build gives None (then the TorchScript / chunked paths run, same values)."""
     monkeypatch.setattr(_native, "_LIBS", {})
@@ -214,3 +278,21 @@ def test_kernels_split_over_threads_give_the_same_numbers():
         torch.set_num_threads(old)
     for a, b in zip(*runs):
         assert torch.equal(a, b)
+
+
+@needs_kernels
+def test_lsam_step_kernel_split_over_threads():
+    """LSAM's memories split over two threads: the same values and gradients as one thread (up to
+    the rounding of PyTorch's own matrix products, which then use two threads as well)."""
+    xs = _lsam_inputs(5, 32, 8, 2, 4, 32, seed=5)  # N = 256 memories of 32 x 32
+    old = torch.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert len(_native.ranges(256, 256 * 32 * 32 * 3)) == threads
+            out = _lsam_scan_run(*xs, 4, compiled=True)
+            runs.append(out + list(_grads(out, xs)))
+    finally:
+        torch.set_num_threads(old)
+    _close(runs[0], runs[1], tol=1e-12)

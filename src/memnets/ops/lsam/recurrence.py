@@ -13,6 +13,7 @@ from ..gpu import use_triton
 from ..gpu.lsam import LSAMRecurrenceTriton, applies
 from ..permute import inverse_permutation, permute
 from . import loops as _loops
+from . import native as _c
 
 __all__ = ["lsam_scan", "LSAMRecurrence"]
 
@@ -58,10 +59,11 @@ class LSAMRecurrence(torch.autograd.Function):
         h_t = p_r (a_q + u (q·k))          # = RD(WR(M, k, v, p_w, p_w), q, p_r)
 
     The loops themselves are :mod:`memnets.ops.lsam.loops` (compiled by TorchScript
-    where available). The memory is updated in place in one buffer, kept transposed (``Mᵀ``,
-    so that the row-vector products ``(q, k) Mᵀ`` read it row-major): no ``[N, d, d]`` tensor
-    is allocated per step. ``w_hh`` is ``[dirs, G, D']`` (rows in per-head blocks). Backward
-    walks the steps in reverse and recovers ``M_{t-1} = M_t − u_t k_tᵀ`` in place; an exact
+    where available); on float32 / float64 CPU tensors the NAM part of each step runs as one call
+    of a C kernel instead (:mod:`memnets.ops.lsam.native`), the same arithmetic. The memory is
+    updated in place in one buffer of its own, kept transposed (``Mᵀ``, so that the row-vector
+    products ``(q, k) Mᵀ`` read it row-major): no ``[N, d, d]`` tensor is allocated per step.
+    ``w_hh`` is ``[dirs, G, D']`` (rows in per-head blocks). Backward walks the steps in reverse and recovers ``M_{t-1} = M_t − u_t k_tᵀ`` in place; an exact
     copy kept every :data:`_SEGMENT` steps resets that buffer, so rounding drift is bounded by
     a few ulps per segment while memory is O(T / _SEGMENT) memories. The weight gradient
     ``Σ_t h_{t-1}ᵀ dg_t`` is one matmul after the loop. Not twice differentiable.
@@ -70,16 +72,20 @@ class LSAMRecurrence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gx, w_hh, M0, h0, compiled=True):
         fwd, _, _ = _loops.loops(compiled)
+        kernel = _c.kernel(gx, compiled)  # the C step on float32/float64 CPU tensors
         T, dirs, B, _ = gx.shape
         Dp, N, d = w_hh.shape[2], M0.shape[0], M0.shape[-1]
-        X = M0.transpose(1, 2).contiguous()  # Mᵀ, updated in place
+        X = M0.transpose(1, 2).clone(memory_format=torch.contiguous_format)  # Mᵀ, its own, updated in place
         new = gx.new_empty
         out, QK, NRM, P, CQ = new(T, dirs, B, Dp), new(T, N, 2, d), new(T, N, 2, 1), new(T, N, 2), new(T, N)
         E, U, R, ckpts = new(T, N, d), new(T, N, d), new(T, N, d), new((T - 1) // _SEGMENT, N, d, d)
-        fwd(gx, w_hh, X, h0, out, QK, NRM, P, CQ, E, U, R, ckpts, _SEGMENT, _EPS)
+        if kernel is not None:
+            _c.forward_steps(kernel[0], gx, w_hh, X, h0, out, QK, NRM, P, CQ, E, U, R, ckpts, _SEGMENT, _EPS)
+        else:
+            fwd(gx, w_hh, X, h0, out, QK, NRM, P, CQ, E, U, R, ckpts, _SEGMENT, _EPS)
         ctx.save_for_backward(w_hh, h0, out, X, ckpts, QK, NRM, P, CQ, E, U, R)
-        ctx.compiled = compiled
-        return out, X.transpose(1, 2).contiguous()
+        ctx.compiled, ctx.kernel = compiled, kernel
+        return out, X.transpose(1, 2).clone(memory_format=torch.contiguous_format)
 
     @staticmethod
     @backward_without_autocast
@@ -91,14 +97,18 @@ class LSAMRecurrence(torch.autograd.Function):
         G = w_hh.shape[1]
         dM = torch.zeros_like(X_T) if dM is None else dM.contiguous().clone()
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
-        S = P * (1 - P)  # σ' for all steps: [T, N, 2]
-        INV = 1.0 / NRM  # [T, N, 2, 1] (NRM holds max(‖x‖, eps))
-        QKM = QK * (NRM > _EPS)  # μ's projection only where ‖x‖ > eps: [T, N, 2, d]
-        QKS = torch.cat([QK[:, :, 1:], QK[:, :, :1]], 2)  # (k, q): [T, N, 2, d]
-        work = X_T.transpose(1, 2).contiguous()  # M_T, reversed in place to M_0
+        work = X_T.transpose(1, 2).clone(memory_format=torch.contiguous_format)  # M_T, reversed in place to M_0
         dgx = out.new_empty(T, dirs, B, G)
-        dh = bwd(w_hh, work, dM, out.new_zeros(N, d), dout, dgx, ckpts, QK, U, P, CQ, R, E, QKS, QKM, INV, S,
-                 _SEGMENT)
+        if ctx.kernel is not None:
+            dh = _c.backward_steps(ctx.kernel[1], w_hh, work, dM, dout, dgx, ckpts, QK, NRM, P, CQ, E, U, R,
+                                   _SEGMENT, _EPS)
+        else:
+            S = P * (1 - P)  # σ' for all steps: [T, N, 2]
+            INV = 1.0 / NRM  # [T, N, 2, 1] (NRM holds max(‖x‖, eps))
+            QKM = QK * (NRM > _EPS)  # μ's projection only where ‖x‖ > eps: [T, N, 2, d]
+            QKS = torch.cat([QK[:, :, 1:], QK[:, :, :1]], 2)  # (k, q): [T, N, 2, d]
+            dh = bwd(w_hh, work, dM, out.new_zeros(N, d), dout, dgx, ckpts, QK, U, P, CQ, R, E, QKS, QKM, INV,
+                     S, _SEGMENT)
         dw = None
         if ctx.needs_input_grad[1]:
             hprev = torch.cat([h0.unsqueeze(0), out[:-1]], 0)  # [T, dirs, B, D']
