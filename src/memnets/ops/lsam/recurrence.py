@@ -63,9 +63,10 @@ class LSAMRecurrence(torch.autograd.Function):
     of a C kernel instead (:mod:`memnets.ops.lsam.native`), the same arithmetic. The memory is
     updated in place in one buffer of its own, kept transposed (``Mᵀ``, so that the row-vector
     products ``(q, k) Mᵀ`` read it row-major): no ``[N, d, d]`` tensor is allocated per step.
-    ``w_hh`` is ``[dirs, G, D']`` (rows in per-head blocks). Backward walks the steps in reverse and recovers ``M_{t-1} = M_t − u_t k_tᵀ`` in place; an exact
-    copy kept every :data:`_SEGMENT` steps resets that buffer, so rounding drift is bounded by
-    a few ulps per segment while memory is O(T / _SEGMENT) memories. The weight gradient
+    ``w_hh`` is ``[dirs, G, D']`` (rows in per-head blocks). Backward walks the steps in reverse
+    and recovers ``M_{t-1} = M_t − u_t k_tᵀ`` in place; an exact copy kept every
+    :data:`_SEGMENT` steps resets that buffer, so rounding drift is bounded by a few ulps per
+    segment while memory is O(T / _SEGMENT) memories. The weight gradient
     ``Σ_t h_{t-1}ᵀ dg_t`` is one matmul after the loop. Not twice differentiable.
     """
 
