@@ -3,7 +3,7 @@
  * two products is one call here, one memory at a time (its d x d matrix stays in the first-level
  * cache), instead of a dozen tensor ops over all memories. Layouts as memnets/ops/lsam/loops.py
  * (N memories of d x d, T steps, per-head blocks of 3d + 2 rows [q k v r w]):
- *   BLK, DGX [T, N, 3d+2]  X [N, d, d] = M^T (forward)  W [N, d, d] = M (backward)  dM [N, d, d]
+ *   GX, BLK, DGX [T, N, 3d+2]  X [N, d, d] = M^T (forward)  W [N, d, d] = M (backward)  dM [N, d, d]
  *   QK [T, N, 2, d]  NRM, P [T, N, 2]  CQ [T, N]  E, U, R, OUT, DOUT [T, N, d]  dh [N, d].
  * Memories n0 <= n < n1 of step t.
  */

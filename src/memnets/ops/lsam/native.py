@@ -21,7 +21,7 @@ from .. import _native
 __all__ = ["kernel", "forward_steps", "backward_steps"]
 
 _SIGNATURES = {  # N, d, t, n0, n1, eps, pointers
-    "lsam_fwd_step": [_native.LONG] * 5 + [ctypes.c_double] + [_native.PTR] * 10,
+    "lsam_fwd_step": [_native.LONG] * 5 + [ctypes.c_double] + [_native.PTR] * 11,
     "lsam_bwd_step": [_native.LONG] * 5 + [ctypes.c_double] + [_native.PTR] * 12,
 }
 
@@ -55,18 +55,18 @@ def forward_steps(step, gx: torch.Tensor, w_hh: torch.Tensor, X: torch.Tensor, h
                              ("R", R, (T, N, d))):
         if tuple(buf.shape) != shape:
             raise ValueError(f"lsam native step: `{name}` expected shape {list(shape)}, got {list(buf.shape)}")
-    BLK = torch.empty(T, dirs, B, G, dtype=gx.dtype, device=gx.device)  # g_t, this call's own buffer
-    ptrs = [_check(n, x, gx) for n, x in (("BLK", BLK), ("X", X), ("QK", QK), ("NRM", NRM), ("P", P),
+    BLK = torch.empty(T, dirs, B, G, dtype=gx.dtype, device=gx.device)  # h_{t-1} W_hhᵀ, this call's own buffer
+    ptrs = [_check(n, x, gx) for n, x in (("BLK", BLK), ("gx", gx), ("X", X), ("QK", QK), ("NRM", NRM), ("P", P),
                                           ("CQ", CQ), ("E", E), ("U", U), ("R", R), ("out", out))]
-    gxs, blks, houts = gx.unbind(0), BLK.unbind(0), out.unbind(0)
+    blks, houts = BLK.unbind(0), out.unbind(0)
     w1, wT = w_hh[0].t(), w_hh.transpose(1, 2)
     parts = _native.ranges(N, N * d * d * 3)
     h = h0
     for t in range(T):
         if dirs == 1:  # a 2-D matmul uses every intra-op thread (a batch-of-one bmm does not)
-            torch.addmm(gxs[t][0], h[0], w1, out=blks[t][0])
+            torch.mm(h[0], w1, out=blks[t][0])  # the step adds gx[t] itself (no copy of it into BLK first)
         else:
-            torch.baddbmm(gxs[t], h, wT, out=blks[t])
+            torch.bmm(h, wT, out=blks[t])
         _native.parallel(lambda i, n0, n1, t=t: step(N, d, t, n0, n1, eps, *ptrs), parts)
         h = houts[t]
         if (t + 1) % segment == 0 and t < T - 1:
