@@ -1,12 +1,13 @@
 /* The body of lsam.c, included once per type (REAL, FN, EXP, SQRT). */
 
 /* g = GX[t] + BLK[t] (the input's part and h_{t-1} W_hh^T), the step's pre-activations (rows
- * [q k v r w] per memory): (q, k) = mu(.), (p_r, p_w) =
- * sigma(.), (a_q, a_k) = (M q, M k), u = p_w (v - a_k), M <- M + u k^T (X = M^T in place),
- * h = p_r (a_q + u (q.k)). Saves what the backward step reads. */
+ * [q k v r w] per memory): (q, k) = mu(.), (p_r, p_w) = sigma(.), (a_q, a_k) = (M q, M k),
+ * u = p_w (v - a_k), M <- M + u k^T (X = M^T in place), h = p_r (a_q + u (q.k)). Saves what
+ * the backward step reads. */
 void FN(lsam_fwd_step)(long N, long d, long t, long n0, long n1, double eps_, const REAL *restrict BLK,
-                       const REAL *restrict GX, REAL *restrict X, REAL *restrict QK, REAL *restrict NRM, REAL *restrict P, REAL *restrict CQ,
-                       REAL *restrict E, REAL *restrict U, REAL *restrict R, REAL *restrict OUT)
+                       const REAL *restrict GX, REAL *restrict X, REAL *restrict QK, REAL *restrict NRM,
+                       REAL *restrict P, REAL *restrict CQ, REAL *restrict E, REAL *restrict U,
+                       REAL *restrict R, REAL *restrict OUT)
 {
     const long G = 3 * d + 2;
     const REAL eps = (REAL)eps_;
