@@ -281,16 +281,19 @@ def test_kernels_split_over_threads_give_the_same_numbers():
 
 
 @needs_kernels
-def test_lsam_step_kernel_split_over_threads():
+def test_lsam_step_kernel_split_over_threads(monkeypatch):
     """LSAM's memories split over two threads: the same values and gradients as one thread (up to
     the rounding of PyTorch's own matrix products, which then use two threads as well)."""
-    xs = _lsam_inputs(5, 32, 8, 2, 4, 32, seed=5)  # N = 256 memories of 32 x 32
+    from memnets.ops.lsam import native
+
+    monkeypatch.setattr(native, "MIN_WORK", 1)  # split even this small a step
+    xs = _lsam_inputs(5, 32, 8, 2, 4, 8, seed=5)  # N = 256 memories of 8 x 8
     old = torch.get_num_threads()
     runs = []
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            assert len(_native.ranges(256, 256 * 32 * 32 * 3)) == threads
+            assert len(_native.ranges(256, 256 * 8 * 8 * 3, native.MIN_WORK)) == threads
             out = _lsam_scan_run(*xs, 4, compiled=True)
             runs.append(out + list(_grads(out, xs)))
     finally:

@@ -5,7 +5,8 @@ same buffers: per step, PyTorch does the one matrix product (``h W_hhᵀ`` forwa
 backward) and one call of the C kernel does everything else, one memory at a time, so each
 ``d × d`` memory and its gradient stay in the first-level cache through the step instead of
 passing through a dozen tensor ops over all memories. Memories are split over the threads
-PyTorch is allowed (:func:`memnets.ops._native.ranges`). Used on float32 / float64 CPU tensors
+PyTorch is allowed (:func:`memnets.ops._native.ranges`) once a step has :data:`MIN_WORK`
+multiply-adds per thread: below that, handing a step to a second thread costs more than it saves. Used on float32 / float64 CPU tensors
 where the kernel compiles (:func:`kernel`); ``MEMNETS_NATIVE=0`` or ``compiled=False`` run the
 TorchScript loops instead, with the same results (``tests/test_native.py`` holds one to the
 other in float64).
@@ -18,7 +19,12 @@ import torch
 
 from .. import _native
 
-__all__ = ["kernel", "forward_steps", "backward_steps"]
+__all__ = ["kernel", "forward_steps", "backward_steps", "MIN_WORK"]
+
+#: Multiply-adds of one step per thread below which the memories are not split over threads. At
+#: B=32, 8 heads of 32 (256 memories, ≈ 0.8 M per step) one thread was faster than two on the
+#: 2-core machine of docs/bench.md (LSAM / nn.LSTM 1.25–1.35 against 1.49–1.55, two threads).
+MIN_WORK = 1 << 22
 
 _SIGNATURES = {  # N, d, t, n0, n1, eps, pointers
     "lsam_fwd_step": [_native.LONG] * 5 + [ctypes.c_double] + [_native.PTR] * 11,
@@ -60,7 +66,7 @@ def forward_steps(step, gx: torch.Tensor, w_hh: torch.Tensor, X: torch.Tensor, h
                                           ("CQ", CQ), ("E", E), ("U", U), ("R", R), ("out", out))]
     blks, houts = BLK.unbind(0), out.unbind(0)
     w1, wT = w_hh[0].t(), w_hh.transpose(1, 2)
-    parts = _native.ranges(N, N * d * d * 3)
+    parts = _native.ranges(N, N * d * d * 3, MIN_WORK)
     h = h0
     for t in range(T):
         if dirs == 1:  # a 2-D matmul uses every intra-op thread (a batch-of-one bmm does not)
@@ -89,7 +95,7 @@ def backward_steps(step, w_hh: torch.Tensor, work: torch.Tensor, dM: torch.Tenso
     saved = [_check(n, x, work) for n, x in (("QK", QK), ("NRM", NRM), ("P", P), ("CQ", CQ), ("E", E),
                                              ("U", U), ("R", R), ("dgx", dgx))]
     dgs, w0 = dgx.unbind(0), w_hh[0]
-    parts = _native.ranges(N, N * d * d * 6)
+    parts = _native.ranges(N, N * d * d * 3, MIN_WORK)
     dh = work.new_zeros(N, d)
     for t in range(T - 1, -1, -1):
         if (t + 1) % segment == 0 and t < T - 1:
