@@ -21,7 +21,7 @@ import torch
 from ..memories.dnc import DNC
 from ..memories.ntm import NTM
 from ..tasks.ntm_tasks import CopyTask, bits_per_sequence
-from .timing import time_fn
+from .timing import fwd_bwd, paired, time_fn
 
 __all__ = ["run_cases"]
 
@@ -110,7 +110,6 @@ def _dnc_case(quick: bool, layers: int) -> dict:
 
 
 def _dnc_packed_case(quick: bool) -> dict:
-    repeat = 3 if quick else 7
     batch = _copy_batch()
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(21, 42, (32,), generator=g)
@@ -119,26 +118,15 @@ def _dnc_packed_case(quick: bool) -> dict:
     dnc = DNC(9, 8, memory_slots=16, word_size=20, read_heads=4, controller_size=64)
     x = batch.inputs.clone().requires_grad_()
     params = [*dnc.parameters(), x]
-
-    def run(packed: bool):
-        def fn() -> None:
-            for p in params:
-                p.grad = None
-            inp = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False) \
-                if packed else x
-            y = dnc(inp)[0]
-            (y.data if packed else y).sum().backward()
-        return fn
-
-    padded, packed = [], []
-    for _ in range(repeat):  # interleaved, as the peer comparison
-        padded.append(time_fn(run(False), warmup=1 if not padded else 0, repeat=1))
-        packed.append(time_fn(run(True), warmup=1 if not packed else 0, repeat=1))
-    base, ours = 1e3 * statistics.median(padded), 1e3 * statistics.median(packed)
+    pack = torch.nn.utils.rnn.pack_padded_sequence
+    repeat = 3 if quick else 7
+    base, ours, _ = paired(fwd_bwd(lambda: dnc(x)[0], params),  # interleaved, as the peer comparison
+                           fwd_bwd(lambda: dnc(pack(x, lengths, batch_first=True, enforce_sorted=False))[0].data,
+                                   params), repeat)
     return {"model": "dnc packed", "config": f"as above, 1 layer; a PackedSequence of lengths 21-41 "
                                              f"({len(set(lengths.tolist()))} distinct)",
-            "baseline": "the same DNC on the padded batch", "baseline_ms": round(base, 1),
-            "ours_ms": round(ours, 1), "ratio": round(ours / base, 3),
+            "baseline": "the same DNC on the padded batch", "baseline_ms": round(1e3 * base, 1),
+            "ours_ms": round(1e3 * ours, 1), "ratio": round(ours / base, 3),
             "note": f"one call per distinct length; median of {repeat} interleaved runs, 1 thread"}
 
 

@@ -18,38 +18,22 @@ load affects both alike. ``quick`` shrinks every size (a smoke test, not a measu
 from __future__ import annotations
 
 import os
-import statistics
-import time
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..ops.lsam.loops import loops
+from ..ops.lsam.native import kernel as lsam_kernel
 from ..memories.lsam import LSAM
 from ..memories.nam_tm import NAMTuringMachine
 from ..ops import _native, nam_scan
 from ..ops.gru import gru_module_forward
 from ..ops.nam_tape import nam_tape_scan
 from ..ops.nam_tm_heads import nam_tm_heads
-from .timing import fwd_bwd
+from .timing import fwd_bwd, paired
 
 __all__ = ["run_cases"]
-
-
-def _paired(base: Callable[[], None], ours: Callable[[], None], repeat: int):
-    """Median wall seconds of ``base`` and ``ours`` run alternately after one warm-up each,
-    and the ratio of their median process CPU times (less sensitive to a loaded machine)."""
-    base()
-    ours()
-    tb, to, cb, co = [], [], [], []
-    for _ in range(repeat):
-        for fn, wall, cpu in ((base, tb, cb), (ours, to, co)):
-            c0, t0 = time.process_time(), time.perf_counter()
-            fn()
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-    return statistics.median(tb), statistics.median(to), statistics.median(co) / statistics.median(cb)
 
 
 def _row(model, config, baseline, timing, note) -> dict:
@@ -66,12 +50,12 @@ def _lsam_cases(quick: bool, repeat: int) -> list[dict]:
         x = torch.randn(B, T, D, requires_grad=True)
         lstm = torch.nn.LSTM(D, D // 2 if bi else D, batch_first=True, bidirectional=bi)
         lsam = LSAM(D, D, H, bidirectional=bi)
-        timing = _paired(fwd_bwd(lambda: lstm(x)[0], [*lstm.parameters(), x]),
+        timing = paired(fwd_bwd(lambda: lstm(x)[0], [*lstm.parameters(), x]),
                          fwd_bwd(lambda: lsam(x)[0], [*lsam.parameters(), x]), repeat)
         cfg = f"B={B} T={T} hidden={D} heads={H}" + (" bidirectional" if bi else "")
         note = ("bar: ratio <= 1.5" if not bi else "LSTM 2 x hidden/2, same output width") + \
             f"; fwd+bwd, float32, {torch.get_num_threads()} threads" + \
-            f"; LSAM loops {'compiled' if loops()[2] else 'in Python'}"
+            f"; LSAM step {'in C' if lsam_kernel(x) else 'loops compiled' if loops()[2] else 'loops in Python'}"
         rows.append(_row("LSAM" + (" (bi)" if bi else ""), cfg, "torch.nn.LSTM", timing, note))
     return rows
 
@@ -98,9 +82,9 @@ def _packed_cases(quick: bool, repeat: int) -> list[dict]:
     note = f"fwd+bwd, float32, {torch.get_num_threads()} threads"
     return [
         _row("LSAM (bi) packed", cfg, "torch.nn.LSTM packed",
-             _paired(fwd_bwd(lambda: lstm(packed())[0].data, [*lstm.parameters(), x]), ours, repeat),
+             paired(fwd_bwd(lambda: lstm(packed())[0].data, [*lstm.parameters(), x]), ours, repeat),
              note + "; LSTM 2 x hidden/2 on the same PackedSequence"),
-        _row("LSAM (bi) packed", cfg, "LSAM (bi) padded", _paired(fwd_bwd(lambda: lsam(x)[0], [*lsam.parameters(), x]),
+        _row("LSAM (bi) packed", cfg, "LSAM (bi) padded", paired(fwd_bwd(lambda: lsam(x)[0], [*lsam.parameters(), x]),
                                                                  ours, repeat),
              note + "; the padded run's backward direction starts in the padding (not the same function)"),
     ]
@@ -112,14 +96,14 @@ def _nam_tm_case(quick: bool, repeat: int) -> list[dict]:
     x = torch.randn(B, T, Fi, requires_grad=True)
     lstm = torch.nn.LSTM(Fi, D, batch_first=True)
     tm = NAMTuringMachine(Fi, D, num_tapes=Tn, tape_length=L)
-    timing = _paired(fwd_bwd(lambda: lstm(x)[0], [*lstm.parameters(), x]),
+    timing = paired(fwd_bwd(lambda: lstm(x)[0], [*lstm.parameters(), x]),
                      fwd_bwd(lambda: tm(x)[0], [*tm.parameters(), x]), repeat)
     cfg = f"B={B} T={T} in={Fi} hidden={D} tapes={Tn} L={L} biGRU controller"
     row = _row("NAM-TM", cfg, "torch.nn.LSTM", timing,
                f"bar: ratio <= 3.0 (LSTM of the same hidden size); impl={tm.impl}; {torch.get_num_threads()} threads")
     ref = NAMTuringMachine(Fi, D, num_tapes=Tn, tape_length=L, impl="reference")
     ref.load_state_dict(tm.state_dict())
-    timing = _paired(fwd_bwd(lambda: ref(x)[0], [*ref.parameters(), x]),
+    timing = paired(fwd_bwd(lambda: ref(x)[0], [*ref.parameters(), x]),
                      fwd_bwd(lambda: tm(x)[0], [*tm.parameters(), x]), max(2, repeat // 2))
     row_ref = _row("NAM-TM", cfg, "NAM-TM impl=reference", timing,
                    f"bar: ratio <= 0.33 (fused vs its per-step reference); {torch.get_num_threads()} threads")
@@ -176,11 +160,11 @@ def _nam_tm_piece_cases(quick: bool, repeat: int) -> list[dict]:
         gru_module_forward(gru, x).sum().backward()
     base = "PyTorch path (MEMNETS_NATIVE=0)"
     return [_row("NAM-TM heads + key tape", cfg, base + ": TorchScript loops",
-                 _paired(_pytorch_path(run_heads), run_heads, repeat), "C kernel nam_tm_heads.c"),
+                 paired(_pytorch_path(run_heads), run_heads, repeat), "C kernel nam_tm_heads.c"),
             _row("NAM-TM value tape", cfg + " read after write", "nam_scan chunked (chunk 25)",
-                 _paired(run_tape_chunked, run_tape_kernel, repeat), "C kernel nam_tape.c"),
+                 paired(run_tape_chunked, run_tape_kernel, repeat), "C kernel nam_tape.c"),
             _row("NAM-TM controller", f"bidirectional GRU 64 per direction, B={B} T={T}", base + ": TorchScript loops",
-                 _paired(_pytorch_path(run_gru), run_gru, repeat), "C kernel gru.c (products stay in PyTorch)")]
+                 paired(_pytorch_path(run_gru), run_gru, repeat), "C kernel gru.c (products stay in PyTorch)")]
 
 
 def run_cases(quick: bool = False) -> list[dict]:

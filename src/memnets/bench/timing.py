@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["time_fn", "fwd_bwd"]
+__all__ = ["time_fn", "fwd_bwd", "paired"]
 
 
 def time_fn(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 3, min_time: float = 0.0,
@@ -32,6 +32,21 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 3, min_t
         if len(times) >= 50:
             break
     return min(times) if stat == "min" else statistics.median(times)
+
+
+def paired(base: Callable[[], None], ours: Callable[[], None], repeat: int) -> tuple[float, float, float]:
+    """Median wall seconds of ``base`` and ``ours`` run alternately after one warm-up each,
+    and the ratio of their median process CPU times (less sensitive to a loaded machine)."""
+    base()
+    ours()
+    tb, to, cb, co = [], [], [], []
+    for _ in range(repeat):
+        for fn, wall, cpu in ((base, tb, cb), (ours, to, co)):
+            c0, t0 = time.process_time(), time.perf_counter()
+            fn()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    return statistics.median(tb), statistics.median(to), statistics.median(co) / statistics.median(cb)
 
 
 def fwd_bwd(fn: Callable[[], object], params: list[torch.Tensor]) -> Callable[[], None]:

@@ -160,9 +160,8 @@ class NAMAdapter(nn.Module):
 
     def _scan(self, x: torch.Tensor, q: torch.Tensor):
         k = unit(self.k(x)).unsqueeze(2)  # [B, T, 1, dk]
-        v = self.v(x).unsqueeze(2)  # [B, T, 1, dv]
         p_w, p_e = self._gates(x)  # [B, T, 1] each
-        return nam_scan(q, k, v, p_w, p_e, None)
+        return nam_scan(q, k, self.values(x), p_w, p_e, None)
 
     def write_read(self, x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
         _, M = self._scan(x, unit(self.q(x)).unsqueeze(2))  # M [B, 1, dv, dk]

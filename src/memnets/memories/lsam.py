@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from .._checks import check_input_dtype, check_positive_int, check_shape, check_tensor
 from ..ops.lsam import lsam_cell_step, lsam_scan, lsam_scan_reference
-from .packed import PackedSequence, lengths_of, repack, reverse_within, unpack_sorted
+from .packed import PackedSequence, lengths_of, repack, reverse_within, running, sort_state, unpack_sorted, unsort_state
 from ..registry import register_model
 from ..ops._impl import resolve_impl, runs_fused
 from ..ops.gpu.graphs import fresh_zeros
@@ -242,12 +242,7 @@ class LSAM(nn.Module):
         T, B = xt.shape[0], xt.shape[1]
         if T == 0 or B == 0:
             raise ValueError(f"`x` expected non-empty batch and time dims, got {list(x.shape)}")
-        # under autocast the state is kept in the parameters' dtype (the scans run in float32)
-        sdtype = self.weight_ih_l0.dtype if torch.is_autocast_enabled(x.device.type) else x.dtype
-        if state is None:
-            state = self.init_state(B, x.device, sdtype)
-        else:
-            self._check_state(state, B, sdtype)
+        state = self._start_state(state, B, x)
         dirs, Hp = self.num_directions, self.num_heads // self.num_directions
         mems, hs = [], []
         inp = xt
@@ -265,6 +260,15 @@ class LSAM(nn.Module):
         # the scan's final memory is a tensor of its own (one layer: no copy); h_T, a step of the output, is copied
         return y, LSAMState(mems[0] if len(mems) == 1 else torch.cat(mems, 0), torch.cat(hs, 0))
 
+    def _start_state(self, state: LSAMState | None, B: int, x: torch.Tensor) -> LSAMState:
+        """``state``, checked, or zeros for ``B`` sequences; under autocast the state is kept in
+        the parameters' dtype (the scans run in float32), else in ``x``'s."""
+        sdtype = self.weight_ih_l0.dtype if torch.is_autocast_enabled(x.device.type) else x.dtype
+        if state is None:
+            return self.init_state(B, x.device, sdtype)
+        self._check_state(state, B, sdtype)
+        return state
+
     def _forward_packed(self, packed: PackedSequence, state: LSAMState | None):
         """:meth:`forward` of a packed batch, one scan per layer and direction over the padded
         batch: the backward direction reads each sequence reversed within its own length (so
@@ -274,17 +278,10 @@ class LSAM(nn.Module):
         x = unpack_sorted(packed)  # [B, T, F], longest first
         check_shape("x.data", packed.data, ["N", "input_size"], [None, self.input_size])
         check_input_dtype("x", x, self.weight_ih_l0.dtype)
-        B, T = x.shape[:2]
-        sdtype = self.weight_ih_l0.dtype if torch.is_autocast_enabled(x.device.type) else x.dtype
-        if state is None:
-            state = self.init_state(B, x.device, sdtype)
-        else:
-            self._check_state(state, B, sdtype)
-            if packed.sorted_indices is not None:  # given in the batch's own order, as torch.nn.LSTM's hx
-                order = packed.sorted_indices.to(x.device)
-                state = LSAMState(state.memory.index_select(1, order), state.h.index_select(1, order))
+        B = x.shape[0]
+        state = sort_state(self._start_state(state, B, x), packed, 1)  # given in the batch's own order
         lengths = lengths_of(packed.batch_sizes)
-        valid = (torch.arange(T)[:, None] < lengths[None, :]).to(x.device)  # [T, B]
+        valid = running(packed.batch_sizes, x.device)  # [T, B]
         ended = (~valid).to(x.dtype)[..., None]  # [T, B, 1]: the extra input column
         last = (lengths - 1).to(x.device)[None, :, None]  # [1, B, 1]
         dirs, Hp = self.num_directions, self.num_heads // self.num_directions
@@ -309,11 +306,8 @@ class LSAM(nn.Module):
             inp = outs[0] if dirs == 1 else torch.cat(outs, -1)  # [T, B, D]
             if self.dropout and self.training and l < self.num_layers - 1:
                 inp = F.dropout(inp, self.dropout, training=True)
-        memory, h = torch.cat(mems, 0), torch.cat(hs, 0)
-        if packed.unsorted_indices is not None:
-            order = packed.unsorted_indices.to(x.device)
-            memory, h = memory.index_select(1, order), h.index_select(1, order)
-        return repack(inp.transpose(0, 1), packed), LSAMState(memory, h)
+        final = LSAMState(torch.cat(mems, 0), torch.cat(hs, 0))
+        return repack(inp.transpose(0, 1), packed), unsort_state(final, packed, 1)
 
     def step(self, x_t: torch.Tensor, state: LSAMState | None = None):
         """One token: ``x_t [B, input_size]`` -> ``(y_t [B, D], LSAMState)`` (unidirectional only)."""

@@ -232,9 +232,7 @@ class NTM(nn.Module):
         ``x`` may be a ``torch.nn.utils.rnn.PackedSequence``: ``y`` is packed alike and each
         sequence's state is its own after its last step (:mod:`memnets.memories.packed`)."""
         if isinstance(x, PackedSequence):  # sequences of different lengths (memnets.memories.packed)
-            if return_aux:
-                raise ValueError("`return_aux` needs a padded tensor `x` [B, T, input_size], not a PackedSequence")
-            return forward_packed(self.forward, x, state)
+            return forward_packed(self.forward, x, state, return_aux=return_aux)
         check_shape("x", x, ["B", "T", "input_size"], [None, None, self.config.input_size])
         self._check_dtype("x", x)
         B, T = x.shape[:2]

@@ -29,7 +29,8 @@ from torch.nn.utils.rnn import PackedSequence
 from ..ops.gpu.graphs import modules_off
 from ..state import map_state
 
-__all__ = ["unpack_sorted", "repack", "run_segments", "reverse_within", "segments", "lengths_of", "forward_packed"]
+__all__ = ["unpack_sorted", "repack", "run_segments", "reverse_within", "segments", "lengths_of", "running",
+           "sort_state", "unsort_state", "forward_packed"]
 
 
 def segments(batch_sizes: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -44,7 +45,7 @@ def segments(batch_sizes: torch.Tensor) -> list[tuple[int, int, int]]:
     return out
 
 
-def _valid(batch_sizes: torch.Tensor, device) -> torch.Tensor:
+def running(batch_sizes: torch.Tensor, device) -> torch.Tensor:
     """``[T, B]`` bool, True where sequence ``b`` (sorted order) is running at time ``t``."""
     B = int(batch_sizes[0])
     return (torch.arange(B)[None, :] < batch_sizes[:, None]).to(device)
@@ -58,7 +59,7 @@ def unpack_sorted(packed: PackedSequence, name: str = "x") -> torch.Tensor:
     data, batch_sizes = packed.data, packed.batch_sizes
     if data.dim() != 2:
         raise ValueError(f"`{name}` expected packed data [sum of lengths, features], got {list(data.shape)}")
-    valid = _valid(batch_sizes, data.device)  # [T, B]
+    valid = running(batch_sizes, data.device)  # [T, B]
     x = data.new_zeros(*valid.shape, data.shape[1]).index_put((valid,), data)  # [T, B, F], time-major as packed
     return x.transpose(0, 1)
 
@@ -66,7 +67,7 @@ def unpack_sorted(packed: PackedSequence, name: str = "x") -> torch.Tensor:
 def repack(y: torch.Tensor, like: PackedSequence) -> PackedSequence:
     """``y [B, T, D]`` in the packed (longest-first) order as a PackedSequence with ``like``'s
     lengths and order."""
-    valid = _valid(like.batch_sizes, y.device)
+    valid = running(like.batch_sizes, y.device)
     return PackedSequence(y.transpose(0, 1)[valid], like.batch_sizes, like.sorted_indices, like.unsorted_indices)
 
 
@@ -139,8 +140,23 @@ def _state_batch(state: Any, dim: int) -> int:
     return sizes[0]
 
 
+def sort_state(state: Any, packed: PackedSequence, dim: int) -> Any:
+    """A state given in the batch's own order (as ``torch.nn.LSTM``'s ``hx``), every tensor's
+    batch dim at ``dim``, in the packed (longest-first) order."""
+    if state is None or packed.sorted_indices is None:
+        return state
+    return map_state(lambda s: s.index_select(dim, packed.sorted_indices.to(s.device)), state)
+
+
+def unsort_state(state: Any, packed: PackedSequence, dim: int) -> Any:
+    """The inverse of :func:`sort_state`: a state in the packed order back in the batch's own."""
+    if packed.unsorted_indices is None:
+        return state
+    return map_state(lambda s: s.index_select(dim, packed.unsorted_indices.to(s.device)), state)
+
+
 def forward_packed(forward: Callable, packed: PackedSequence, state: Any = None, state_dim: int = 0,
-                   write_mask: str | None = None, **kwargs) -> tuple[PackedSequence, Any]:
+                   write_mask: str | None = None, return_aux: bool = False, **kwargs) -> tuple[PackedSequence, Any]:
     """``forward(x [B, T, F], state, **kwargs) -> (y [B, T, D], state, ...)`` of a causal
     recurrence on a packed batch: ``(y as a PackedSequence, final state)``. ``state`` in the
     batch's own order (as the packed batch was made, like ``torch.nn.LSTM``'s ``hx``), every
@@ -148,18 +164,18 @@ def forward_packed(forward: Callable, packed: PackedSequence, state: Any = None,
 
     ``write_mask``: the name of ``forward``'s keyword for a ``[B, T]`` bool mask of the steps
     that write (a step that does not leaves the state exactly as it was): then one call on the
-    padded batch, writing only up to each sequence's end; else :func:`run_segments`."""
+    padded batch, writing only up to each sequence's end; else :func:`run_segments`.
+    ``return_aux``: the module's own flag, refused here (per-step traces need a padded batch)."""
+    if return_aux:
+        raise ValueError("`return_aux` needs a padded tensor `x` [B, T, input_size], not a PackedSequence")
     x = unpack_sorted(packed)
-    if state is not None and packed.sorted_indices is not None:
-        state = map_state(lambda s: s.index_select(state_dim, packed.sorted_indices.to(s.device)), state)
+    state = sort_state(state, packed, state_dim)
     if write_mask is not None:
-        valid = _valid(packed.batch_sizes, x.device).t()  # [B, T]
+        valid = running(packed.batch_sizes, x.device).t()  # [B, T]
         y, state = forward(x, state, **{write_mask: valid}, **kwargs)[:2]
         y = y * valid[..., None]
     else:
         with modules_off():  # a module graphed whole would capture a graph per stretch's shape
             y, state = run_segments(lambda xs, st: forward(xs, st, **kwargs)[:2], x, packed.batch_sizes, state,
                                     state_dim)
-    if packed.unsorted_indices is not None:
-        state = map_state(lambda s: s.index_select(state_dim, packed.unsorted_indices.to(s.device)), state)
-    return repack(y, packed), state
+    return repack(y, packed), unsort_state(state, packed, state_dim)
