@@ -76,13 +76,13 @@ def machine_report() -> dict:
 def _lines(r: dict) -> list[str]:
     c = r["c_kernels"]
     if r["c_kernels_switched_off"]:
-        c_line = "off (MEMNETS_NATIVE=0): the NAM-TM and its GRU run their PyTorch paths"
+        c_line = "off (MEMNETS_NATIVE=0): the NAM-TM, its GRU and LSAM run their PyTorch paths"
     elif c and all(c.values()):
         c_line = f"{', '.join(c)} load (built into {r['c_kernel_cache']})"
     else:
         bad = [k for k, ok in c.items() if not ok]
-        c_line = (f"{', '.join(bad)} do not load (no C compiler, or a failed build): their PyTorch paths run, about "
-                  "twice as slowly")
+        c_line = (f"{', '.join(bad)} do not load (no C compiler, or a failed build): their PyTorch paths run, "
+                  "1.5 to 2 times as slowly")
     if r["triton"] is None:
         t_line = "not installed: on CUDA the recurrent memories run their PyTorch paths (pip install 'memnets[gpu]')"
     elif r["triton_kernels"]:

@@ -65,7 +65,7 @@ def run_env(device: torch.device, world_size: int = 1, model: torch.nn.Module | 
 
         env["triton"] = triton_release()
         env["triton_kernels"] = triton_ok()
-    if device.type == "cpu":  # the C kernels (NAM-TM tapes and heads, GRU step) or their PyTorch paths
+    if device.type == "cpu":  # the C kernels (NAM-TM tapes and heads, GRU step, LSAM step) or their PyTorch paths
         from ..ops import _native
 
         env["native_kernels"] = _native.status()
