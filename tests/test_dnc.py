@@ -175,12 +175,14 @@ def test_scan_backward_twice_with_retain_graph():
     torch.testing.assert_close(g1, g2)
 
 
-@pytest.mark.parametrize("layers", [1, 2])
-def test_scan_function_gradcheck(layers):
+@pytest.mark.parametrize("layers,lengths", [(1, None), (2, None), (1, [2, 3, 1]), (2, [1, 3, 3])],
+                         ids=["1layer", "2layers", "1layer-lengths", "2layers-lengths"])
+def test_scan_function_gradcheck(layers, lengths):
+    """With ``lengths`` each sequence's final state is taken after its own last step."""
     from memnets.ops.dnc import DNCRecurrence
 
     g = torch.Generator().manual_seed(3)
-    T, B, C, N, W, R = 3, 2, 3, 4, 3, 2
+    T, B, C, N, W, R = 3, 3, 3, 4, 3, 2
     I = (R + 1) * W + (R + 1) + 2 * W + R + 2 + 3 * R
 
     def r(*shape, scale=0.5):
@@ -191,7 +193,8 @@ def test_scan_function_gradcheck(layers):
 
     upper = [t for _ in range(layers - 1) for t in (r(4 * C, 2 * C), r(4 * C))]
     F = 2
-    args = ((R, W), r(B, T, F, scale=2.0), r(4 * C, F, scale=2.0), r(4 * C), r(I, C, scale=2.0), r(I, scale=2.0),
+    dims = (R, W) if lengths is None else (R, W, torch.tensor(lengths))
+    args = (dims, r(B, T, F, scale=2.0), r(4 * C, F, scale=2.0), r(4 * C), r(I, C, scale=2.0), r(I, scale=2.0),
             r(B, layers, C), r(B, layers, C),
             r(B, N, W), p(B, N), p(B, N, N), p(B, N), p(B, R, N), p(B, N), r(B, R, W), r(4 * C, R * W + C), *upper)
     assert torch.autograd.gradcheck(DNCRecurrence.apply, args)

@@ -25,6 +25,8 @@ MODULES = {
     "lsam-time-major": (lambda n: LSAM(n, 8, 2, batch_first=False), 1),
     "ntm": (lambda n: NTM(n, 3, memory_slots=6, word_size=4, controller_size=8), 0),
     "dnc": (lambda n: DNC(n, 3, memory_slots=5, word_size=4, read_heads=2, controller_size=8), 0),
+    "dnc-2layers": (lambda n: DNC(n, 3, memory_slots=5, word_size=4, read_heads=2, controller_size=8,
+                                  controller_layers=2), 0),
     "dnc-reference": (lambda n: DNC(n, 3, memory_slots=5, word_size=4, read_heads=2, controller_size=8,
                                     impl="reference"), 0),
     "fast-weights": (lambda n: FastWeightMemory(n, num_heads=2, key_size=4, value_size=4, output_size=6), 0),
@@ -104,6 +106,37 @@ def test_packed_equals_each_sequence_alone(name, with_state, sorted_):
             assert a is None or not a.any()
         else:
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_packed_dnc_runs_its_recurrence_once(monkeypatch):
+    """On the CPU's fused path a packed batch is one call of the whole-sequence recurrence over
+    the padded batch (each sequence's final state taken at its own end), not one per length;
+    the per-step reference path goes stretch by stretch."""
+    from memnets.ops.dnc import recurrence
+
+    calls = []
+    apply = recurrence.DNCRecurrence.apply
+    monkeypatch.setattr(recurrence.DNCRecurrence, "apply", lambda *a: calls.append(a[0]) or apply(*a))
+    module, _ = _module("dnc")
+    seqs = [torch.randn(L, 4, dtype=D64) for L in LENGTHS]
+    y, _ = module(pack_sequence(seqs, enforce_sorted=False))
+    assert len(calls) == 1 and calls[0][2].tolist() == sorted(LENGTHS, reverse=True)
+    y.data.sum().backward()
+    calls.clear()
+    reference, _ = _module("dnc-reference")
+    reference(pack_sequence(seqs, enforce_sorted=False))
+    assert not calls
+
+
+@pytest.mark.parametrize("lengths", [torch.tensor([0, 2]), torch.tensor([3, 4]),
+                                     torch.tensor([2, 2], dtype=torch.int32)])
+def test_dnc_recurrence_checks_its_lengths(lengths):
+    """Lengths outside 1..T or of another dtype are refused before any step runs."""
+    from memnets.ops.dnc.recurrence import DNCRecurrence
+
+    x = torch.randn(2, 3, 4, dtype=D64)
+    with pytest.raises(ValueError, match="`lengths` expected"):
+        DNCRecurrence.apply((2, 4, lengths), x, *[torch.zeros(1)] * 14)
 
 
 def test_packed_lsam_is_a_drop_in_for_lstm_packing():

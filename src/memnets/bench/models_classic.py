@@ -127,7 +127,7 @@ def _dnc_packed_case(quick: bool) -> dict:
                                              f"({len(set(lengths.tolist()))} distinct)",
             "baseline": "the same DNC on the padded batch", "baseline_ms": round(1e3 * base, 1),
             "ours_ms": round(1e3 * ours, 1), "ratio": round(ours / base, 3),
-            "note": f"one call per distinct length; median of {repeat} interleaved runs, 1 thread"}
+            "note": f"one call over the padded batch; median of {repeat} interleaved runs, 1 thread"}
 
 
 def _ntm_case(quick: bool) -> dict:

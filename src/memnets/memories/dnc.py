@@ -267,18 +267,20 @@ class DNC(nn.Module):
         outs = graphed_autograd(key, whole, (x, *leaves), module=self)
         return outs[0], tree_unflatten(list(outs[1:]), spec)
 
-    def _forward_scan(self, x: torch.Tensor, state: DNCState):
-        """The whole sequence through :class:`~memnets.ops.dnc.recurrence.DNCRecurrence` (fused path)."""
+    def _forward_scan(self, x: torch.Tensor, state: DNCState, lengths: torch.Tensor | None = None):
+        """The whole sequence through :class:`~memnets.ops.dnc.recurrence.DNCRecurrence` (fused path).
+        ``lengths`` ``[B]``: each sequence's final state is its state after its own step
+        ``lengths[b]`` (the CPU recurrence only; a packed batch in one call)."""
         cfg = self.config
         R, W = cfg.read_heads, cfg.word_size
         upper = [p for lin in self.ctrl_rec[1:] for p in (lin.weight, lin.bias)]
         ctrl, a = state.controller, state.access
-        if use_triton(x) and triton_applies(ctrl.h, a.memory, upper):
+        if lengths is None and use_triton(x) and triton_applies(ctrl.h, a.memory, upper):
             # on the CUDA path, one controller layer: Triton kernels (memnets.ops.gpu.dnc), the
             # interface rows gathered inside its graphed forward and backward
             rec, dims, w_xi, b_xi = DNCRecurrenceTriton, (R, W, True), self.interface.weight, self.interface.bias
         else:
-            rec, dims = DNCRecurrence, (R, W)
+            rec, dims = DNCRecurrence, (R, W) if lengths is None else (R, W, lengths)
             perm, inv = self._interface_perm, self._interface_inv
             w_xi = permute(self.interface.weight, 0, perm, inv)  # backward: one gather by the inverse
             b_xi = permute(self.interface.bias, 0, perm, inv)
@@ -287,9 +289,19 @@ class DNC(nn.Module):
             a.link, a.precedence, a.read_weights, a.write_weights, state.reads, self.ctrl_rec[0].weight, *upper)
         w_out = torch.cat([self.out_r.weight, self.out_h.weight], 1)  # the readout as one matmul
         y = F.linear(HR, w_out, self.out_h.bias).transpose(0, 1)  # [B, T, output_size]
+        last = HR[-1] if lengths is None else HR[lengths - 1, torch.arange(HR.shape[1], device=HR.device)]
         state = DNCState(DNCControllerState(h, c), DNCAccessState(mem, usage, link, prec, wr, ww),
-                         HR[-1, :, :R * W].unflatten(-1, (R, W)))
+                         last[:, :R * W].unflatten(-1, (R, W)))
         return y, state
+
+    def _forward_to_ends(self, x: torch.Tensor, state: DNCState | None, lengths: torch.Tensor):
+        """:meth:`forward` of a padded batch on the fused CPU path with each sequence's final
+        state taken after its own step ``lengths[b]`` (a packed batch in one call)."""
+        check_shape("x", x, ["B", "T", "input_size"], [None, None, self.config.input_size])
+        self._check_dtype("x", x)
+        state = self.init_state(x.shape[0], x.device, x.dtype) if state is None else state
+        self._check_state(state, x.shape[0])
+        return self._forward_scan(x, state, lengths.to(torch.int64))
 
     @float32_under_autocast
     def step(self, x_t: torch.Tensor, state: DNCState | None = None):
@@ -311,8 +323,12 @@ class DNC(nn.Module):
         state cast up, :mod:`memnets.ops._amp`), so the fused path applies there too; outputs
         and state are float32. ``x`` may be a ``torch.nn.utils.rnn.PackedSequence``: ``y`` is
         packed alike and each sequence's state is its own after its last step
-        (:mod:`memnets.memories.packed`)."""
+        (:mod:`memnets.memories.packed`; on the CPU's fused path one call over the padded
+        batch, else one call per distinct length)."""
         if isinstance(x, PackedSequence):  # sequences of different lengths (memnets.memories.packed)
+            if (runs_fused(self.impl) and not return_aux and not use_triton(x.data)
+                    and (state is None or self._scan_applies(x.data, state))):
+                return forward_packed(self._forward_to_ends, x, state, lengths="lengths")
             return forward_packed(self.forward, x, state, return_aux=return_aux)
         cfg = self.config
         check_shape("x", x, ["B", "T", "input_size"], [None, None, cfg.input_size])

@@ -9,12 +9,14 @@ running every sequence alone over its own length gives (``tests/test_packed.py``
 module to that, values and gradients), at one call of the recurrence per distinct length.
 
 The recurrence must be causal and carry over through its state: running ``x[:, :a]`` then
-``x[:, a:]`` from the state the first call returned equals running ``x``. The NTM and the DNC
-take packed batches through their ``forward`` this way. The fast-weight memory and LSAM take
-them in one call over the padded batch: a step that does not write leaves their state exactly
-as it was, so each sequence simply stops writing after its end (:func:`forward_packed`'s
+``x[:, a:]`` from the state the first call returned equals running ``x``. The NTM (and the DNC
+on CUDA) take packed batches through their ``forward`` this way. The fast-weight memory and LSAM
+take them in one call over the padded batch: a step that does not write leaves their state
+exactly as it was, so each sequence simply stops writing after its end (:func:`forward_packed`'s
 ``write_mask``; LSAM closes its write gate through one more input column,
-``LSAM._forward_packed``). The NAM Turing Machine takes none (its controller runs over each
+``LSAM._forward_packed``). The DNC's CPU recurrence takes them in one call too, reading each
+sequence's final state at its own last step and sending that state's gradient in there
+(:func:`forward_packed`'s ``lengths``; ``DNCRecurrence``'s ``lengths``). The NAM Turing Machine takes none (its controller runs over each
 call's input from a zero state, by default in both directions): pad its batch instead
 (``torch.nn.utils.rnn.pad_packed_sequence``).
 """
@@ -156,7 +158,8 @@ def unsort_state(state: Any, packed: PackedSequence, dim: int) -> Any:
 
 
 def forward_packed(forward: Callable, packed: PackedSequence, state: Any = None, state_dim: int = 0,
-                   write_mask: str | None = None, return_aux: bool = False, **kwargs) -> tuple[PackedSequence, Any]:
+                   write_mask: str | None = None, lengths: str | None = None, return_aux: bool = False,
+                   **kwargs) -> tuple[PackedSequence, Any]:
     """``forward(x [B, T, F], state, **kwargs) -> (y [B, T, D], state, ...)`` of a causal
     recurrence on a packed batch: ``(y as a PackedSequence, final state)``. ``state`` in the
     batch's own order (as the packed batch was made, like ``torch.nn.LSTM``'s ``hx``), every
@@ -164,7 +167,10 @@ def forward_packed(forward: Callable, packed: PackedSequence, state: Any = None,
 
     ``write_mask``: the name of ``forward``'s keyword for a ``[B, T]`` bool mask of the steps
     that write (a step that does not leaves the state exactly as it was): then one call on the
-    padded batch, writing only up to each sequence's end; else :func:`run_segments`.
+    padded batch, writing only up to each sequence's end. ``lengths``: the name of its keyword
+    for the ``[B]`` lengths, where ``forward`` takes each sequence's final state after its own
+    last step itself (the outputs past an end are dropped): then one call on the padded batch
+    too. Else :func:`run_segments`.
     ``return_aux``: the module's own flag, refused here (per-step traces need a padded batch)."""
     if return_aux:
         raise ValueError("`return_aux` needs a padded tensor `x` [B, T, input_size], not a PackedSequence")
@@ -174,6 +180,8 @@ def forward_packed(forward: Callable, packed: PackedSequence, state: Any = None,
         valid = running(packed.batch_sizes, x.device).t()  # [B, T]
         y, state = forward(x, state, **{write_mask: valid}, **kwargs)[:2]
         y = y * valid[..., None]
+    elif lengths is not None:  # repack keeps each sequence's outputs up to its end only
+        y, state = forward(x, state, **{lengths: lengths_of(packed.batch_sizes)}, **kwargs)[:2]
     else:
         with modules_off():  # a module graphed whole would capture a graph per stretch's shape
             y, state = run_segments(lambda xs, st: forward(xs, st, **kwargs)[:2], x, packed.batch_sizes, state,

@@ -31,10 +31,11 @@ def allocation_jacobian(g: BackwardWorkspace, su: torch.Tensor, ex: torch.Tensor
 
 
 def run_backward(f: ForwardWorkspace, g: BackwardWorkspace, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL,
-                 dp, dwr, dww, need_dx=True):
+                 dp, dwr, dww, need_dx=True, lengths=None):
     """Fill ``g`` and return the gradients of every input of the recurrence (docs/maths.md §8), in
     the order of :meth:`DNCRecurrence.forward`'s tensor inputs after ``dims`` (``dx`` None unless
-    ``need_dx``); ``f`` holds a completed forward."""
+    ``need_dx``); ``f`` holds a completed forward. ``lengths`` ``[B]`` (or None: every sequence
+    T long): the final state's gradients of sequence b enter after its step ``lengths[b]``."""
     T, B = dHR.shape[:2]
     C = f.TC[0].shape[-1]
     Lc, N, RW, G4, lay, top = len(ws), f.SU.shape[-1], R * W, 4 * C, interface_layout(R, W), len(ws) - 1
@@ -96,11 +97,19 @@ def run_backward(f: ForwardWorkspace, g: BackwardWorkspace, R, W, x, w_x, w_xi, 
                 g.GH[layer].copy_(dHR[..., RW:])
             else:
                 g.GH[layer].zero_()
-    for layer in range(Lc):
-        g.GH[layer][T - 1] += dhT[:, layer]
-    gc = [dcT[:, layer].clone() for layer in range(Lc)]
+    finals = (dM, du, dL, dp, dwr, dww, *dcT.unbind(1))
+    if lengths is None:
+        for layer in range(Lc):
+            g.GH[layer][T - 1] += dhT[:, layer]
+        gM, gu, gL, gp, gwr, gww, *gc = [d.clone() for d in finals]
+        ends: dict[int, torch.Tensor] = {}
+    else:  # each sequence's final state is its state after its own last step: its gradients enter there
+        rows = torch.arange(B, device=dhT.device)
+        for layer in range(Lc):
+            g.GH[layer].index_put_((lengths - 1, rows), dhT[:, layer], accumulate=True)
+        gM, gu, gL, gp, gwr, gww, *gc = [torch.zeros_like(d) for d in finals]
+        ends = {int(e): (lengths == e).nonzero().squeeze(1) for e in lengths.unique()}
     init_h = [None] * Lc  # grads of the initial h^l (l >= 1)
-    gM, gu, gL, gp, gwr, gww = dM.clone(), du.clone(), dL.clone(), dp.clone(), dwr.clone(), dww.clone()
     gn = torch.zeros_like(f.NRM[0])  # d n_t ∂n_t/∂|M_t[i]|², i.e. times −n³
     offdiag, GKH, GKHr, GKHw, GFB, GFB4 = f.offdiag, g.GKH, g.GKHr, g.GKHw, g.GFB, g.GFB4
     GMM, GMMa, GMMb = g.GMM, g.GMMa, g.GMMb
@@ -117,6 +126,10 @@ def run_backward(f: ForwardWorkspace, g: BackwardWorkspace, R, W, x, w_x, w_xi, 
         v.PRECv, v.KEEPMv, v.DIv, v.CWv, v.KHr, v.KHw, v.WRv, v.free_col, v.PHIv)
 
     for t in range(T - 1, -1, -1):
+        if t + 1 in ends:  # the sequences whose last step is t: their final state's gradients
+            idx = ends[t + 1]
+            for acc, d in zip((gM, gu, gL, gp, gwr, gww, *gc), finals):
+                acc.index_add_(0, idx, d.index_select(0, idx))
         mem = MEMv[t + 1]
         # read r_t = w^r_t M_t
         gr = GRv[t]

@@ -40,11 +40,27 @@ from .._amp import backward_without_autocast
 __all__ = ["DNCRecurrence"]
 
 
+def _checked_lengths(dims: tuple, x: torch.Tensor) -> torch.Tensor | None:
+    """``dims``' optional per-sequence lengths, checked (``[B]`` integers in 1..T)."""
+    if len(dims) < 3 or dims[2] is None:
+        return None
+    lengths, (B, T) = dims[2], x.shape[:2]
+    if lengths.shape != (B,) or lengths.dtype != torch.int64:
+        raise ValueError(f"DNCRecurrence: `lengths` expected int64 [{B}], got {lengths.dtype} {list(lengths.shape)}")
+    if lengths.numel() and (int(lengths.min()) < 1 or int(lengths.max()) > T):
+        raise ValueError(f"DNCRecurrence: `lengths` expected values in 1..{T}, got {lengths.tolist()}")
+    return lengths.to(x.device)
+
+
 class DNCRecurrence(torch.autograd.Function):
     """``apply(dims, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0,
     reads0, w0, w1, b1, …)``.
 
-    dims = (R, W). x ``[B, T, F]``: the input sequence; w_x ``[4C, F]``, b_x ``[4C]``: the input
+    dims = (R, W) or (R, W, lengths): ``lengths`` ``[B]`` (int64, each in 1..T) ends each
+    sequence early: its final state is its state after step ``lengths[b]`` and the final
+    state's gradients enter the reverse loop there (a batch of sequences of different lengths
+    in one call, :mod:`memnets.memories.packed`); the steps after are computed on whatever
+    the input holds there and reach nothing but their own outputs. x ``[B, T, F]``: the input sequence; w_x ``[4C, F]``, b_x ``[4C]``: the input
     half of the first LSTM layer.
     w_xi ``[I, C]``, b_xi ``[I]``: the interface layer, rows permuted by
     :func:`interface_permutation`. Initial state: h0, c0 ``[B, layers, C]``, mem0 ``[B, N, W]``,
@@ -61,7 +77,8 @@ class DNCRecurrence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, dims, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0,
                 *upper):
-        R, W = dims
+        R, W = dims[:2]
+        lengths = _checked_lengths(dims, x)
         B, T = x.shape[:2]
         G4 = w_x.shape[0]
         C, N, Lc = G4 // 4, mem0.shape[1], 1 + len(upper) // 2
@@ -79,12 +96,17 @@ class DNCRecurrence(torch.autograd.Function):
                 HR = X[0][1:].clone()  # [r_t | h_t]
             else:
                 HR = torch.cat([f.RD.view(T, B, R * W), X[Lc - 1][1:, :, C:]], -1)
-            hT = torch.stack([X[layer][T, :, (R * W if layer == 0 else C):] for layer in range(Lc)], 1)
-            cT = torch.stack([f.CB[layer][T] for layer in range(Lc)], 1)
-            out = (HR, hT, cT, f.MEM[T].clone(), f.U[T].clone(),
-                   f.LNK[T].clone(memory_format=torch.contiguous_format), f.PREC[T].clone(), f.WR[T].clone(),
-                   f.WW[T].clone())
-        ctx.dims = (R, W, Lc, key)
+            if lengths is None:
+                end = lambda buf: buf[T]  # noqa: E731
+            else:  # row b's state after its own step lengths[b]: fresh tensors (advanced indexing)
+                rows = torch.arange(B, device=x.device)
+                end = lambda buf: buf[lengths, rows]  # noqa: E731
+            hT = torch.stack([end(X[layer])[:, (R * W if layer == 0 else C):] for layer in range(Lc)], 1)
+            cT = torch.stack([end(f.CB[layer]) for layer in range(Lc)], 1)
+            out = (HR, hT, cT, end(f.MEM).clone(), end(f.U).clone(),
+                   end(f.LNK).clone(memory_format=torch.contiguous_format), end(f.PREC).clone(), end(f.WR).clone(),
+                   end(f.WW).clone())
+        ctx.dims = (R, W, Lc, key, lengths)
         ctx.save_for_backward(x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0,
                               *upper)
         return out
@@ -93,7 +115,7 @@ class DNCRecurrence(torch.autograd.Function):
     @backward_without_autocast
     @once_differentiable
     def backward(ctx, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww):
-        R, W, Lc, key = ctx.dims
+        R, W, Lc, key, lengths = ctx.dims
         x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0, *upper = ctx.saved_tensors
         ws = [w0] + list(upper[0::2])
         B, T = x.shape[:2]
@@ -109,7 +131,7 @@ class DNCRecurrence(torch.autograd.Function):
         f.backward_views(R, W, Lc)
         with torch.inference_mode():
             grads = run_backward(f, g, R, W, x, w_x, w_xi, ws, dHR, dhT, dcT, dM, du, dL, dp, dwr, dww,
-                                 need_dx=ctx.needs_input_grad[1])
+                                 need_dx=ctx.needs_input_grad[1], lengths=lengths)
         grads = [None if d is None else d.clone() for d in grads]  # ordinary tensors (none aliasing the workspace)
         POOL.give(bkey, g)
         ctx.lease.release()
