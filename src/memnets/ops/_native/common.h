@@ -13,3 +13,16 @@
         for (long o_ = 0; o_ < (long)(bytes); o_ += 64) __builtin_prefetch((const char *)(p) + o_, rw, 3); \
     } while (0)
 #endif
+
+#ifndef IVDEP
+/* Before a loop over rows the caller allocated apart (never overlapping): vectorise it without
+ * run-time overlap checks. GCC does not take `restrict` on pointers declared inside a function
+ * as proof, and with more than a few arrays in a loop gives up on the checks and on vectorising. */
+#if defined(__clang__)
+#define IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define IVDEP _Pragma("GCC ivdep")
+#else
+#define IVDEP
+#endif
+#endif

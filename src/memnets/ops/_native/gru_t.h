@@ -21,8 +21,8 @@ void FN(gru_fwd_step)(long D, long B, long T, long H, long t, int reverse, const
             REAL *restrict rz = RZ + row * 2 * H, *restrict nn = NN + row * H;
             REAL *restrict ghn = GHN + row * H, *restrict hs = HS + (db * (T + 2) + tau + 1) * H;
             REAL *restrict hr = h + db * H;
-            for (long j = 0; j < 2 * H; ++j) rz[j] = 1 / (1 + EXP(-(g[j] + gg[j])));
-            for (long j = 0; j < H; ++j) {
+            IVDEP for (long j = 0; j < 2 * H; ++j) rz[j] = 1 / (1 + EXP(-(g[j] + gg[j])));
+            IVDEP for (long j = 0; j < H; ++j) {
                 const REAL gn = gg[2 * H + j];
                 const REAL n = TANH(g[2 * H + j] + rz[j] * gn);
                 const REAL hn = n + rz[H + j] * (hr[j] - n);
@@ -63,7 +63,7 @@ void FN(gru_bwd_step)(long D, long B, long T, long H, long t, int reverse, const
             const REAL *restrict dop = t > 0 ? dO + ((d * B + b) * T + taup) * H : NULL;
             REAL *restrict dgh = DGH + row * 3 * H, *restrict dn_ = DN + row * H;
             REAL *restrict dgr = dg + db * 3 * H, *restrict dir = direct + db * H;
-            for (long j = 0; j < H; ++j) {
+            IVDEP for (long j = 0; j < H; ++j) {
                 const REAL r = rz[j], z = rz[H + j], n = nn[j], x = dhr[j];
                 const REAL dn = x * (1 - z) * (1 - n * n);
                 const REAL gr = dn * ghn[j] * r * (1 - r), gz = x * (hp[j] - n) * z * (1 - z), gn = dn * r;

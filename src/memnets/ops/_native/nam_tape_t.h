@@ -75,7 +75,7 @@ void FN(nam_tape_bwd)(long B, long T, long H, long K, long V, long qb, long qt, 
             for (long c = 0; c < V; ++c) { dr[c] = p_r * g[c]; du[c] = 0; rho[c] = 0; }
             /* o = p_r S' q and S' = S + u k^T: dq, rho = S' q, du, and dk from the write */
             FN(rows_adjoint)(dSr, Sn, qq, dr, kk, u, rho, du, dkk, dqq, K, V);
-            for (long c = 0; c < V; ++c) { /* u = p_w v - p_e a */
+            IVDEP for (long c = 0; c < V; ++c) { /* u = p_w v - p_e a */
                 sr += g[c] * rho[c];
                 dvv[c] = p_w * du[c];
                 sw += vv[c] * du[c];
