@@ -237,7 +237,7 @@ CASES = {
     "lsam-packed-size": lambda p: _lsam()(_packed(4)),
     "dnc-packed-aux": lambda p: _dnc()(_packed(3), return_aux=True),
     "fast_weights-packed-mask": lambda p: _fw()(_packed(4), mask=torch.ones(2, 3, dtype=torch.bool)),
-    "nam_tm-packed": lambda p: _namtm()(_packed(3)),
+    "nam_tm-packed-noop": lambda p: _namtm(actions=("LEFT", "RIGHT", "JUMP"))(_packed(3)),
     # fast weights
     "fast_weights-x-size": lambda p: _fw()(t(2, 5, 3)),
     "fast_weights-empty-T": lambda p: _fw()(t(2, 0, 4)),

@@ -29,6 +29,15 @@ MODULES = {
                                   controller_layers=2), 0),
     "dnc-reference": (lambda n: DNC(n, 3, memory_slots=5, word_size=4, read_heads=2, controller_size=8,
                                     impl="reference"), 0),
+    "nam-tm": (lambda n: NAMTuringMachine(n, 8, num_tapes=2, tape_length=5), 1),
+    "nam-tm-2layers-lstm-all": (lambda n: NAMTuringMachine(n, 8, num_tapes=2, tape_length=5, num_layers=2,
+                                                            controller="lstm", normalize_heads="all",
+                                                            separate_erase=True), 1),
+    "nam-tm-transposed-keys-uni": (lambda n: NAMTuringMachine(n, 8, num_tapes=2, tape_length=5,
+                                                              bidirectional_controller=False,
+                                                              key_tape_mode="transposed"), 1),
+    "nam-tm-no-jump-reference": (lambda n: NAMTuringMachine(n, 8, num_tapes=2, tape_length=5, impl="reference",
+                                                            actions=("LEFT", "NOOP", "RIGHT")), 1),
     "fast-weights": (lambda n: FastWeightMemory(n, num_heads=2, key_size=4, value_size=4, output_size=6), 0),
     "fast-weights-sum-dpfp": (lambda n: FastWeightMemory(n, num_heads=2, key_size=4, value_size=4, output_size=6,
                                                          update_rule="sum", feature_map="dpfp1"), 0),
@@ -208,9 +217,11 @@ def test_packed_errors_name_the_argument():
         lsam(pack_sequence([torch.zeros(3, 5, dtype=D64)]))
     with pytest.raises(ValueError, match=r"state.memory"):
         lsam(packed, lsam.init_state(3))
-    tm = NAMTuringMachine(4, 8, num_tapes=2).double()
-    with pytest.raises(TypeError, match="pad_packed_sequence"):
+    tm = NAMTuringMachine(4, 8, num_tapes=2, actions=("LEFT", "RIGHT", "JUMP")).double()
+    with pytest.raises(ValueError, match="needs the NOOP action"):
         tm(packed)
+    with pytest.raises(ValueError, match="`return_aux` needs a padded tensor"):
+        NAMTuringMachine(4, 8, num_tapes=2).double()(packed, return_aux=True)
 
 
 def test_packed_lsam_trains():
@@ -261,7 +272,8 @@ def test_lsam_takes_an_unbatched_sequence_and_its_state_back():
 
 
 @settings(max_examples=12, deadline=None)
-@given(st.lists(st.integers(1, 6), min_size=1, max_size=5), st.sampled_from(["lsam-bi-2layers", "dnc", "fast-weights"]))
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=5),
+       st.sampled_from(["lsam-bi-2layers", "dnc", "fast-weights", "nam-tm"]))
 def test_packed_equals_alone_for_any_lengths(lengths, name):
     module, dim = _module(name)
     g = torch.Generator().manual_seed(len(lengths))

@@ -16,6 +16,7 @@ pytestmark = triton_marks()
 from memnets.memories.dnc import DNC  # noqa: E402
 from memnets.memories.lsam import LSAM  # noqa: E402
 from memnets.memories.ntm import NTM  # noqa: E402
+from memnets.memories.nam_tm import NAMTuringMachine  # noqa: E402
 from memnets.ops.gpu import cuda_code_path, env_var, graphs, use_triton  # noqa: E402
 
 DEV = torch.device("cuda" if CUDA else "cpu")
@@ -161,13 +162,16 @@ def test_modules_graphed_whole_under_bf16_autocast(name):
             torch.testing.assert_close(u, v)
 
 
-@pytest.mark.parametrize("name", list(BUILD))
+PACKED = {**BUILD, "nam-tm": (lambda: NAMTuringMachine(5, 8, num_tapes=2, tape_length=5), 5)}
+
+
+@pytest.mark.parametrize("name", list(PACKED))
 def test_packed_batches_down_the_cuda_path(name):
     """A ``PackedSequence`` through the Triton loops (graph replay and whole-module graphs on)
     equals each sequence run alone down the same path: outputs, final states and the input's
     gradient; no module is graphed whole for the stretches of a packed batch."""
     from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
-    build, fi = BUILD[name]
+    build, fi = PACKED[name]
     torch.manual_seed(0)
     model = build().to(DEV, torch.float64)
     lengths = [4, 2, 5, 2]
@@ -181,7 +185,7 @@ def test_packed_batches_down_the_cuda_path(name):
         assert graphs.stats().get("modules", 0) == before
         out, _ = pad_packed_sequence(y, batch_first=True)
         grads = torch.autograd.grad(out.square().sum(), seqs)
-        dim = 1 if name.startswith("lsam") else 0
+        dim = 1 if name.startswith(("lsam", "nam-tm")) else 0
         for b, (x, L) in enumerate(zip(seqs, lengths)):
             y_b, s_b = model(x[None])
             torch.testing.assert_close(out[b, :L], y_b[0], atol=1e-10, rtol=1e-10)

@@ -8,7 +8,8 @@
   bidirectional GRU controller), B=32, T=50, against ``torch.nn.LSTM`` (hidden 128; bar:
   ratio ≤ 3.0) and against its own per-step reference (``impl="reference"``; bar ≤ 1/3).
 - The bidirectional LSAM on a ``PackedSequence`` (sequences of different lengths) against the
-  bidirectional ``torch.nn.LSTM`` on the same packed batch, and against itself padded.
+  bidirectional ``torch.nn.LSTM`` on the same packed batch, and against itself padded; the
+  NAM-TM on a packed batch against itself padded.
 - The NAM-TM's pieces, each C kernel of :mod:`memnets.ops._native` against the PyTorch path it
   replaces: heads and key tape, value tape (against the chunked ``nam_scan``), GRU controller.
 
@@ -87,7 +88,31 @@ def _packed_cases(quick: bool, repeat: int) -> list[dict]:
         _row("LSAM (bi) packed", cfg, "LSAM (bi) padded", paired(fwd_bwd(lambda: lsam(x)[0], [*lsam.parameters(), x]),
                                                                  ours, repeat),
              note + "; the padded run's backward direction starts in the padding (not the same function)"),
+        _nam_tm_packed_case(quick, repeat),
     ]
+
+
+def _nam_tm_packed_case(quick: bool, repeat: int) -> dict:
+    """The NAM-TM of the NAM-TM rows on a packed batch (lengths drawn evenly from T/2 … T)
+    against itself on the padded batch: what packing costs it (the controller's reversals within
+    each length, the held heads and closed writes after each end, packing and unpacking)."""
+    B, T, Fi, D, Tn, L = (8, 12, 16, 32, 2, 8) if quick else (32, 50, 64, 128, 4, 32)
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(T // 2, T + 1, (B,), generator=g)
+    lengths[0] = T
+    torch.manual_seed(0)
+    x = torch.randn(B, T, Fi, requires_grad=True)
+    tm = NAMTuringMachine(Fi, D, num_tapes=Tn, tape_length=L)
+    pack = torch.nn.utils.rnn.pack_padded_sequence
+    params = [*tm.parameters(), x]
+    timing = paired(fwd_bwd(lambda: tm(x)[0], params),
+                    fwd_bwd(lambda: tm(pack(x, lengths, batch_first=True, enforce_sorted=False))[0].data, params),
+                    repeat)
+    cfg = f"B={B} T={T} in={Fi} hidden={D} tapes={Tn} L={L} biGRU controller, " \
+          f"{len(set(lengths.tolist()))} distinct lengths"
+    return _row("NAM-TM packed", cfg, "NAM-TM padded", timing,
+                f"one call over the padded batch; fwd+bwd, float32, {torch.get_num_threads()} threads; the padded "
+                "run's backward direction starts in the padding (not the same function)")
 
 
 def _nam_tm_case(quick: bool, repeat: int) -> list[dict]:

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .._checks import check_positive_int, check_shape, check_tensor
 from ..ops import nam_read, nam_scan, nam_write, unit
@@ -38,6 +39,7 @@ from ..ops._impl import runs_fused
 from ..ops.gpu import on_cuda_path, use_triton
 from ..ops.gpu.graphs import fresh_zeros, graphed_autograd, whole_module
 from ..ops.gpu.nam_tm import nam_tm_layer_scan_triton, unit_backward, unit_forward
+from .packed import forward_packed
 
 __all__ = ["NAMTuringMachine", "NAMTMState", "NAMTMAux", "nam_tm_step", "move_head", "ACTIONS"]
 
@@ -216,8 +218,30 @@ class _NAMTMLayer(nn.Module):
         # only the last layer's reads are output; earlier layers hand on their value tape
         self.out = nn.Linear(hidden_size, hidden_size) if with_output else None
 
-    def forward(self, x, tape, key_tape, h_r, h_w):
-        if runs_fused(self.impl) and use_triton(x):
+    def _controller(self, x, fused: bool, lengths):
+        """The controller's outputs ``[B, T, ·]``; with ``lengths``, each sequence's own
+        (a reverse direction starting at its end)."""
+        fast = fused and isinstance(self.controller, nn.GRU) and not on_cuda_path(x)  # on CUDA: cuDNN's GRU
+        if lengths is None:
+            return gru_module_forward(self.controller, x) if fast else run_rnn(self.controller, x)[0]
+        if fast:
+            return gru_module_forward(self.controller, x, lengths=lengths)
+        packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        return pad_packed_sequence(run_rnn(self.controller, packed)[0], batch_first=True,
+                                   total_length=x.shape[1])[0]
+
+    def _hold_after_end(self, act, p, lengths):
+        """Past each sequence's end: no write (p = 0, so the tapes stay exactly as they are) and
+        both heads NO-OP (act one-hot, so they stay where they are): the final state is each
+        sequence's own after its last step."""
+        B, T = p.shape[:2]
+        valid = (torch.arange(T, device=p.device) < lengths.to(p.device)[:, None])  # [B, T]
+        noop = torch.zeros(len(self.actions), dtype=act.dtype, device=act.device)
+        noop[self.actions.index("NOOP")] = 1
+        return torch.where(valid[..., None, None, None], act, noop), p * valid[..., None, None].to(p.dtype)
+
+    def forward(self, x, tape, key_tape, h_r, h_w, lengths=None):
+        if runs_fused(self.impl) and use_triton(x) and lengths is None:
             key = self._graph_key()
             if whole_module(x, key=key, module=self):
                 return self._forward_graphed(key, x, tape, key_tape, h_r, h_w)
@@ -228,11 +252,8 @@ class _NAMTMLayer(nn.Module):
         # μ(H_w) on the key tape runs in the C and Triton kernels only; elsewhere the step loop below
         loop = not fused or (not gpu and self.unit_keys and self.key is not None and not kernel_available(
             x.new_empty(0, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)))
-        if fused and isinstance(self.controller, nn.GRU) and not on_cuda_path(x):  # on CUDA: cuDNN's GRU
-            hc = gru_module_forward(self.controller, x)
-        else:
-            hc = run_rnn(self.controller, x)[0]
-        if gpu:  # the CUDA path: everything from here to the reads in one function, graphed
+        hc = self._controller(x, fused, lengths)
+        if gpu and lengths is None:  # the CUDA path: everything from here to the reads in one function, graphed
             return self._forward_triton(x, hc, tape, key_tape, h_r, h_w)
         ctrl = self.control(hc).view(B, T, Tn, self.n_ctrl)  # [B, T, Tn, n_ctrl]
         n_p = 3 if self.separate_erase else 2
@@ -244,6 +265,8 @@ class _NAMTMLayer(nn.Module):
         p = torch.sigmoid(p)  # [B, T, Tn, n_p]
         if not self.separate_erase:
             p = torch.cat([p, p[..., 1:2]], -1)  # p_e = p_w
+        if lengths is not None:  # a packed batch: nothing moves after a sequence's end
+            act, p = self._hold_after_end(act, p, lengths)
         unit_ = _unit if fused else unit
         q = unit_(q) if "JUMP" in self.actions else ctrl.new_zeros(B, T, Tn, C)  # [B, T, Tn, C]
         v = self.value(x).view(B, T, Tn, C)
@@ -384,7 +407,10 @@ class NAMTuringMachine(nn.Module):
 
     ``forward(x [B, T, input_size], state=None, tape_length=None, return_aux=False)
     -> (y [B, T, D], NAMTMState[, NAMTMAux])``. The controller runs over each call's input
-    from a zero state; the tapes and heads carry over through ``state``.
+    from a zero state; the tapes and heads carry over through ``state``. ``x`` may be a
+    ``torch.nn.utils.rnn.PackedSequence`` (the model needs the NOOP action): ``y`` comes back
+    packed alike and each sequence's state is its own after its last step, as if each ran alone
+    (:mod:`memnets.memories.packed`).
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_tapes: int = 1, tape_length: int = 32,
@@ -446,10 +472,19 @@ class NAMTuringMachine(nn.Module):
 
     def forward(self, x: torch.Tensor, state: NAMTMState | None = None, tape_length: int | None = None,
                 return_aux: bool = False):
-        if isinstance(x, torch.nn.utils.rnn.PackedSequence):
-            raise TypeError("`x` expected a padded tensor [B, T, input_size], got a PackedSequence: the NAM Turing "
-                            "Machine's controller runs over each call's whole input (by default in both "
-                            "directions), so pad the batch (torch.nn.utils.rnn.pad_packed_sequence)")
+        if isinstance(x, PackedSequence):  # sequences of different lengths (memnets.memories.packed)
+            if "NOOP" not in self.actions:
+                raise ValueError(f"`x`: a PackedSequence needs the NOOP action (it holds the heads after each "
+                                 f"sequence's end), this model's actions are {self.actions}: pad the batch "
+                                 "instead (torch.nn.utils.rnn.pad_packed_sequence)")
+            return forward_packed(self._forward, x, state, state_dim=1, lengths="lengths", return_aux=return_aux,
+                                  tape_length=tape_length)
+        return self._forward(x, state, tape_length, return_aux)
+
+    def _forward(self, x: torch.Tensor, state: NAMTMState | None = None, tape_length: int | None = None,
+                 return_aux: bool = False, lengths: torch.Tensor | None = None):
+        """:meth:`forward` of a padded batch; ``lengths`` ``[B]``: each sequence's final state is
+        its state after its own step ``lengths[b]`` (a packed batch)."""
         check_tensor("x", x)
         check_shape("x", x, ["B", "T", "input_size"], [None, None, self.input_size])
         B = x.shape[0]
@@ -473,7 +508,7 @@ class NAMTuringMachine(nn.Module):
         for l, layer in enumerate(self.layers):
             if l and not handed:
                 tape = state.tape[l]  # a given state: every layer continues from its own tape
-            y, fin, aux = layer(x, tape, state.key_tape[l], state.h_r[l], state.h_w[l])
+            y, fin, aux = layer(x, tape, state.key_tape[l], state.h_r[l], state.h_w[l], lengths=lengths)
             finals.append(fin)
             tape = fin[0]  # the next layer starts from this layer's value tape
         # one layer: its states as views with a layer dim (no copy); several: stacked

@@ -16,9 +16,11 @@ exactly as it was, so each sequence simply stops writing after its end (:func:`f
 ``write_mask``; LSAM closes its write gate through one more input column,
 ``LSAM._forward_packed``). The DNC's CPU recurrence takes them in one call too, reading each
 sequence's final state at its own last step and sending that state's gradient in there
-(:func:`forward_packed`'s ``lengths``; ``DNCRecurrence``'s ``lengths``). The NAM Turing Machine takes none (its controller runs over each
-call's input from a zero state, by default in both directions): pad its batch instead
-(``torch.nn.utils.rnn.pad_packed_sequence``).
+(:func:`forward_packed`'s ``lengths``; ``DNCRecurrence``'s ``lengths``). The NAM Turing Machine
+takes them in one call as well: its controller runs over each sequence's own length (a reverse
+direction from each sequence's end, :func:`reverse_within`), and past each end its write
+probabilities are 0 and both heads NO-OP, so tapes and heads stay exactly where the sequence
+left them (a model without the NOOP action refuses a packed batch).
 """
 from __future__ import annotations
 

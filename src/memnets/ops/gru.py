@@ -231,9 +231,15 @@ def _gru(gx, w_hh, b_hh, h0, reverse: bool, compiled: bool):
                                 reverse, bool(compiled))
 
 
-def gru_module_forward(gru: nn.GRU, x: torch.Tensor, compiled: bool = True) -> torch.Tensor:
+def gru_module_forward(gru: nn.GRU, x: torch.Tensor, compiled: bool = True,
+                       lengths: torch.Tensor | None = None) -> torch.Tensor:
     """``gru(x)[0]`` for a one-layer, batch-first ``torch.nn.GRU`` (either direction count)
-    from a zero state: ``x [B, T, in] -> [B, T, D·h]``."""
+    from a zero state: ``x [B, T, in] -> [B, T, D·h]``.
+
+    ``lengths`` ``[B]``: sequence b ends after step ``lengths[b]``, as in a packed batch; the
+    reverse direction then starts at each sequence's own end (its steps run forward in time
+    over each sequence reversed within its length, :func:`memnets.memories.packed.reverse_within`).
+    Outputs past an end are computed on the padding and mean nothing."""
     if gru.num_layers != 1 or not gru.batch_first or not gru.bias:
         raise ValueError("gru_module_forward expects a one-layer, batch-first GRU with biases")
     D = 2 if gru.bidirectional else 1
@@ -244,5 +250,15 @@ def gru_module_forward(gru: nn.GRU, x: torch.Tensor, compiled: bool = True) -> t
     b_hh = torch.stack([getattr(gru, "bias_hh_l0" + s) for s in sfx], 0)
     B, T, F = x.shape
     hd = gru.hidden_size
-    gx = torch.baddbmm(b_ih.unsqueeze(1), x.reshape(1, B * T, F).expand(D, B * T, F), w_ih.transpose(1, 2))
-    return _gru(gx.view(D, B, T, 3 * hd), w_hh, b_hh, x.new_zeros(D, B, hd), True, compiled)
+    within = lengths is not None and D == 2
+    if within:  # the second direction runs forward in time over each sequence reversed within its length
+        from ..memories.packed import reverse_within
+
+        xs = torch.stack([x, reverse_within(x, lengths)]).view(D, B * T, F)
+    else:
+        xs = x.reshape(1, B * T, F).expand(D, B * T, F)
+    gx = torch.baddbmm(b_ih.unsqueeze(1), xs, w_ih.transpose(1, 2))
+    hs = _gru(gx.view(D, B, T, 3 * hd), w_hh, b_hh, x.new_zeros(D, B, hd), not within, compiled)  # [B, T, D·h]
+    if within:
+        hs = torch.cat([hs[..., :hd], reverse_within(hs[..., hd:], lengths)], -1)
+    return hs
