@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import PackedSequence
 
 from ..ops.gpu.graphs import modules_off
+from ..ops.varlen import reverse_within
 from ..state import map_state
 
 __all__ = ["unpack_sorted", "repack", "run_segments", "reverse_within", "segments", "lengths_of", "running",
@@ -79,19 +80,6 @@ def lengths_of(batch_sizes: torch.Tensor) -> torch.Tensor:
     """Each sequence's length (packed order) from the packed ``batch_sizes``."""
     B = int(batch_sizes[0])
     return (batch_sizes[None, :] > torch.arange(B)[:, None]).sum(1)
-
-
-def reverse_within(x: torch.Tensor, lengths: torch.Tensor, time_dim: int = 1) -> torch.Tensor:
-    """Each sequence reversed within its own length (``x[b, L_b - 1 - t]`` at ``t < L_b``), the
-    padding left where it is; its own inverse."""
-    T = x.shape[time_dim]
-    t = torch.arange(T)[None, :]  # [1, T]
-    L = lengths.to(torch.long)[:, None]  # [B, 1]
-    idx = torch.where(t < L, L - 1 - t, t).to(x.device)  # [B, T]
-    if time_dim == 0:
-        idx = idx.t()
-    idx = idx.reshape(*idx.shape, *([1] * (x.dim() - 2))).expand_as(x)
-    return x.gather(time_dim, idx)
 
 
 def _narrow(state: Any, dim: int, start: int, length: int) -> Any:

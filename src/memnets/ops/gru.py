@@ -32,6 +32,7 @@ from . import _native
 from ._script import script_once
 from ._workspace import WorkspacePool
 from ._amp import backward_without_autocast
+from .varlen import reverse_within
 
 __all__ = ["gru_scan", "gru_module_forward", "forward_loop", "backward_loop", "step_view"]
 
@@ -238,7 +239,7 @@ def gru_module_forward(gru: nn.GRU, x: torch.Tensor, compiled: bool = True,
 
     ``lengths`` ``[B]``: sequence b ends after step ``lengths[b]``, as in a packed batch; the
     reverse direction then starts at each sequence's own end (its steps run forward in time
-    over each sequence reversed within its length, :func:`memnets.memories.packed.reverse_within`).
+    over each sequence reversed within its length, :func:`memnets.ops.varlen.reverse_within`).
     Outputs past an end are computed on the padding and mean nothing."""
     if gru.num_layers != 1 or not gru.batch_first or not gru.bias:
         raise ValueError("gru_module_forward expects a one-layer, batch-first GRU with biases")
@@ -252,8 +253,6 @@ def gru_module_forward(gru: nn.GRU, x: torch.Tensor, compiled: bool = True,
     hd = gru.hidden_size
     within = lengths is not None and D == 2
     if within:  # the second direction runs forward in time over each sequence reversed within its length
-        from ..memories.packed import reverse_within
-
         xs = torch.stack([x, reverse_within(x, lengths)]).view(D, B * T, F)
     else:
         xs = x.reshape(1, B * T, F).expand(D, B * T, F)

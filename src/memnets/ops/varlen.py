@@ -31,7 +31,7 @@ import torch
 
 __all__ = [
     "check_cu_seqlens", "group_lengths", "Packing", "nam_scan_varlen", "attention_varlen",
-    "same_sequence_mask", "sequence_ids", "keys_seen", "PAD_FLOOR",
+    "same_sequence_mask", "sequence_ids", "keys_seen", "PAD_FLOOR", "reverse_within",
 ]
 
 #: Sequences no longer than this share one padded group whatever their lengths.
@@ -240,3 +240,18 @@ def keys_seen(valid: torch.Tensor, offsets: Sequence[int], causal: bool) -> torc
         return c - before[seq]
     totals = valid.new_zeros(n).index_add_(0, seq, valid)
     return totals[seq]
+
+
+def reverse_within(x: torch.Tensor, lengths: torch.Tensor, time_dim: int = 1) -> torch.Tensor:
+    """Each sequence reversed within its own length (``x[b, L_b - 1 - t]`` at ``t < L_b``), the
+    padding left where it is; its own inverse. ``x`` ``[B, T, ...]`` (``[T, B, ...]`` with
+    ``time_dim=0``), ``lengths`` ``[B]``: a padded batch's sequence lengths, as a recurrence
+    whose reverse direction must start at each sequence's end needs them."""
+    T = x.shape[time_dim]
+    t = torch.arange(T, device=lengths.device)[None, :]  # [1, T]
+    L = lengths.to(torch.long)[:, None]  # [B, 1]
+    idx = torch.where(t < L, L - 1 - t, t).to(x.device)  # [B, T]
+    if time_dim == 0:
+        idx = idx.t()
+    idx = idx.reshape(*idx.shape, *([1] * (x.dim() - 2))).expand_as(x)
+    return x.gather(time_dim, idx)
