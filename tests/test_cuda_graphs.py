@@ -124,6 +124,27 @@ def test_autocast_state_is_part_of_the_key():
     torch.testing.assert_close(out[1].float(), (a @ b.t()), atol=0.1, rtol=0.05)
 
 
+def test_a_graph_captured_in_inference_mode_replays_only_there():
+    """Buffers made inside ``torch.inference_mode()`` are inference tensors: a call outside it
+    (training after an evaluation) gets a graph of its own instead of writing into them."""
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    with graphs.stand_in():
+        with torch.inference_mode():
+            _call(a, b)
+            _call(a, b)  # captured in inference mode
+            _call(a, b)
+        before = dict(graphs.stats())
+        out = [_call(a, b) for _ in range(3)]  # outside: eager, captured, replayed
+        after = graphs.stats()
+        with torch.inference_mode():
+            again = _call(a, b)
+    assert after.get("eager", 0) - before.get("eager", 0) == 1
+    assert after.get("captures", 0) - before.get("captures", 0) == 1
+    for o in out + [again]:
+        torch.testing.assert_close(o[1], a @ b.t())
+    assert not out[-1][0].is_inference()
+
+
 def test_listeners_go_around_every_call_eager_captured_or_replayed(monkeypatch):
     """graphs.listening: each listener gets the key, the inputs and the call, outermost first,
     whether the loop runs eagerly, is captured or replays; it is gone after its context."""

@@ -13,6 +13,8 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
 
+import torch
+
 __all__ = ["WorkspacePool", "Lease"]
 
 
@@ -35,13 +37,16 @@ class WorkspacePool:
         return int(getattr(space, "nbytes", 0))
 
     def take(self, key: Hashable, make: Callable[[], Any]) -> Any:
-        """A pooled workspace for ``key``, else ``make()``."""
+        """A pooled workspace for ``key``, else ``make()``: made outside inference mode, so
+        that a workspace first made inside ``torch.inference_mode()`` (an evaluation) is an
+        ordinary tensor that a later training call can write and save for its backward."""
         with self._lock:
             spaces = self._spaces.get(key)
             if spaces:
                 self._spaces.move_to_end(key)
                 return spaces.pop()
-        return make()
+        with torch.inference_mode(False):
+            return make()
 
     def give(self, key: Hashable, space: Any) -> None:
         """Return ``space`` to the pool (dropped if too large or the pool is full)."""

@@ -692,8 +692,9 @@ def _backward_loop(Z, CB, w_xi, XI, MEM, U, LNK, PREC, WR, WW, dHR, w0, dhT, dM,
 def _interface_order(R: int, W: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`memnets.ops.dnc.layout.interface_permutation` and its inverse on ``device``, made
     once and kept for the process: graphs that gather by them may hold their addresses."""
-    perm = interface_permutation(R, W, device=device)
-    return perm, inverse_permutation(perm)
+    with torch.inference_mode(False):  # kept for the process: ordinary tensors, whatever the caller's mode
+        perm = interface_permutation(R, W, device=device)
+        return perm, inverse_permutation(perm)
 
 
 def _forward_graph_perm(x, w_x, b_x, w_xi, b_xi, *rest, R, W, in_kernel=None):

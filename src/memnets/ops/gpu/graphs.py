@@ -352,8 +352,10 @@ def _autocast_state(device: torch.device) -> tuple:
 
 
 def _signature(inputs: Sequence[torch.Tensor]) -> tuple:
+    # inference mode too: a graph's buffers made inside torch.inference_mode() are inference
+    # tensors, which nothing outside it may write into
     return (tuple((tuple(t.shape), t.dtype, t.device, t.is_contiguous()) for t in inputs)
-            + _autocast_state(inputs[0].device))
+            + _autocast_state(inputs[0].device) + (torch.is_inference_mode_enabled(),))
 
 
 def graphed(key: Hashable, fn: Callable[..., Sequence[torch.Tensor]], *inputs: torch.Tensor

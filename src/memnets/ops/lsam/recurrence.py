@@ -28,8 +28,9 @@ def _cached_head_major_index(Dp: int, Hp: int, device: torch.device) -> tuple[to
     key = (Dp, Hp, device)
     pair = _INDEX.get(key)
     if pair is None:
-        idx = _head_major_index(Dp, Hp, device)
-        pair = (idx, inverse_permutation(idx))
+        with torch.inference_mode(False):  # kept for the process: ordinary tensors, whatever the caller's mode
+            idx = _head_major_index(Dp, Hp, device)
+            pair = (idx, inverse_permutation(idx))
         if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             _INDEX[key] = pair
     return pair
