@@ -47,13 +47,15 @@ def test_bench_gpu_device_is_resolved_like_a_runs(capsys):
 
 def test_packed_bench_rows_quick():
     """`memnets bench models`' packed rows run (quick sizes): LSAM against nn.LSTM and itself
-    padded, the NAM-TM and the DNC against themselves padded."""
+    padded, the NAM-TM and the DNC against themselves padded; and the DNC's C access step
+    against its PyTorch path."""
     import math
 
-    from memnets.bench.models_classic import _dnc_packed_case
+    from memnets.bench.models_classic import _dnc_native_cases, _dnc_packed_case
     from memnets.bench.models_nam import _packed_cases
 
-    rows = [*_packed_cases(True, 1), _dnc_packed_case(True)]
-    assert [r["model"] for r in rows] == ["LSAM (bi) packed", "LSAM (bi) packed", "NAM-TM packed", "dnc packed"]
+    rows = [*_packed_cases(True, 1), _dnc_packed_case(True), *_dnc_native_cases(True)]
+    assert [r["model"] for r in rows] == ["LSAM (bi) packed", "LSAM (bi) packed", "NAM-TM packed", "dnc packed",
+                                          "dnc access in C", "dnc access in C"]
     assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows)
     assert "distinct lengths" in rows[2]["config"] and "one call" in rows[3]["note"]

@@ -36,7 +36,7 @@ def _close(a, b, tol=1e-10):
 
 @needs_kernels
 def test_kernels_build_here():
-    for name in ("nam_tm_heads", "nam_tape", "gru", "lsam"):
+    for name in ("nam_tm_heads", "nam_tape", "gru", "lsam", "dnc"):
         assert _native.load(name) is not None, f"{name}.c did not compile"
 
 
@@ -51,7 +51,7 @@ def _gcc_version(cc: str) -> str:
 
 
 @needs_kernels
-@pytest.mark.parametrize("name", ["gru", "nam_tape"])
+@pytest.mark.parametrize("name", ["gru", "nam_tape", "dnc"])
 def test_the_hot_loops_vectorise(name, tmp_path):
     """Every loop marked IVDEP (common.h) is vectorised at the kernels' own flags. Without the
     mark GCC took the GRU step's loops for possibly overlapping rows, gave up on them, and the
@@ -281,6 +281,61 @@ def test_no_compiler_means_the_pytorch_paths(monkeypatch, tmp_path):
     Hs, K = nam_tm_heads(*xs, [0, 1, 2, 3])  # the TorchScript loops
     Hr, Kr = nam_tm_heads(*xs, [0, 1, 2, 3], compiled=False)
     _close([Hs, K], [Hr, Kr])
+
+
+@needs_kernels
+@pytest.mark.parametrize("N,W,R,T,layers", [(5, 4, 2, 7, 1), (1, 3, 1, 1, 1), (6, 5, 3, 4, 2), (16, 20, 4, 3, 1)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_dnc_access_step_fills_the_buffers_the_ops_fill(N, W, R, T, layers, dtype, monkeypatch):
+    """The DNC's C access step (memnets.ops.dnc.native) writes every forward buffer the
+    backward reads as the PyTorch ops of run_forward write it: the same recurrence from a
+    random state (ties in usage included, a stable sort), each buffer compared."""
+    from memnets import DNC
+    from memnets.ops.dnc import workspace as ws
+    from memnets.ops.dnc.native import _NAMES
+
+    torch.manual_seed(0)
+    dnc = DNC(3, 2, memory_slots=N, word_size=W, read_heads=R, controller_size=6, controller_layers=layers).to(dtype)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, T, 3, generator=g, dtype=dtype)
+    st = dnc.init_state(2)
+    a = st.access
+    usage = torch.rand(2, N, generator=g, dtype=dtype)
+    ww = torch.softmax(torch.randn(2, N, generator=g, dtype=dtype), -1)
+    usage[:, : (N + 1) // 2] = 0  # unused, unwritten slots: equal usages, which the sort keeps in slot order
+    ww[:, : (N + 1) // 2] = 0
+    state = type(st)(st.controller, type(a)(torch.randn(2, N, W, generator=g, dtype=dtype), usage,
+                                            torch.rand(2, N, N, generator=g, dtype=dtype) * 0.1,
+                                            torch.rand(2, N, generator=g, dtype=dtype) * 0.2,
+                                            torch.softmax(torch.randn(2, R, N, generator=g, dtype=dtype), -1), ww),
+                     torch.randn(2, R, W, generator=g, dtype=dtype))
+    spaces = {}
+    real_lease = ws.POOL.lease
+
+    def keep(key, make):  # the forward's workspace of each run, kept to compare
+        lease = real_lease(key, make)
+        spaces[len(spaces)] = lease.space
+        return lease
+
+    ws.clear_workspaces()
+    monkeypatch.setattr(ws.POOL, "lease", keep)
+    y_c, s_c = dnc(x, state)
+    ws.clear_workspaces()
+    monkeypatch.setenv("MEMNETS_NATIVE", "0")
+    y_ops, s_ops = dnc(x, state)
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    f_c, f_ops = spaces[0], spaces[1]
+    assert f_c is not f_ops
+    for name in _NAMES + ("alloc",):
+        got, want = getattr(f_c, name), getattr(f_ops, name)
+        if name == "LL":  # step 0's transposed half is never written or read
+            got, want = got[1:], want[1:]
+        if name == "PHI":
+            assert torch.equal(got, want), name
+        else:
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")
+    torch.testing.assert_close(f_c.X[0], f_ops.X[0], rtol=tol, atol=tol)
+    torch.testing.assert_close(y_c, y_ops, rtol=tol, atol=tol)
 
 
 @needs_kernels

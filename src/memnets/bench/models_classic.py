@@ -21,7 +21,7 @@ import torch
 from ..memories.dnc import DNC
 from ..memories.ntm import NTM
 from ..tasks.ntm_tasks import CopyTask, bits_per_sequence
-from .timing import fwd_bwd, paired, time_fn
+from .timing import fwd_bwd, paired, pytorch_path, time_fn
 
 __all__ = ["run_cases"]
 
@@ -109,6 +109,30 @@ def _dnc_case(quick: bool, layers: int) -> dict:
     return row
 
 
+def _dnc_native_cases(quick: bool) -> list[dict]:
+    """The 1-layer DNC of the first row with its access step in C (memnets.ops.dnc.native)
+    against the same DNC with the C kernels off (its access as PyTorch ops): a training step,
+    and a forward alone under ``torch.no_grad()`` (an evaluation)."""
+    batch = _copy_batch()
+    torch.manual_seed(0)
+    dnc = DNC(9, 8, memory_slots=16, word_size=20, read_heads=4, controller_size=64)
+    train = _step_fn(dnc, lambda x: dnc(x)[0], batch)
+
+    def evaluate() -> None:
+        with torch.no_grad():
+            dnc(batch.inputs)
+    repeat = 3 if quick else 7
+    rows = []
+    for what, fn in (("training step", train), ("forward only (no_grad)", evaluate)):
+        base, ours, cpu = paired(pytorch_path(fn), fn, repeat)
+        rows.append({"model": "dnc access in C", "config": f"as above, 1 layer; {what}",
+                     "baseline": "the same DNC, MEMNETS_NATIVE=0", "baseline_ms": round(1e3 * base, 1),
+                     "ours_ms": round(1e3 * ours, 1), "ratio": round(ours / base, 3),
+                     "note": f"the forward's access step in C, its backward unchanged; median of {repeat} "
+                             f"interleaved runs, 1 thread; CPU-time ratio {cpu:.2f}"})
+    return rows
+
+
 def _dnc_packed_case(quick: bool) -> dict:
     batch = _copy_batch()
     g = torch.Generator().manual_seed(0)
@@ -150,6 +174,7 @@ def run_cases(quick: bool = False) -> list[dict]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny per-step ops: one intra-op thread, the same for every model
     try:
-        return [_dnc_case(quick, 1), _dnc_case(quick, 2), _dnc_packed_case(quick), _ntm_case(quick)]
+        return [_dnc_case(quick, 1), _dnc_case(quick, 2), *_dnc_native_cases(quick), _dnc_packed_case(quick),
+                _ntm_case(quick)]
     finally:
         torch.set_num_threads(threads)

@@ -18,8 +18,6 @@ load affects both alike. ``quick`` shrinks every size (a smoke test, not a measu
 """
 from __future__ import annotations
 
-import os
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +30,7 @@ from ..ops import _native, nam_scan
 from ..ops.gru import gru_module_forward
 from ..ops.nam_tape import nam_tape_scan
 from ..ops.nam_tm_heads import nam_tm_heads
-from .timing import fwd_bwd, paired
+from .timing import fwd_bwd, paired, pytorch_path
 
 __all__ = ["run_cases"]
 
@@ -135,21 +133,6 @@ def _nam_tm_case(quick: bool, repeat: int) -> list[dict]:
     return [row, row_ref]
 
 
-def _pytorch_path(fn: Callable[[], None]) -> Callable[[], None]:
-    """``fn`` with the C kernels off (``MEMNETS_NATIVE=0``): the PyTorch path they replace."""
-    def run() -> None:
-        old = os.environ.get("MEMNETS_NATIVE")
-        os.environ["MEMNETS_NATIVE"] = "0"
-        try:
-            fn()
-        finally:
-            if old is None:
-                del os.environ["MEMNETS_NATIVE"]
-            else:
-                os.environ["MEMNETS_NATIVE"] = old
-    return run
-
-
 def _nam_tm_piece_cases(quick: bool, repeat: int) -> list[dict]:
     """The NAM-TM's pieces at the bench configuration, each C kernel against the PyTorch path
     it replaces (the TorchScript head loops, the chunked ``nam_scan``, the TorchScript GRU
@@ -185,11 +168,11 @@ def _nam_tm_piece_cases(quick: bool, repeat: int) -> list[dict]:
         gru_module_forward(gru, x).sum().backward()
     base = "PyTorch path (MEMNETS_NATIVE=0)"
     return [_row("NAM-TM heads + key tape", cfg, base + ": TorchScript loops",
-                 paired(_pytorch_path(run_heads), run_heads, repeat), "C kernel nam_tm_heads.c"),
+                 paired(pytorch_path(run_heads), run_heads, repeat), "C kernel nam_tm_heads.c"),
             _row("NAM-TM value tape", cfg + " read after write", "nam_scan chunked (chunk 25)",
                  paired(run_tape_chunked, run_tape_kernel, repeat), "C kernel nam_tape.c"),
             _row("NAM-TM controller", f"bidirectional GRU 64 per direction, B={B} T={T}", base + ": TorchScript loops",
-                 paired(_pytorch_path(run_gru), run_gru, repeat), "C kernel gru.c (products stay in PyTorch)")]
+                 paired(pytorch_path(run_gru), run_gru, repeat), "C kernel gru.c (products stay in PyTorch)")]
 
 
 def run_cases(quick: bool = False) -> list[dict]:

@@ -1,13 +1,14 @@
 """Timing helpers for benchmarks: warm-up, repeated runs, median wall time."""
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Callable
 
 import torch
 
-__all__ = ["time_fn", "fwd_bwd", "paired"]
+__all__ = ["time_fn", "fwd_bwd", "paired", "pytorch_path"]
 
 
 def time_fn(fn: Callable[[], object], *, warmup: int = 1, repeat: int = 3, min_time: float = 0.0,
@@ -60,4 +61,19 @@ def fwd_bwd(fn: Callable[[], object], params: list[torch.Tensor]) -> Callable[[]
         loss = sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad)
         loss.backward()
 
+    return run
+
+
+def pytorch_path(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` with the C kernels off (``MEMNETS_NATIVE=0``): the PyTorch path they replace."""
+    def run() -> None:
+        old = os.environ.get("MEMNETS_NATIVE")
+        os.environ["MEMNETS_NATIVE"] = "0"
+        try:
+            fn()
+        finally:
+            if old is None:
+                del os.environ["MEMNETS_NATIVE"]
+            else:
+                os.environ["MEMNETS_NATIVE"] = old
     return run

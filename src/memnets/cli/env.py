@@ -76,7 +76,7 @@ def machine_report() -> dict:
 def _lines(r: dict) -> list[str]:
     c = r["c_kernels"]
     if r["c_kernels_switched_off"]:
-        c_line = "off (MEMNETS_NATIVE=0): the NAM-TM, its GRU and LSAM run their PyTorch paths"
+        c_line = "off (MEMNETS_NATIVE=0): the NAM-TM, its GRU, LSAM and the DNC's access run their PyTorch paths"
     elif c and all(c.values()):
         c_line = f"{', '.join(c)} load (built into {r['c_kernel_cache']})"
     else:

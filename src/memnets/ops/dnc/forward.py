@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .native import access_pointers, access_step, kernel
 from .workspace import ForwardWorkspace
 
 __all__ = ["run_forward"]
@@ -42,6 +43,8 @@ def run_forward(f: ForwardWorkspace, R, W, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0
     KEEPMv, MEMv, MEMT, DECv, LNKv, LNKTs, LLv = f.KEEPMv, f.MEMv, f.MEMT, f.DECv, f.LNKv, f.LNKTs, f.LLv
     SWv, PRECv, PRECrow, BFv, BWDv, FWDv, CRv = f.SWv, f.PRECv, f.PRECrow, f.BFv, f.BWDv, f.FWDv, f.CRv
     NRMv, NRMrow, S0Rv, WRv, RDv, RDin = f.NRMv, f.NRMrow, f.S0Rv, f.WRv, f.RDv, f.RDin
+    step = kernel(x)  # the access in C (memnets.ops.dnc.native), else the ops below
+    ptrs = access_pointers(f, R, W) if step is not None else None
 
     for t in range(T):
         # LSTM controller, bottom to top
@@ -57,6 +60,9 @@ def run_forward(f: ForwardWorkspace, R, W, x, w_x, b_x, w_xi, b_xi, h0, c0, mem0
                 Xin[layer + 1][t].copy_(h)
         # interface
         torch.addmm(b_xi, h, w_xiT, out=XIv[t])
+        if step is not None:
+            access_step(step, f, R, W, t, ptrs)
+            continue
         sp = torch._C._nn.softplus(xi_str[t], 1, 20, out=SPv[t])
         torch.sigmoid(xi_sig[t], out=SGv[t])
         torch._softmax(xi_modes[t], -2, False, out=PIv[t])
