@@ -339,6 +339,48 @@ def test_dnc_access_step_fills_the_buffers_the_ops_fill(N, W, R, T, layers, dtyp
 
 
 @needs_kernels
+@pytest.mark.parametrize("N,W,R,layers,lengths", [(6, 4, 3, 1, None), (6, 4, 3, 2, None), (1, 3, 1, 1, None),
+                                                   (5, 4, 2, 1, [7, 3, 1])])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_dnc_backward_step_gives_the_ops_gradients(N, W, R, layers, lengths, dtype, monkeypatch):
+    """The DNC's C backward step (memnets.ops.dnc.native) against the reverse loop's PyTorch
+    ops: every gradient (input, parameters, initial state) of a loss on the outputs and every
+    part of the final state; with ``lengths`` (a packed batch's final states taken early)."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    from memnets import DNC
+
+    torch.manual_seed(0)
+    dnc = DNC(5, 3, memory_slots=N, word_size=W, read_heads=R, controller_size=8, controller_layers=layers)
+    dnc = dnc.to(dtype)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 7, 5, generator=g, dtype=dtype, requires_grad=True)
+    st = dnc(torch.randn(3, 2, 5, generator=g, dtype=dtype))[1]  # a state worth differentiating
+    st = type(st)(*(type(p)(*(t.detach().requires_grad_() for t in p)) if isinstance(p, tuple)
+                    else p.detach().requires_grad_() for p in st))
+    leaves = [t for p in st for t in (p if isinstance(p, tuple) else (p,))]
+
+    def grads():
+        inp = x if lengths is None else pack_padded_sequence(x, torch.tensor(lengths), batch_first=True)
+        y, s = dnc(inp, st)
+        y = y if lengths is None else y.data
+        parts = [t for p in s for t in (p if isinstance(p, tuple) else (p,))]
+        w = torch.Generator().manual_seed(3)
+        loss = (y * torch.randn(y.shape, generator=w, dtype=dtype)).sum() + sum(
+            (t * torch.randn(t.shape, generator=w, dtype=dtype)).sum() for t in parts)
+        return torch.autograd.grad(loss, [x, *dnc.parameters(), *leaves], allow_unused=True)
+
+    got = grads()
+    monkeypatch.setenv("MEMNETS_NATIVE", "0")
+    want = grads()
+    tol = 1e-11 if dtype == torch.float64 else 2e-4
+    for a, b in zip(got, want):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+@needs_kernels
 def test_ranges_split_the_work_over_threads():
     old = torch.get_num_threads()
     try:

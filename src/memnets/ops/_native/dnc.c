@@ -1,5 +1,6 @@
-/* The memory access of one DNC step (memnets.ops.dnc.forward, docs/maths.md §8), forward, as
- * plain loops for the CPU: from the step's interface vector (already W_xi h + b_xi, in the
+/* The memory access of one DNC step (docs/maths.md §8), forward (memnets.ops.dnc.forward) and
+ * backward (memnets.ops.dnc.backward's reverse loop, dnc_access_bwd in dnc_t.h), as plain loops
+ * for the CPU. Forward: from the step's interface vector (already W_xi h + b_xi, in the
  * order of memnets.ops.dnc.layout.interface_layout) and the state the step starts from, every
  * value the PyTorch ops of run_forward write into the forward workspace, for batch rows
  * b0 <= b < b1: strengths, gates, read modes, keys, retention, usage, its stable ascending sort

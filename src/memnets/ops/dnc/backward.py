@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .layout import interface_layout
+from .native import backward_pointers, backward_scratch, backward_step, kernel
 from .workspace import BackwardWorkspace, ForwardWorkspace
 
 __all__ = ["run_backward", "allocation_jacobian"]
@@ -78,13 +79,15 @@ def run_backward(f: ForwardWorkspace, g: BackwardWorkspace, R, W, x, w_x, w_xi, 
     torch.mul(f.NRM, f.NRM, out=g.NEGN3).mul_(f.NRM).neg_()
     torch.mul(f.S0R, g.NEGN3[1:].unsqueeze(-2), out=g.S0RN)
     torch.mul(f.S0W.squeeze(-1), g.NEGN3[:-1], out=g.S0WN)
-    torch.stack([f.BF[..., :N], f.CR, f.BF[..., N:]], 3, out=g.BCF)
-    g.PI02[..., 0, 0] = PI[:, :, 0]
-    g.PI02[..., 1, 0] = PI[:, :, 2]
-    torch.mul(WR[:-1], PI[:, :, 0].unsqueeze(-1), out=g.Z[:, :, :R])
-    torch.mul(WR[:-1], PI[:, :, 2].unsqueeze(-1), out=g.Z[:, :, 2 * R:])
-    g.VE[..., 0, :W] = XI[..., lay["v"]:lay["sig"]]
-    torch.neg(SG[..., :W], out=g.VE[..., 0, W:])
+    step = kernel(dHR, backward=True)  # the access part of each reverse step in C (memnets.ops.dnc.native)
+    if step is None:  # factors the C step takes from the forward's buffers itself
+        torch.stack([f.BF[..., :N], f.CR, f.BF[..., N:]], 3, out=g.BCF)
+        g.PI02[..., 0, 0] = PI[:, :, 0]
+        g.PI02[..., 1, 0] = PI[:, :, 2]
+        torch.mul(WR[:-1], PI[:, :, 0].unsqueeze(-1), out=g.Z[:, :, :R])
+        torch.mul(WR[:-1], PI[:, :, 2].unsqueeze(-1), out=g.Z[:, :, 2 * R:])
+        g.VE[..., 0, :W] = XI[..., lay["v"]:lay["sig"]]
+        torch.neg(SG[..., :W], out=g.VE[..., 0, W:])
 
     # ---- incoming gradients
     if Lc == 1:
@@ -101,16 +104,19 @@ def run_backward(f: ForwardWorkspace, g: BackwardWorkspace, R, W, x, w_x, w_xi, 
     if lengths is None:
         for layer in range(Lc):
             g.GH[layer][T - 1] += dhT[:, layer]
-        gM, gu, gL, gp, gwr, gww, *gc = [d.clone() for d in finals]
+        gM, gu, gL, gp, gwr, gww, *gc = [d.clone(memory_format=torch.contiguous_format) for d in finals]
         ends: dict[int, torch.Tensor] = {}
     else:  # each sequence's final state is its state after its own last step: its gradients enter there
         rows = torch.arange(B, device=dhT.device)
         for layer in range(Lc):
             g.GH[layer].index_put_((lengths - 1, rows), dhT[:, layer], accumulate=True)
-        gM, gu, gL, gp, gwr, gww, *gc = [torch.zeros_like(d) for d in finals]
+        gM, gu, gL, gp, gwr, gww, *gc = [torch.zeros(d.shape, dtype=d.dtype, device=d.device) for d in finals]
         ends = {int(e): (lengths == e).nonzero().squeeze(1) for e in lengths.unique()}
     init_h = [None] * Lc  # grads of the initial h^l (l >= 1)
     gn = torch.zeros_like(f.NRM[0])  # d n_t ∂n_t/∂|M_t[i]|², i.e. times −n³
+    if step is not None:  # the carried gradients, updated in place by each C step
+        carried, scratch = [gM, gu, gL, gp, gwr, gww, gn], backward_scratch(B, N, W, R, gn)  # held to the end
+        cptrs = backward_pointers(f, g, R, W, carried, scratch)
     offdiag, GKH, GKHr, GKHw, GFB, GFB4 = f.offdiag, g.GKH, g.GKHr, g.GKHw, g.GFB, g.GFB4
     GMM, GMMa, GMMb = g.GMM, g.GMMa, g.GMMb
     ctrl, GHv, GZv, GZ3, GZo, EXT0v, GXIv = g.ctrl, g.GHv, g.GZv, g.GZ3, g.GZo, g.EXT0v, g.GXIv
@@ -130,65 +136,68 @@ def run_backward(f: ForwardWorkspace, g: BackwardWorkspace, R, W, x, w_x, w_xi, 
             idx = ends[t + 1]
             for acc, d in zip((gM, gu, gL, gp, gwr, gww, *gc), finals):
                 acc.index_add_(0, idx, d.index_select(0, idx))
-        mem = MEMv[t + 1]
-        # read r_t = w^r_t M_t
-        gr = GRv[t]
-        gwr.baddbmm_(gr, MEMT[t + 1])
-        gM.baddbmm_(WRT[t + 1], gr)
-        # read weighting w^r = π0 b + π1 c + π2 f
-        gpi = torch.bmm(BCFv[t], gwr.view(BR, N, 1)).view(B, R, 3).transpose(1, 2)  # [B, 3, R]
-        g_modes[t].copy_(torch._softmax_backward_data(gpi, PIv[t], -2, dt))  # (its out= ignores strides)
-        gcr = torch.mul(gwr, PI1[t])
-        torch.mul(gwr.unsqueeze(-2), PI02v[t], out=GFB4)  # (d b | d f)
-        Zmid[t].copy_(gwr)
-        # read content weighting on M_t
-        gs = torch._softmax_backward_data(gcr, CRv[t], -1, dt)
-        gn.add_(torch.linalg.vecdot(gs, S0RNv[t], dim=1))
-        gS0 = torch.mul(gs, NRMrow[t + 1])
-        GKHr.copy_(torch.bmm(gS0, mem))
-        gM.baddbmm_(gS0.transpose(1, 2), KHr[t])
-        # row norms of M_t
-        gM.addcmul_(mem, gn.unsqueeze(-1))
-        # directional weightings [b | f] = w^r_{t-1} [L | Lᵀ]
-        gwr_prev = torch.bmm(GFB, LLTv[t + 1])
-        gL.baddbmm_(ZXT[t], ZY[t])  # + (π2 d w^r)ᵀ w^r_{t-1} + w^r_{t-1}ᵀ (π0 d w^r)
-        # link
-        G = torch.mul(gL, offdiag)
-        gL_prev = torch.addcmul(G, G, DECv[t], value=-1)
-        gww.add_(torch.linalg.vecdot(G, Qv[t])).sub_(torch.linalg.vecdot(G, LNKv[t], dim=1))
-        gp_link = torch.bmm(WWrow[t + 1], G).squeeze(1)  # Σ_i w_i G_ij
-        # precedence
-        gww.add_(gp).sub_(torch.linalg.vecdot(gp, PRECv[t]).unsqueeze(-1))
-        gp_prev = torch.mul(gp, OMSWv[t]).add_(gp_link)
-        # erase/add write
-        GMMa.copy_(gM)
-        torch.mul(gM, MEMv[t], out=GMMb)
-        gww.add_(torch.linalg.vecdot(GMM, VEv[t]))  # Σ_w dM (v − M_{t-1} e)
-        g_ve[t].copy_(torch.bmm(WWrow[t + 1], GMM).squeeze(1))  # (d v | d e), the sign of d e in SGD
-        gM_prev = torch.mul(gM, KEEPMv[t])
-        # write weighting
-        g_gates[t].copy_(torch.bmm(DIv[t], gww.unsqueeze(-1)).squeeze(-1))  # (d g_a, d g_w), g_w's factor in SGD
-        gcw = torch.mul(gww, CWCv[t])
-        phi = PHIv[t]  # allocation, in sorted order: d s = J_s d a[φ]; d u[φ] += d s
-        gu.scatter_add_(-1, phi, torch.bmm(JSv[t], torch.gather(gww, -1, phi).unsqueeze(-1)).squeeze(-1))
-        # write content weighting on M_{t-1}
-        gsw = torch._softmax_backward_data(gcw, CWv[t], -1, dt)
-        gn_prev = torch.mul(gsw, S0WNv[t])
-        gS0w = torch.mul(gsw, NRMv[t])
-        torch.linalg.vecdot(MEMv[t], gS0w.unsqueeze(-1), dim=1, out=GKHw)
-        gM_prev.addcmul_(gS0w.unsqueeze(-1), KHw[t])
-        # usage and retention
-        gu_prev = torch.mul(gu, FUv[t])
-        gww_prev = torch.mul(gu, FWv[t])
-        gkeep = torch.mul(gu.unsqueeze(1), NOTHv[t])
-        torch.linalg.vecdot(gkeep, WRv[t], out=g_free[t])
-        gwr_prev.addcmul_(gkeep, free_col[t])
-        # keys: k̂ = β ρ k
-        K = xi_keys[t]
-        q = torch.linalg.vecdot(GKH, K)
-        torch.mul(q, RSPv[t], out=g_str[t])
-        torch.mul(GKH, BRcol[t], out=g_keys[t]).addcmul_(K, torch.mul(q, NBR3v[t]).unsqueeze(-1))
-        g_sig[t].mul_(SGDv[t])
+        if step is not None:  # the access part in C: the carried gradients updated in place
+            backward_step(step, f, R, W, t, cptrs, g.EXT0.shape[-1])
+        else:
+            mem = MEMv[t + 1]
+            # read r_t = w^r_t M_t
+            gr = GRv[t]
+            gwr.baddbmm_(gr, MEMT[t + 1])
+            gM.baddbmm_(WRT[t + 1], gr)
+            # read weighting w^r = π0 b + π1 c + π2 f
+            gpi = torch.bmm(BCFv[t], gwr.view(BR, N, 1)).view(B, R, 3).transpose(1, 2)  # [B, 3, R]
+            g_modes[t].copy_(torch._softmax_backward_data(gpi, PIv[t], -2, dt))  # (its out= ignores strides)
+            gcr = torch.mul(gwr, PI1[t])
+            torch.mul(gwr.unsqueeze(-2), PI02v[t], out=GFB4)  # (d b | d f)
+            Zmid[t].copy_(gwr)
+            # read content weighting on M_t
+            gs = torch._softmax_backward_data(gcr, CRv[t], -1, dt)
+            gn.add_(torch.linalg.vecdot(gs, S0RNv[t], dim=1))
+            gS0 = torch.mul(gs, NRMrow[t + 1])
+            GKHr.copy_(torch.bmm(gS0, mem))
+            gM.baddbmm_(gS0.transpose(1, 2), KHr[t])
+            # row norms of M_t
+            gM.addcmul_(mem, gn.unsqueeze(-1))
+            # directional weightings [b | f] = w^r_{t-1} [L | Lᵀ]
+            gwr_prev = torch.bmm(GFB, LLTv[t + 1])
+            gL.baddbmm_(ZXT[t], ZY[t])  # + (π2 d w^r)ᵀ w^r_{t-1} + w^r_{t-1}ᵀ (π0 d w^r)
+            # link
+            G = torch.mul(gL, offdiag)
+            gL_prev = torch.addcmul(G, G, DECv[t], value=-1)
+            gww.add_(torch.linalg.vecdot(G, Qv[t])).sub_(torch.linalg.vecdot(G, LNKv[t], dim=1))
+            gp_link = torch.bmm(WWrow[t + 1], G).squeeze(1)  # Σ_i w_i G_ij
+            # precedence
+            gww.add_(gp).sub_(torch.linalg.vecdot(gp, PRECv[t]).unsqueeze(-1))
+            gp_prev = torch.mul(gp, OMSWv[t]).add_(gp_link)
+            # erase/add write
+            GMMa.copy_(gM)
+            torch.mul(gM, MEMv[t], out=GMMb)
+            gww.add_(torch.linalg.vecdot(GMM, VEv[t]))  # Σ_w dM (v − M_{t-1} e)
+            g_ve[t].copy_(torch.bmm(WWrow[t + 1], GMM).squeeze(1))  # (d v | d e), the sign of d e in SGD
+            gM_prev = torch.mul(gM, KEEPMv[t])
+            # write weighting
+            g_gates[t].copy_(torch.bmm(DIv[t], gww.unsqueeze(-1)).squeeze(-1))  # (d g_a, d g_w), g_w's factor in SGD
+            gcw = torch.mul(gww, CWCv[t])
+            phi = PHIv[t]  # allocation, in sorted order: d s = J_s d a[φ]; d u[φ] += d s
+            gu.scatter_add_(-1, phi, torch.bmm(JSv[t], torch.gather(gww, -1, phi).unsqueeze(-1)).squeeze(-1))
+            # write content weighting on M_{t-1}
+            gsw = torch._softmax_backward_data(gcw, CWv[t], -1, dt)
+            gn_prev = torch.mul(gsw, S0WNv[t])
+            gS0w = torch.mul(gsw, NRMv[t])
+            torch.linalg.vecdot(MEMv[t], gS0w.unsqueeze(-1), dim=1, out=GKHw)
+            gM_prev.addcmul_(gS0w.unsqueeze(-1), KHw[t])
+            # usage and retention
+            gu_prev = torch.mul(gu, FUv[t])
+            gww_prev = torch.mul(gu, FWv[t])
+            gkeep = torch.mul(gu.unsqueeze(1), NOTHv[t])
+            torch.linalg.vecdot(gkeep, WRv[t], out=g_free[t])
+            gwr_prev.addcmul_(gkeep, free_col[t])
+            # keys: k̂ = β ρ k
+            K = xi_keys[t]
+            q = torch.linalg.vecdot(GKH, K)
+            torch.mul(q, RSPv[t], out=g_str[t])
+            torch.mul(GKH, BRcol[t], out=g_keys[t]).addcmul_(K, torch.mul(q, NBR3v[t]).unsqueeze(-1))
+            g_sig[t].mul_(SGDv[t])
         # interface, then the controller top-down
         gh = torch.addmm(GHv[top][t], GXIv[t], w_xi)
         for layer in range(top, -1, -1):
@@ -211,7 +220,8 @@ def run_backward(f: ForwardWorkspace, g: BackwardWorkspace, R, W, x, w_x, w_xi, 
                     GHv[layer][t - 1].add_(tmp[:, C:])
                 else:
                     init_h[layer] = tmp[:, C:]
-        gM, gn, gu, gL, gp, gwr, gww = gM_prev, gn_prev, gu_prev, gL_prev, gp_prev, gwr_prev, gww_prev
+        if step is None:
+            gM, gn, gu, gL, gp, gwr, gww = gM_prev, gn_prev, gu_prev, gL_prev, gp_prev, gwr_prev, gww_prev
 
     gM.addcmul_(f.MEM[0], gn.unsqueeze(-1))
     dh0 = torch.stack([g_init0[:, RW:]] + init_h[1:], 1)
