@@ -1,4 +1,5 @@
-"""`memnets bench ops --quick` runs end to end and reports ratios."""
+"""`memnets bench ops --quick` runs end to end and reports ratios; the packed and C-kernel rows
+of `memnets bench models` run."""
 from __future__ import annotations
 
 import json
