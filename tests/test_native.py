@@ -55,7 +55,7 @@ def _gcc_version(cc: str) -> str:
 def test_the_hot_loops_vectorise(name, tmp_path):
     """Every loop marked IVDEP (common.h) is vectorised at the kernels' own flags. Without the
     mark GCC took the GRU step's loops for possibly overlapping rows, gave up on them, and the
-    step ran at a third of its speed (54 against 20 µs at the NAM-TM bench's size)."""
+    step's elementwise part ran scalar (docs/bench.md, NAM-TM)."""
     import re
     import subprocess
 
