@@ -294,14 +294,22 @@ class DNC(nn.Module):
                          last[:, :R * W].unflatten(-1, (R, W)))
         return y, state
 
+    def _start(self, x: torch.Tensor, state: DNCState | None) -> DNCState:
+        """``x`` checked (``[B, T, input_size]``, T ≥ 1, the parameters' dtype) and the state a
+        call starts from (a fresh one when ``state`` is None, else ``state`` checked)."""
+        check_shape("x", x, ["B", "T", "input_size"], [None, None, self.config.input_size])
+        self._check_dtype("x", x)
+        B, T = x.shape[:2]
+        if T == 0:
+            raise ValueError(f"`x` expected a sequence of length T >= 1, got {list(x.shape)}")
+        state = self.init_state(B, x.device, x.dtype) if state is None else state
+        self._check_state(state, B)
+        return state
+
     def _forward_to_ends(self, x: torch.Tensor, state: DNCState | None, lengths: torch.Tensor):
         """:meth:`forward` of a padded batch on the fused CPU path with each sequence's final
         state taken after its own step ``lengths[b]`` (a packed batch in one call)."""
-        check_shape("x", x, ["B", "T", "input_size"], [None, None, self.config.input_size])
-        self._check_dtype("x", x)
-        state = self.init_state(x.shape[0], x.device, x.dtype) if state is None else state
-        self._check_state(state, x.shape[0])
-        return self._forward_scan(x, state, lengths.to(torch.int64))
+        return self._forward_scan(x, self._start(x, state), lengths.to(torch.int64))
 
     @float32_under_autocast
     def step(self, x_t: torch.Tensor, state: DNCState | None = None):
@@ -331,13 +339,8 @@ class DNC(nn.Module):
                 return forward_packed(self._forward_to_ends, x, state, lengths="lengths")
             return forward_packed(self.forward, x, state, return_aux=return_aux)
         cfg = self.config
-        check_shape("x", x, ["B", "T", "input_size"], [None, None, cfg.input_size])
-        self._check_dtype("x", x)
+        state = self._start(x, state)
         B, T = x.shape[:2]
-        if T == 0:
-            raise ValueError(f"`x` expected a sequence of length T >= 1, got {list(x.shape)}")
-        state = self.init_state(B, x.device, x.dtype) if state is None else state
-        self._check_state(state, B)
         if runs_fused(self.impl) and not return_aux and self._scan_applies(x, state):
             # this module and what its forward depends on (the form of the kernels' time loop included)
             key = ("dnc.module", id(self), self.impl,

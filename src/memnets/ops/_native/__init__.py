@@ -35,7 +35,7 @@ import torch
 
 from ..gpu import on_cuda_path
 
-__all__ = ["load", "functions", "enabled", "status", "ranges", "parallel", "cache_dir", "LONG", "INT", "PTR"]
+__all__ = ["load", "functions", "enabled", "status", "pointer", "ranges", "parallel", "cache_dir", "LONG", "INT", "PTR"]
 
 _HERE = Path(__file__).resolve().parent
 # reassociation lets sums vectorise; no flag here assumes finite values, so NaN and inf propagate
@@ -237,6 +237,19 @@ def functions(name: str, x: torch.Tensor, signatures: Dict[str, list]) -> Option
             f.argtypes, f.restype = argtypes, None
         out.append(f)
     return tuple(out)
+
+
+def pointer(kernel: str, name: str, x: torch.Tensor, dtype: torch.dtype, device,
+            shape: Optional[tuple] = None) -> int:
+    """The data pointer of the buffer ``x`` a C kernel will read or write, after checking what
+    the kernel trusts: ``shape`` (when given), contiguity, dtype and device; a ``ValueError``
+    naming ``kernel`` and ``name`` otherwise."""
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{kernel} native step: `{name}` expected shape {list(shape)}, got {list(x.shape)}")
+    if not x.is_contiguous() or x.dtype != dtype or x.device != torch.device(device):
+        raise ValueError(f"{kernel} native step: `{name}` expected a contiguous {dtype} tensor on {device}, "
+                         f"got {x.dtype} on {x.device} (contiguous: {x.is_contiguous()})")
+    return x.data_ptr()
 
 
 def status() -> Dict[str, bool]:

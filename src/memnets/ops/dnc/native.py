@@ -61,28 +61,16 @@ def backward_pointers(f: ForwardWorkspace, g, R: int, W: int, carried: list, wor
     state's gradients ``(gM [B,N,W], gu [B,N], gL [B,N,N], gp [B,N], gwr [B,R,N], gww [B,N],
     gn [B,N])``, contiguous, updated in place by each step."""
     T, B, N = f.SU.shape
-    access_pointers(f, R, W)  # the forward's buffers (shapes, dtypes, contiguity)
+    fwd = dict(zip(_NAMES, access_pointers(f, R, W)))  # the forward's buffers, checked
     dt, I = f.XI.dtype, f.XI.shape[-1]
     want = {"S0RN": (T, B, R, N), "S0WN": (T, B, N), "Q": (T, B, N, N), "OMSW": (T, B, 1), "FU": (T, B, N),
             "FW": (T, B, N), "NOTH": (T, B, R, N), "JS": (T, B, N, N), "CWC": (T, B, 1), "SGD": (T, B, W + R + 2),
-            "RSP": (T, B, R + 1), "BR": (T, B, R + 1), "NBR3": (T, B, R + 1), "GXI": (T, B, I)}
-    for name, shape in want.items():
-        buf = getattr(g, name)
-        if tuple(buf.shape) != shape or buf.dtype != dt or not buf.is_contiguous():
-            raise ValueError(f"dnc native step: `{name}` expected a contiguous {dt} tensor of shape {list(shape)}, "
-                             f"got {buf.dtype} {list(buf.shape)}")
-    if g.EXT0.dim() != 3 or g.EXT0.shape[:2] != (T, B) or g.EXT0.shape[2] < R * W or not g.EXT0.is_contiguous():
-        raise ValueError(f"dnc native step: `EXT0` expected a contiguous tensor [{T}, {B}, >= {R * W}], "
-                         f"got {list(g.EXT0.shape)}")
-    shapes = [(B, N, W), (B, N), (B, N, N), (B, N), (B, R, N), (B, N), (B, N)]
-    for i, (c, shape) in enumerate(zip(carried, shapes)):
-        if tuple(c.shape) != shape or c.dtype != dt or not c.is_contiguous():
-            raise ValueError(f"dnc native step: carried gradient {i} expected a contiguous {dt} tensor "
-                             f"{list(shape)}, got {c.dtype} {list(c.shape)}")
-    if tuple(work.shape) != (B, _scratch_width(N, W, R)) or work.dtype != dt or not work.is_contiguous():
-        raise ValueError("dnc native step: the backward's scratch has the wrong shape or dtype")
-    return ([getattr(f, n).data_ptr() for n in _BWD_F] + [getattr(g, n).data_ptr() for n in _BWD_G]
-            + [c.data_ptr() for c in carried] + [work.data_ptr()])
+            "RSP": (T, B, R + 1), "BR": (T, B, R + 1), "NBR3": (T, B, R + 1), "GXI": (T, B, I),
+            "EXT0": (T, B, _wide(g.EXT0, R * W))}
+    carried_shapes = [(B, N, W), (B, N), (B, N, N), (B, N), (B, R, N), (B, N), (B, N)]
+    return ([fwd[n] for n in _BWD_F] + [_ptr(n, getattr(g, n), want[n], dt) for n in _BWD_G]
+            + [_ptr(f"carried gradient {i}", c, shape, dt) for i, (c, shape) in enumerate(zip(carried, carried_shapes))]
+            + [_ptr("scratch", work, (B, _scratch_width(N, W, R)), dt)])
 
 
 def backward_step(step: Callable, f: ForwardWorkspace, R: int, W: int, t: int, ptrs: list, EW: int) -> None:
@@ -102,27 +90,24 @@ def _shapes(T: int, B: int, N: int, W: int, R: int) -> dict:
             "NRM": (T + 1, B, N), "S0R": (T, B, R, N), "WR": (T + 1, B, R, N), "RD": (T, B, R, W)}
 
 
+def _ptr(name: str, buf: torch.Tensor, shape: tuple, dtype: torch.dtype) -> int:
+    return _native.pointer("dnc", name, buf, dtype, "cpu", shape)
+
+
+def _wide(buf: torch.Tensor, least: int) -> int:
+    """The width of a buffer whose rows begin with ``least`` numbers the kernel uses (the reads)."""
+    if buf.dim() != 3 or buf.shape[2] < least:
+        raise ValueError(f"dnc native step: expected rows of at least {least} numbers, got {list(buf.shape)}")
+    return buf.shape[2]
+
+
 def access_pointers(f: ForwardWorkspace, R: int, W: int) -> list:
     """The data pointers :func:`access_step` passes, after checking every buffer of ``f``
     (shape, dtype, contiguity: the kernel trusts them)."""
     T, B, N = f.SU.shape
     want, dt = _shapes(T, B, N, W, R), f.XI.dtype
-    ptrs = []
-    for name in _NAMES:
-        buf = getattr(f, name)
-        kind = torch.int64 if name == "PHI" else dt
-        if tuple(buf.shape) != want[name] or buf.dtype != kind or not buf.is_contiguous() or buf.device.type != "cpu":
-            raise ValueError(f"dnc native step: `{name}` expected a contiguous {kind} CPU tensor of shape "
-                             f"{list(want[name])}, got {buf.dtype} {list(buf.shape)} on {buf.device}")
-        ptrs.append(buf.data_ptr())
-    X0 = f.X[0]
-    if X0.dim() != 3 or X0.shape[:2] != (T + 1, B) or X0.shape[2] < R * W or X0.dtype != dt or not X0.is_contiguous():
-        raise ValueError(f"dnc native step: `X[0]` expected a contiguous {dt} tensor [{T + 1}, {B}, >= {R * W}], "
-                         f"got {X0.dtype} {list(X0.shape)}")
-    if tuple(f.alloc.shape) != (B, N) or f.alloc.dtype != dt or not f.alloc.is_contiguous():
-        raise ValueError(f"dnc native step: `alloc` expected [{B}, {N}] {dt}, "
-                         f"got {f.alloc.dtype} {list(f.alloc.shape)}")
-    return ptrs + [X0.data_ptr(), f.alloc.data_ptr()]
+    ptrs = [_ptr(n, getattr(f, n), want[n], torch.int64 if n == "PHI" else dt) for n in _NAMES]
+    return ptrs + [_ptr("X[0]", f.X[0], (T + 1, B, _wide(f.X[0], R * W)), dt), _ptr("alloc", f.alloc, (B, N), dt)]
 
 
 def access_step(step: Callable, f: ForwardWorkspace, R: int, W: int, t: int, ptrs: list) -> None:

@@ -63,8 +63,8 @@ class DNCRecurrence(torch.autograd.Function):
     sequence early: its final state is its state after step ``lengths[b]`` and the final
     state's gradients enter the reverse loop there (a batch of sequences of different lengths
     in one call, :mod:`memnets.memories.packed`); the steps after are computed on whatever
-    the input holds there and reach nothing but their own outputs. x ``[B, T, F]``: the input sequence; w_x ``[4C, F]``, b_x ``[4C]``: the input
-    half of the first LSTM layer.
+    the input holds there and reach nothing but their own outputs. x ``[B, T, F]``: the input
+    sequence; w_x ``[4C, F]``, b_x ``[4C]``: the input half of the first LSTM layer.
     w_xi ``[I, C]``, b_xi ``[I]``: the interface layer, rows permuted by
     :func:`interface_permutation`. Initial state: h0, c0 ``[B, layers, C]``, mem0 ``[B, N, W]``,
     usage0 ``[B, N]``, link0 ``[B, N, N]``, prec0 ``[B, N]``, wr0 ``[B, R, N]``, ww0 ``[B, N]``,
@@ -99,16 +99,15 @@ class DNCRecurrence(torch.autograd.Function):
                 HR = X[0][1:].clone()  # [r_t | h_t]
             else:
                 HR = torch.cat([f.RD.view(T, B, R * W), X[Lc - 1][1:, :, C:]], -1)
-            if lengths is None:
-                end = lambda buf: buf[T]  # noqa: E731
-            else:  # row b's state after its own step lengths[b]: fresh tensors (advanced indexing)
+            if lengths is None:  # the state after the last step: views, and copies of the workspace's rows
+                at = lambda buf: buf[T]  # noqa: E731
+                own = lambda buf: buf[T].clone(memory_format=torch.contiguous_format)  # noqa: E731
+            else:  # row b's state after its own step lengths[b] (advanced indexing copies already)
                 rows = torch.arange(B, device=x.device)
-                end = lambda buf: buf[lengths, rows]  # noqa: E731
-            hT = torch.stack([end(X[layer])[:, (R * W if layer == 0 else C):] for layer in range(Lc)], 1)
-            cT = torch.stack([end(f.CB[layer]) for layer in range(Lc)], 1)
-            out = (HR, hT, cT, end(f.MEM).clone(), end(f.U).clone(),
-                   end(f.LNK).clone(memory_format=torch.contiguous_format), end(f.PREC).clone(), end(f.WR).clone(),
-                   end(f.WW).clone())
+                at = own = lambda buf: buf[lengths, rows]  # noqa: E731
+            hT = torch.stack([at(X[layer])[:, (R * W if layer == 0 else C):] for layer in range(Lc)], 1)
+            cT = torch.stack([at(f.CB[layer]) for layer in range(Lc)], 1)
+            out = (HR, hT, cT, own(f.MEM), own(f.U), own(f.LNK), own(f.PREC), own(f.WR), own(f.WW))
         ctx.dims = (R, W, Lc, key, lengths)
         ctx.save_for_backward(x, w_x, b_x, w_xi, b_xi, h0, c0, mem0, usage0, link0, prec0, wr0, ww0, reads0, w0,
                               *upper)

@@ -40,10 +40,7 @@ def kernel(x: torch.Tensor, compiled: bool = True):
 
 def _check(name: str, x: torch.Tensor, like: torch.Tensor) -> int:
     """The data pointer of ``x`` once it is contiguous, of ``like``'s dtype and device."""
-    if not x.is_contiguous() or x.dtype != like.dtype or x.device != like.device:
-        raise ValueError(f"lsam native step: `{name}` expected a contiguous {like.dtype} tensor on {like.device}, "
-                         f"got {x.dtype} on {x.device} (contiguous: {x.is_contiguous()})")
-    return x.data_ptr()
+    return _native.pointer("lsam", name, x, like.dtype, like.device)
 
 
 def forward_steps(step, gx: torch.Tensor, w_hh: torch.Tensor, X: torch.Tensor, h0: torch.Tensor,
