@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_input_dtype, check_positive_int, check_shape
-from ..ops.addressing import circular_shift, content_weights, erase_add_write, interpolate, sharpen, weighted_read
 from ..ops.gpu import use_triton
 from ..ops.gpu.ntm import applies as ntm_applies, ntm_scan_triton
+from ..ops.ntm_access import ntm_access
 from ..registry import register_model
 from .packed import PackedSequence, forward_packed
 
@@ -155,7 +154,9 @@ class NTM(nn.Module):
         def rep(p: torch.Tensor) -> torch.Tensor:
             return p.to(device=device, dtype=dtype).unsqueeze(0).expand(B, *p.shape)
 
-        memory = torch.full((B, cfg.memory_slots, cfg.word_size), cfg.memory_init, device=device, dtype=dtype)
+        # [B, N, W], stored slots last: the layout the CPU kernel keeps a memory in (memnets.ops.ntm_access)
+        memory = torch.full((B, cfg.word_size, cfg.memory_slots), cfg.memory_init, device=device,
+                            dtype=dtype).transpose(1, 2)
         return NTMState(memory, torch.softmax(rep(self.read_w0), -1), torch.softmax(rep(self.write_w0), -1),
                         rep(self.r0), rep(self.h0), rep(self.c0))
 
@@ -172,19 +173,6 @@ class NTM(nn.Module):
         check_shape("state.c", state.c, ["B", "C"], [B, C if self._lstm else 0])
 
     # ------------------------------------------------------------------ one step
-    def _address(self, memory: torch.Tensor, p: torch.Tensor, w_prev: torch.Tensor) -> torch.Tensor:
-        """Heads' weightings from their parameters ``p [B, H, P]`` (docs/maths.md §7, in order)."""
-        W = self.config.word_size
-        key = torch.tanh(p[..., :W])
-        beta = F.softplus(p[..., W])
-        gate = torch.sigmoid(p[..., W + 1])
-        gamma = 1 + F.softplus(p[..., W + 2])
-        shift = torch.softmax(p[..., W + 3:], dim=-1)
-        w = content_weights(memory, key, beta)
-        w = interpolate(w, w_prev, gate)
-        w = circular_shift(w, shift)
-        return sharpen(w, gamma)
-
     def _cell(self, gx: torch.Tensor, state: NTMState):
         """One step given the input part of the controller pre-activation ``gx [B, G]``."""
         cfg = self.config
@@ -205,10 +193,9 @@ class NTM(nn.Module):
         # e = σ; a stays linear (seed 002 squashes it with tanh: the reads, and with them the output
         # logits, then stay small and the copy cost stalls at a few bits with every bit right)
         erase, add = torch.sigmoid(ea[..., :W]), ea[..., W:]
-        w_w = self._address(state.memory, hp[:, R:], state.write_weights)
-        memory = erase_add_write(state.memory, w_w, erase, add)
-        w_r = self._address(memory, hp[:, :R], state.read_weights)
-        reads = weighted_read(memory, w_r)  # [B, R, W]
+        # the write heads address M_{t-1} and write, the read heads address M_t and read: one C call
+        # on the CPU, the ops of memnets.ops.addressing elsewhere (memnets.ops.ntm_access)
+        memory, w_r, w_w, reads = ntm_access(hp, erase, add, state.memory, state.read_weights, state.write_weights)
         return NTMState(memory, w_r, w_w, reads, h, c), erase, add
 
     def _readout(self, h: torch.Tensor, reads: torch.Tensor) -> torch.Tensor:
