@@ -52,7 +52,7 @@ test-sanitize: $(STAMP)
 	LD_PRELOAD="$$($(SAN_CC) -print-file-name=libasan.so) $$($(SAN_CC) -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_hardening_native.py \
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_hardening_native.py tests/test_ntm_access.py \
 		tests/test_hardening_nan.py
 
 test-slow: $(STAMP)

@@ -36,7 +36,7 @@ def _close(a, b, tol=1e-10):
 
 @needs_kernels
 def test_kernels_build_here():
-    for name in ("nam_tm_heads", "nam_tape", "gru", "lsam", "dnc"):
+    for name in ("nam_tm_heads", "nam_tape", "gru", "lsam", "dnc", "ntm"):
         assert _native.load(name) is not None, f"{name}.c did not compile"
 
 
@@ -51,7 +51,7 @@ def _gcc_version(cc: str) -> str:
 
 
 @needs_kernels
-@pytest.mark.parametrize("name", ["gru", "nam_tape", "dnc"])
+@pytest.mark.parametrize("name", ["gru", "nam_tape", "dnc", "ntm"])
 def test_the_hot_loops_vectorise(name, tmp_path):
     """Every loop marked IVDEP (common.h) is vectorised at the kernels' own flags. Without the
     mark GCC took the GRU step's loops for possibly overlapping rows, gave up on them, and the

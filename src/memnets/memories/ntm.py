@@ -154,9 +154,7 @@ class NTM(nn.Module):
         def rep(p: torch.Tensor) -> torch.Tensor:
             return p.to(device=device, dtype=dtype).unsqueeze(0).expand(B, *p.shape)
 
-        # [B, N, W], stored slots last: the layout the CPU kernel keeps a memory in (memnets.ops.ntm_access)
-        memory = torch.full((B, cfg.word_size, cfg.memory_slots), cfg.memory_init, device=device,
-                            dtype=dtype).transpose(1, 2)
+        memory = torch.full((B, cfg.memory_slots, cfg.word_size), cfg.memory_init, device=device, dtype=dtype)
         return NTMState(memory, torch.softmax(rep(self.read_w0), -1), torch.softmax(rep(self.write_w0), -1),
                         rep(self.r0), rep(self.h0), rep(self.c0))
 

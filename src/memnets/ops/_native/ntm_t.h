@@ -23,8 +23,8 @@ static inline void FN(ntm_softmax)(REAL *restrict y, long n)
     const REAL m = FN(ntm_max)(y, n);
     REAL z = 0;
     /* two loops: GCC vectorises neither the exponential nor the sum when they share one */
-    for (long i = 0; i < n; ++i) y[i] = EXP(y[i] - m);
-    for (long i = 0; i < n; ++i) z += y[i];
+    IVDEP for (long i = 0; i < n; ++i) y[i] = EXP(y[i] - m);
+    IVDEP for (long i = 0; i < n; ++i) z += y[i];
     const REAL iz = 1 / z;
     IVDEP for (long i = 0; i < n; ++i) y[i] *= iz;
 }
@@ -78,7 +78,7 @@ static void FN(ntm_weighting)(REAL *restrict aux, const REAL *restrict p, const 
         IVDEP for (long i = 0; i < N; ++i) wt[i] += sj * e[i];
     }
     for (long i = 0; i < N; ++i) w[i] = (wt[i] > 0 ? wt[i] : 0) + (REAL)1e-12; /* apart: so both loops vectorise */
-    for (long i = 0; i < N; ++i) w[i] = gamma * LOG(w[i]);
+    IVDEP for (long i = 0; i < N; ++i) w[i] = gamma * LOG(w[i]);
     FN(ntm_softmax)(w, N);
 }
 
@@ -99,7 +99,7 @@ static void FN(ntm_weighting_bwd)(const REAL *restrict aux, const REAL *restrict
     REAL c = 0, dgamma = 0;
     for (long i = 0; i < N; ++i) c += w[i] * dw[i];
     for (long i = 0; i < N; ++i) t2[i] = (wt[i] > 0 ? wt[i] : 0) + (REAL)1e-12; /* loops apart, as forward */
-    for (long i = 0; i < N; ++i) t1[i] = LOG(t2[i]);
+    IVDEP for (long i = 0; i < N; ++i) t1[i] = LOG(t2[i]);
     for (long i = 0; i < N; ++i) {
         const REAL dz = w[i] * (dw[i] - c);
         dgamma += dz * t1[i];
