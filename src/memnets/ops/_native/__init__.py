@@ -219,9 +219,12 @@ LONG, INT, PTR = ctypes.c_long, ctypes.c_int, ctypes.c_void_p  # the argument ty
 def functions(name: str, x: torch.Tensor, signatures: Dict[str, list]) -> Optional[tuple]:
     """The functions ``<f>_f32`` (or ``_f64``, after ``x``'s dtype) of kernel ``name`` for each
     ``f`` of ``signatures`` (name -> argument types), ready to call on data pointers; ``None``
-    when ``x`` is not a float32/float64 CPU tensor or the kernel does not load here."""
+    when ``x`` is not a float32/float64 CPU tensor, ``torch.compile`` is tracing, or the kernel
+    does not load here."""
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or on_cuda_path(x):
         return None  # (inside memnets.ops.gpu.cuda_path CPU tensors take the CUDA path: no C kernel)
+    if torch.compiler.is_compiling():  # torch.compile traces the PyTorch path: no data behind its tensors
+        return None
     lib = load(name)
     if lib is None:
         return None
