@@ -218,3 +218,26 @@ def test_a_nan_stays_in_its_row_and_after_its_step():
     assert torch.isnan(yb[1, 4:]).all() and torch.isnan(sb.memory[1]).all()
     assert torch.equal(yb[1, :4], y[1, :4])
     assert torch.equal(yb[[0, 2]], y[[0, 2]]) and torch.equal(sb.memory[[0, 2]], s.memory[[0, 2]])
+
+
+def test_impl_reference_runs_the_ops(monkeypatch):
+    """``NTM(impl="reference")`` never calls the kernel and gives the same numbers as the default;
+    an unknown ``impl`` is refused."""
+    from memnets.ops import ntm_access as mod
+
+    torch.manual_seed(0)
+    fused = NTM(3, 2, memory_slots=6, word_size=4, controller_size=5).double()
+    ref = NTM(3, 2, memory_slots=6, word_size=4, controller_size=5, impl="reference").double()
+    ref.load_state_dict(fused.state_dict())
+    assert (fused.impl, ref.impl) == ("fused", "reference")
+    x = torch.randn(2, 5, 3, dtype=D64)
+    calls = []
+    real = mod.NTMAccess.apply
+    monkeypatch.setattr(mod.NTMAccess, "apply", lambda *a: calls.append(1) or real(*a))
+    y_ref = ref(x)[0]
+    assert not calls
+    y = fused(x)[0]
+    assert len(calls) == (5 if _native.enabled() and shutil.which("cc") else 0)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="`impl`"):
+        NTM(3, 2, impl="fast")

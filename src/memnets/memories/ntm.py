@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .._checks import check_input_dtype, check_positive_int, check_shape
+from ..ops._impl import resolve_impl, runs_fused
 from ..ops.gpu import use_triton
 from ..ops.gpu.ntm import applies as ntm_applies, ntm_scan_triton
 from ..ops.ntm_access import ntm_access
@@ -85,6 +86,13 @@ class NTM(nn.Module):
         controller: ``"lstm"`` or ``"mlp"`` (one tanh layer). controller_size: C.
         shift_range: n, shifts ``−n..+n`` are allowed; needs 2n+1 <= memory_slots.
         memory_init: constant every memory cell starts at.
+        impl: ``"auto"`` (default; = ``"fused"``) or ``"fused"``: each step's memory access is one
+            call of a C kernel forward and backward on float32 / float64 CPU tensors
+            (:func:`memnets.ops.ntm_access.ntm_access`), and on the CUDA path
+            (:func:`memnets.ops.gpu.use_triton`) ``forward`` runs the recurrence as Triton kernels
+            (:mod:`memnets.ops.gpu.ntm`); ``"reference"``: the addressing ops of
+            :mod:`memnets.ops.addressing`, one per equation, everywhere. Both give the same values
+            and gradients (tested in float64). ``model.impl`` holds the resolved value.
 
     ``forward(x [B, T, input_size], state=None, return_aux=False)`` returns
     ``(y [B, T, output_size], state)`` and with ``return_aux`` also an :class:`NTMAux`.
@@ -102,8 +110,10 @@ class NTM(nn.Module):
         controller_size: int = 100,
         shift_range: int = 1,
         memory_init: float = 1e-6,
+        impl: str = "auto",
     ) -> None:
         super().__init__()
+        self.impl = resolve_impl("NTM", impl)
         for name, v, lo in (("input_size", input_size, 1), ("output_size", output_size, 1),
                             ("memory_slots", memory_slots, 1), ("word_size", word_size, 1),
                             ("read_heads", read_heads, 1), ("write_heads", write_heads, 1),
@@ -193,7 +203,8 @@ class NTM(nn.Module):
         erase, add = torch.sigmoid(ea[..., :W]), ea[..., W:]
         # the write heads address M_{t-1} and write, the read heads address M_t and read: one C call
         # on the CPU, the ops of memnets.ops.addressing elsewhere (memnets.ops.ntm_access)
-        memory, w_r, w_w, reads = ntm_access(hp, erase, add, state.memory, state.read_weights, state.write_weights)
+        memory, w_r, w_w, reads = ntm_access(hp, erase, add, state.memory, state.read_weights, state.write_weights,
+                                             native=None if runs_fused(self.impl) else False)
         return NTMState(memory, w_r, w_w, reads, h, c), erase, add
 
     def _readout(self, h: torch.Tensor, reads: torch.Tensor) -> torch.Tensor:
@@ -224,7 +235,8 @@ class NTM(nn.Module):
         if T == 0:
             raise ValueError(f"`x` expected a sequence of length T >= 1, got {list(x.shape)}")
         cfg = self.config
-        if not return_aux and use_triton(x) and ntm_applies(cfg.memory_slots, cfg.word_size, cfg.controller_size):
+        if (not return_aux and runs_fused(self.impl) and use_triton(x)
+                and ntm_applies(cfg.memory_slots, cfg.word_size, cfg.controller_size)):
             # the CUDA path: two kernel launches per time step (memnets.ops.gpu.ntm), the input
             # projection and a fresh start made inside the graphed forward
             if state is not None:
