@@ -21,7 +21,7 @@ def test_env_json_names_what_this_machine_runs(capsys, monkeypatch, tmp_path):
     assert r["torch"] == torch.__version__
     assert r["cuda_devices"] == ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
                                  if torch.cuda.is_available() else [])
-    assert r["c_kernels"] == _native.status() and set(r["c_kernels"]) == {"dnc", "gru", "lsam", "nam_tape", "nam_tm_heads"}
+    assert r["c_kernels"] == _native.status() and set(r["c_kernels"]) == {"dnc", "gru", "lsam", "nam_tape", "nam_tm_heads", "ntm"}
     assert r["triton_kernels"] == triton_ok() and r["triton_minimum"] == "3.5"
     assert r["data_dir"] == str(tmp_path) and r["data_dir_from"] == "MEMNETS_DATA environment variable"
 
