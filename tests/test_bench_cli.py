@@ -48,15 +48,18 @@ def test_bench_gpu_device_is_resolved_like_a_runs(capsys):
 
 def test_packed_bench_rows_quick():
     """`memnets bench models`' packed rows run (quick sizes): LSAM against nn.LSTM and itself
-    padded, the NAM-TM and the DNC against themselves padded; and the DNC's C access step
-    against its PyTorch path."""
+    padded, the NAM-TM and the DNC against themselves padded; and the DNC's and the NTM's C
+    access steps against their PyTorch paths."""
     import math
 
-    from memnets.bench.models_classic import _dnc_native_cases, _dnc_packed_case
+    from memnets.bench.models_classic import _dnc_native_cases, _dnc_packed_case, _ntm_case
     from memnets.bench.models_nam import _packed_cases
 
-    rows = [*_packed_cases(True, 1), _dnc_packed_case(True), *_dnc_native_cases(True)]
+    rows = [*_packed_cases(True, 1), _dnc_packed_case(True), *_dnc_native_cases(True), *_ntm_case(True)]
     assert [r["model"] for r in rows] == ["LSAM (bi) packed", "LSAM (bi) packed", "NAM-TM packed", "dnc packed",
-                                          "dnc access in C", "dnc access in C"]
+                                          "dnc access in C", "dnc access in C", "ntm", "ntm access in C",
+                                          "ntm access in C"]
     assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows)
     assert "distinct lengths" in rows[2]["config"] and "one call" in rows[3]["note"]
+    assert [r["config"].rsplit("; ", 1)[-1] for r in rows[-2:]] == ["training step", "forward only (no_grad)"]
+    assert all(r["baseline"] == "the same NTM, MEMNETS_NATIVE=0" for r in rows[-2:])

@@ -123,15 +123,20 @@ def _dnc_native_cases(quick: bool) -> list[dict]:
     def evaluate() -> None:
         with torch.no_grad():
             dnc(batch.inputs)
-    repeat = 3 if quick else 7
+    return _against_the_ops("dnc access in C", "as above, 1 layer", "DNC", train, evaluate, 3 if quick else 7,
+                            "each step's memory access one C call forward and one backward (memnets.ops.dnc.native)")
+
+
+def _against_the_ops(model: str, config: str, name: str, train, evaluate, repeat: int, what: str) -> list[dict]:
+    """Rows timing ``train`` (a training step) and ``evaluate`` (a forward under ``no_grad``)
+    against themselves with the C kernels off (``MEMNETS_NATIVE=0``), interleaved."""
     rows = []
-    for what, fn in (("training step", train), ("forward only (no_grad)", evaluate)):
+    for step, fn in (("training step", train), ("forward only (no_grad)", evaluate)):
         base, ours, cpu = paired(pytorch_path(fn), fn, repeat)
-        rows.append({"model": "dnc access in C", "config": f"as above, 1 layer; {what}",
-                     "baseline": "the same DNC, MEMNETS_NATIVE=0", "baseline_ms": round(1e3 * base, 1),
-                     "ours_ms": round(1e3 * ours, 1), "ratio": round(ours / base, 3),
-                     "note": f"the forward's access step in C, its backward unchanged; median of {repeat} "
-                             f"interleaved runs, 1 thread; CPU-time ratio {cpu:.2f}"})
+        rows.append({"model": model, "config": f"{config}; {step}", "baseline": f"the same {name}, MEMNETS_NATIVE=0",
+                     "baseline_ms": round(1e3 * base, 1), "ours_ms": round(1e3 * ours, 1),
+                     "ratio": round(ours / base, 3),
+                     "note": f"{what}; median of {repeat} interleaved runs, 1 thread; CPU-time ratio {cpu:.2f}"})
     return rows
 
 
@@ -177,14 +182,8 @@ def _ntm_case(quick: bool) -> list[dict]:
     def evaluate() -> None:
         with torch.no_grad():
             ntm(batch.inputs)
-    for what, f in (("training step", fn), ("forward only (no_grad)", evaluate)):
-        base, ours, cpu = paired(pytorch_path(f), f, repeat)
-        rows.append({"model": "ntm access in C", "config": f"{config}; {what}",
-                     "baseline": "the same NTM, MEMNETS_NATIVE=0", "baseline_ms": round(1e3 * base, 1),
-                     "ours_ms": round(1e3 * ours, 1), "ratio": round(ours / base, 3),
-                     "note": f"each step's memory access one C call (memnets.ops.ntm_access); median of {repeat} "
-                             f"interleaved runs, 1 thread; CPU-time ratio {cpu:.2f}"})
-    return rows
+    return rows + _against_the_ops("ntm access in C", config, "NTM", fn, evaluate, repeat,
+                                   "each step's memory access one C call (memnets.ops.ntm_access)")
 
 
 def run_cases(quick: bool = False) -> list[dict]:
