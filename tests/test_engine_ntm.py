@@ -47,14 +47,15 @@ def test_train_package_exports_the_engine_lazily():
 
 def test_presets_reproduce_the_copy_experiment():
     cfg = load_config("ntm/copy")
-    assert cfg.task.name == "copy" and cfg.model.backbone == "ntm" and cfg.batch_size == 8
-    assert cfg.epochs * cfg.task.train_size // cfg.batch_size == 3000  # --steps 3000
-    assert cfg.optim.kind == "adam" and cfg.optim.lr == 1e-3 and cfg.optim.grad_clip == 10.0
+    assert cfg.task.name == "copy" and cfg.model.backbone == "ntm" and cfg.batch_size == 4
+    assert cfg.epochs * cfg.task.train_size == 24_000 and cfg.epochs * cfg.task.train_size // cfg.batch_size == 6000
+    assert cfg.optim.kind == "adam" and cfg.optim.lr == 2e-3 and cfg.optim.grad_clip == 10.0
     assert cfg.optim.weight_decay == 0.0 and cfg.schedule.kind == "constant"
     assert cfg.model.options["memory_slots"] == 128 and cfg.model.options["controller_size"] == 100
     assert sorted(cfg.task.splits) == ["len120", "len20", "len40", "len80"] and cfg.task.eval_size == 64
     cpu = load_config("ntm/copy-cpu")
-    assert cpu.log_every == 25 and sorted(cpu.task.splits) == ["len20", "len40", "len80"]
+    assert cpu.log_every == 50 and sorted(cpu.task.splits) == ["len20", "len40", "len80"]
+    assert (cpu.batch_size, cpu.optim.lr, cpu.epochs, cpu.task.train_size) == (4, 2e-3, 30, 800)
 
 
 def test_bad_settings_are_named():

@@ -56,6 +56,6 @@ def test_runs_an_experiment_end_to_end(tmp_path, capsys):
         torch.set_num_threads(threads)
     assert "memnets train ntm/copy-cpu" in capsys.readouterr().out
     res = json.loads((tmp_path / "results.json").read_text())
-    assert res["steps"] == 2 and res["sequences_seen"] == 16  # the override, batch 8
+    assert res["steps"] == 4 and res["sequences_seen"] == 16  # the override, batch 4
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["log_every"] == 1 and cfg["task"]["splits"] == {"len4": [4, 4]}
