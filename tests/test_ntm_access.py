@@ -237,7 +237,7 @@ def test_impl_reference_runs_the_ops(monkeypatch):
     y_ref = ref(x)[0]
     assert not calls
     y = fused(x)[0]
-    assert len(calls) == (5 if _native.enabled() and shutil.which("cc") else 0)
+    assert len(calls) == (5 if mod._kernel(x) is not None else 0)  # one call a step where the kernel runs
     torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="`impl`"):
         NTM(3, 2, impl="fast")
