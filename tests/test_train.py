@@ -276,6 +276,32 @@ def test_nan_policy_skip_drops_the_update_and_goes_on(tmp_path, monkeypatch):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+@pytest.mark.parametrize("deferred", [False, True])
+def test_finite_gradients_whose_float32_squares_overflow_are_clipped_not_refused(deferred):
+    """Gradients of 1e25 are finite in float32 but their float32 sum of squares is inf (an
+    exploding recurrence gives such steps): the total norm is summed in float64, the update is
+    taken and scaled to ``optim.grad_clip``; a real inf in a gradient still stops it."""
+    from memnets.train.loop import NonFiniteError, update, update_unchecked
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = tiny_config(optim=OptimConfig(kind="sgd", lr=1.0, grad_clip=2.0))
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    loss = model(torch.randn(5, 4)).pow(2).sum() * 1e25
+    assert not torch.isfinite(torch.linalg.vector_norm(torch.autograd.grad(loss, model.weight, retain_graph=True)[0]))
+    if deferred:
+        norm = update_unchecked(cfg, model, opt, loss)
+        assert norm.dtype == torch.float64 and 1e25 < float(norm) < 1e30
+    else:
+        assert update(cfg, model, opt, loss, 1) is True
+    step = torch.linalg.vector_norm(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())]))
+    assert float(step) == pytest.approx(2.0, rel=1e-4)  # lr 1 times the clipped gradient
+    loss = model(torch.randn(5, 4)).sum() * torch.tensor(float("inf"))
+    with pytest.raises(NonFiniteError):
+        update(cfg, model, opt, loss, 2)
+
+
 def test_huge_learning_rate_gives_non_finite_error_from_the_cli(tmp_path, capsys):
     """lr = 1e30 blows the weights up after the first update; the CLI reports the step and exits 1."""
     from memnets.cli.main import main

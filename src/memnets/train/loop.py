@@ -874,15 +874,24 @@ def update_unchecked(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Op
 
 
 def _gradient_norm(model: torch.nn.Module) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The parameters that have a gradient, and the total norm of their gradients (a tensor)."""
+    """The parameters that have a gradient, and the total norm of their gradients (a float64
+    tensor).
+
+    The squares are summed in float64: an exploding recurrence (the NTM's location addressing over
+    a hundred steps, say) gives finite float32 gradients of 1e19 and more, whose float32 sum of
+    squares overflows to inf, so the clipping factor became 0 and the step was taken for a
+    non-finite one; in float64 the norm is finite and clipping scales that step to
+    ``optim.grad_clip``. A NaN or inf gradient still gives a non-finite norm."""
     params = [p for p in model.parameters() if p.grad is not None]
     grads = [p.grad for p in params]
-    if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
-        return params, torch.nn.utils.get_total_norm(grads)
     if not grads:
-        return params, torch.tensor(0.0)
+        return params, torch.tensor(0.0, dtype=torch.float64)
     dev = grads[0].device
-    return params, torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g).to(dev) for g in grads]))
+    try:  # one multi-tensor reduction per device and dtype
+        norms = torch._foreach_norm(grads, 2.0, dtype=torch.float64)
+    except (AttributeError, TypeError, RuntimeError):  # releases without the dtype argument
+        norms = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
+    return params, torch.linalg.vector_norm(torch.stack([n.to(dev) for n in norms]))
 
 
 def _clip_with_norm(params: list[torch.Tensor], max_norm: float, norm: torch.Tensor) -> None:
