@@ -23,6 +23,7 @@ EXPERIMENTS: dict[str, str] = {
     "fewshot-omniglot": "generalised few-shot Omniglot: cosine classifier vs NAM few-shot",
     "lra": "Long Range Arena ListOps / byte-level text: softmax vs Linear vs NAM attention",
     "ntm-copy": "NTM on the copy task (cost in bits per sequence, long-sequence generalisation)",
+    "ntm-tasks": "NTM on repeat copy, associative recall and priority sort (Graves et al. 2014)",
 }
 
 # (experiment, preset or None) -> the `memnets train` presets it runs, in order
@@ -30,6 +31,9 @@ _LRA_KINDS = ("softmax", "linear", "nam")
 ALIASES: dict[tuple[str, str | None], tuple[str, ...]] = {
     ("ntm-copy", None): ("ntm/copy",),
     ("ntm-copy", "cpu"): ("ntm/copy-cpu",),
+    ("ntm-tasks", None): ("ntm/repeat_copy", "ntm/associative_recall", "ntm/priority_sort"),
+    ("ntm-tasks", "repeat-copy-10-seeds"): tuple(f"ntm/repeat_copy seed={s} name=ntm-repeat_copy-s{s}"
+                                                 for s in range(10)),
     ("lra", None): tuple(f"lra/listops-{k}" for k in _LRA_KINDS),
     **{("lra", p): tuple(f"lra/{p}-{k}" for k in _LRA_KINDS)
        for p in ("listops-200", "listops-2000", "listops-2000-gpu", "text-1000", "text-1000-4000", "listops-paper",
