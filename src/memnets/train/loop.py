@@ -875,7 +875,7 @@ def update_unchecked(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Op
 
 def _gradient_norm(model: torch.nn.Module) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The parameters that have a gradient, and the total norm of their gradients (a float64
-    tensor).
+    tensor; float32 on MPS, which has no float64).
 
     The squares are summed in float64: an exploding recurrence (the NTM's location addressing over
     a hundred steps, say) gives finite float32 gradients of 1e19 and more, whose float32 sum of
@@ -887,10 +887,11 @@ def _gradient_norm(model: torch.nn.Module) -> tuple[list[torch.Tensor], torch.Te
     if not grads:
         return params, torch.tensor(0.0, dtype=torch.float64)
     dev = grads[0].device
+    acc = torch.float32 if dev.type == "mps" else torch.float64  # MPS has no float64
     try:  # one multi-tensor reduction per device and dtype
-        norms = torch._foreach_norm(grads, 2.0, dtype=torch.float64)
+        norms = torch._foreach_norm(grads, 2.0, dtype=acc)
     except (AttributeError, TypeError, RuntimeError):  # releases without the dtype argument
-        norms = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
+        norms = [torch.linalg.vector_norm(g, dtype=acc) for g in grads]
     return params, torch.linalg.vector_norm(torch.stack([n.to(dev) for n in norms]))
 
 
