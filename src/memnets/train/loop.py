@@ -879,8 +879,8 @@ def _gradient_norm(model: torch.nn.Module) -> tuple[list[torch.Tensor], torch.Te
 
     The squares are summed in float64: an exploding recurrence (the NTM's location addressing over
     a hundred steps, say) gives finite float32 gradients of 1e19 and more, whose float32 sum of
-    squares overflows to inf, so the clipping factor became 0 and the step was taken for a
-    non-finite one; in float64 the norm is finite and clipping scales that step to
+    squares overflows to inf, which would zero the clipping factor and stop the run as if a
+    gradient were non-finite; in float64 the norm is finite and clipping scales that step to
     ``optim.grad_clip``. A NaN or inf gradient still gives a non-finite norm."""
     params = [p for p in model.parameters() if p.grad is not None]
     grads = [p.grad for p in params]
