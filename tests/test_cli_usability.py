@@ -151,6 +151,47 @@ def test_resume_accepts_free_keys_and_the_original_overrides_but_not_a_change(tm
     assert "cannot change optim.lr" in err and "compile" in err
 
 
+def _last_weights(run: Path) -> dict:
+    from safetensors.torch import load_file
+
+    step = json.loads((run / "checkpoints" / "last.json").read_text())["step"]
+    return load_file(str(run / "checkpoints" / f"step-{step:09d}.safetensors"))
+
+
+def test_a_finished_run_resumed_with_a_longer_budget_is_the_longer_run(tmp_path, capsys):
+    import torch
+
+    ref = tmp_path / "ref"
+    assert main(["train", "cpu/reduce-lstm", *SMALL, "epochs=4", "--run-dir", str(ref), "--quiet"]) == 0
+    run = tmp_path / "run"
+    assert main(["train", "cpu/reduce-lstm", *SMALL, "--run-dir", str(run), "--quiet"]) == 0  # epochs=2
+    assert json.loads((run / "results.json").read_text())["steps"] == 4
+    assert main(["train", "cpu/reduce-lstm", "epochs=4", "--run-dir", str(run), "--quiet", "--resume"]) == 0
+    assert json.loads((run / "config.json").read_text())["epochs"] == 4
+    assert _results(run) == _results(ref)
+    a, b = _last_weights(run), _last_weights(ref)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # max_steps likewise: lifted (0) on a run it stopped
+    cut = tmp_path / "cut"
+    assert main(["train", "cpu/reduce-lstm", *SMALL, "epochs=4", "max_steps=3", "--run-dir", str(cut),
+                 "--quiet"]) == 0
+    assert json.loads((cut / "results.json").read_text())["steps"] == 3
+    assert main(["train", "cpu/reduce-lstm", "max_steps=0", "--run-dir", str(cut), "--quiet", "--resume"]) == 0
+    assert json.loads((cut / "results.json").read_text())["steps"] == 8
+    a = _last_weights(cut)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    capsys.readouterr()
+    # a shorter budget is refused, and so is any change of it under the cosine schedule
+    assert main(["train", "cpu/reduce-lstm", "epochs=3", "--run-dir", str(run), "--resume"]) == 2
+    assert "`epochs` may only grow on resume" in capsys.readouterr().err
+    cos = tmp_path / "cos"
+    assert main(["train", "cpu/reduce-lstm", *SMALL, "schedule.kind=cosine", "--run-dir", str(cos), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["train", "cpu/reduce-lstm", "epochs=4", "--run-dir", str(cos), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot change epochs" in err and "cosine schedule decays over the whole budget" in err
+
+
 def test_device_option_with_overrides_after_it(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "cpu/reduce-lstm", "--device", "cpu", *SMALL, "max_steps=1", "--run-dir", str(run),

@@ -116,8 +116,10 @@ def test_tiny_run_writes_every_file(tmp_path):
     # a second run into the same directory is refused unless resuming
     with pytest.raises(RunExistsError):
         train(tiny_config(), run, quiet=True)
-    with pytest.raises(ConfigError, match="config differs in epochs"):
-        train(tiny_config(checkpoint_every=3, epochs=3), run, resume=True, quiet=True)
+    with pytest.raises(ConfigError, match="config differs in batch_size"):
+        train(tiny_config(checkpoint_every=3, batch_size=8), run, resume=True, quiet=True)
+    with pytest.raises(ConfigError, match="`epochs` may only grow on resume"):  # a larger one continues it
+        train(tiny_config(checkpoint_every=3, epochs=1), run, resume=True, quiet=True)
 
 
 @pytest.mark.parametrize("ties,epoch", [("first", 1), ("last", 3)])

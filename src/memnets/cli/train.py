@@ -14,10 +14,13 @@ EPILOG = """examples:
   memnets train cpu/reduce-transformer epochs=5 optim.lr=3e-4 --run-dir runs/tf-short
   memnets train cpu/reduce-nam_tm epochs=5 --run-dir runs/short
   memnets train cpu/reduce-nam_tm --resume --run-dir runs/short     (continues with epochs=5)
+  memnets train cpu/reduce-nam_tm epochs=10 --resume --run-dir runs/short   (trains it on to 10)
   memnets train cpu/reduce-nam_tm --device cpu
 --resume continues the run from its saved config.json: the overrides it was started with
 need not be repeated; on resume only compile, threads, time_limit_min, tensorboard and
-description may change. Ctrl-C stops a run and prints the command that continues it.
+description may change, and the budget may grow (epochs, max_steps; not under the cosine
+schedule): a finished run then trains on exactly as the longer run would have.
+Ctrl-C stops a run and prints the command that continues it.
 presets: `memnets configs ls`; runs under torchrun use DistributedDataParallel."""
 
 
@@ -32,7 +35,8 @@ def add_parser(sub) -> None:
                    help="dotted overrides, e.g. optim.lr=3e-4 task.train_size=6400")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in the run directory exactly, from its saved config.json (overrides "
-                        "only for compile, threads, time_limit_min, tensorboard, description)")
+                        "only for compile, threads, time_limit_min, tensorboard, description, and a "
+                        "larger epochs or max_steps)")
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/<name>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
     from .main import add_device_option

@@ -45,7 +45,8 @@ from .task import RunSummary, Task, get_task
 
 __all__ = ["train", "Trainer", "build_model", "evaluate", "lr_factor", "selects", "selection_key", "selection_rule",
            "update", "graph_steps", "load_optimizer_state", "RunExistsError", "model_config_error",
-           "resume_config", "FREE_ON_RESUME", "config_diff", "StepTally", "deferred_checks", "update_unchecked"]
+           "resume_config", "FREE_ON_RESUME", "LONGER_ON_RESUME", "config_diff", "resume_diff", "StepTally",
+           "deferred_checks", "update_unchecked"]
 
 
 class RunExistsError(ConfigError):
@@ -321,12 +322,36 @@ def config_diff(old: RunConfig, new: RunConfig) -> dict[str, tuple[Any, Any]]:
             if a.get(k) != b.get(k) and k not in FREE_ON_RESUME}
 
 
+# budget keys that a resumed run may raise (a longer run), unless the schedule spans the budget
+LONGER_ON_RESUME = ("epochs", "max_steps")
+
+
+def resume_diff(old: RunConfig, new: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """:func:`config_diff` less a longer budget: ``epochs`` raised, ``max_steps`` raised or
+    lifted (0). Such a run continues as the longer run would have gone, because an epoch's data
+    and the learning rate at a step do not depend on the budget; not so for the ``cosine``
+    schedule, which decays over all steps, so there a changed budget stays in the diff.
+
+    ConfigError when the budget is lowered (a run is not shortened on resume)."""
+    diff = config_diff(old, new)
+    if old.schedule.kind == "cosine" or new.schedule.kind == "cosine":
+        return diff
+    if "epochs" in diff and new.epochs < old.epochs:
+        raise ConfigError(f"`epochs` may only grow on resume: the run was started with epochs={old.epochs}, "
+                          f"got {new.epochs}")
+    if "max_steps" in diff and old.max_steps and 0 < new.max_steps < old.max_steps:
+        raise ConfigError(f"`max_steps` may only grow (or be lifted with 0) on resume: the run was started with "
+                          f"max_steps={old.max_steps}, got {new.max_steps}")
+    return {k: v for k, v in diff.items() if k not in LONGER_ON_RESUME}
+
+
 def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """The config to continue the run in ``run_dir`` with: its saved ``config.json`` and
     ``overrides`` (``key=value``). Only the keys of :data:`FREE_ON_RESUME` (``compile``,
-    ``threads``, ``time_limit_min``, ...) may change; an override repeating a saved value is
-    accepted, so the command that started the run also continues it. ConfigError when
-    ``config.json`` is missing or malformed, or an override changes another key."""
+    ``threads``, ``time_limit_min``, ...) may change, and the budget may grow (``epochs``,
+    ``max_steps``: :func:`resume_diff`), which continues a finished run further; an override
+    repeating a saved value is accepted, so the command that started the run also continues it.
+    ConfigError when ``config.json`` is missing or malformed, or an override changes another key."""
     from .config import apply_overrides
 
     cfg_file = Path(run_dir) / "config.json"
@@ -337,12 +362,14 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ru
     except (ValueError, TypeError, AttributeError) as e:  # JSONDecodeError and ConfigError are ValueErrors
         raise ConfigError(f"cannot resume {run_dir}: {cfg_file} is malformed ({e})") from e
     cfg = apply_overrides(saved, list(overrides or []))
-    diff = config_diff(saved, cfg)
+    diff = resume_diff(saved, cfg)
     if diff:
         was = ", ".join(f"{k}={json.dumps(v[0])}" for k, v in diff.items())
-        raise ConfigError(f"cannot change {', '.join(diff)} when resuming {run_dir} (it was started with {was}); "
-                          f"on resume only {', '.join(FREE_ON_RESUME)} may change; leave the other overrides "
-                          "out (the run's config.json is used) or train into a new --run-dir")
+        why = " (the cosine schedule decays over the whole budget)" if set(diff) & set(LONGER_ON_RESUME) else ""
+        raise ConfigError(f"cannot change {', '.join(diff)} when resuming {run_dir} (it was started with {was})"
+                          f"{why}; on resume only {', '.join(FREE_ON_RESUME)} may change, and epochs or max_steps "
+                          "grow unless the schedule is cosine; leave the other overrides out (the run's config.json "
+                          "is used) or train into a new --run-dir")
     return cfg
 
 
@@ -357,7 +384,7 @@ def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
             saved = config_from_dict(json.loads(cfg_file.read_text()))
         except (ValueError, TypeError, AttributeError) as e:  # JSONDecodeError and ConfigError are ValueErrors
             raise ConfigError(f"cannot resume {run_dir}: {cfg_file} is malformed ({e})") from e
-        diff = config_diff(saved, cfg)
+        diff = resume_diff(saved, cfg)
         if diff:
             raise ConfigError(f"cannot resume {run_dir}: config differs in {', '.join(diff)}")
     return resume and ck.has_checkpoint(run_dir / "checkpoints")
