@@ -42,6 +42,10 @@ def test_errors_name_the_expected_values(capsys):
     assert main(["experiment", "--list"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in EXPERIMENTS) and "listops-2000" in out and "seed=0..9" in out
+    assert "repeat-copy-seeds-10-13 = memnets train ntm/repeat_copy seed=10..13 (4 runs)" in out
+    from memnets.cli.experiment import _short
+
+    assert _short(tuple(f"p seed={s}" for s in (0, 1, 3, 4))) == [f"p seed={s}" for s in (0, 1, 3, 4)]
 
 
 def test_runs_an_experiment_end_to_end(tmp_path, capsys):

@@ -34,6 +34,11 @@ ALIASES: dict[tuple[str, str | None], tuple[str, ...]] = {
     ("ntm-tasks", None): ("ntm/repeat_copy", "ntm/associative_recall", "ntm/priority_sort"),
     ("ntm-tasks", "repeat-copy-10-seeds"): tuple(f"ntm/repeat_copy seed={s} name=ntm-repeat_copy-s{s}"
                                                  for s in range(10)),
+    # seeds that took no part in choosing the preset's budget
+    ("ntm-tasks", "repeat-copy-seeds-10-13"): tuple(f"ntm/repeat_copy seed={s} name=ntm-repeat_copy-s{s}"
+                                                    for s in range(10, 14)),
+    ("ntm-tasks", "associative-recall-10-seeds"): tuple(
+        f"ntm/associative_recall seed={s} name=ntm-associative_recall-s{s}" for s in range(10)),
     ("lra", None): tuple(f"lra/listops-{k}" for k in _LRA_KINDS),
     **{("lra", p): tuple(f"lra/{p}-{k}" for k in _LRA_KINDS)
        for p in ("listops-200", "listops-2000", "listops-2000-gpu", "text-1000", "text-1000-4000", "listops-paper",
@@ -120,10 +125,12 @@ def train_argv(name: str, preset: str | None, extra: list[str], index: int = 0) 
 
 
 def _short(runs: tuple[str, ...]) -> list[str]:
-    """The runs of an alias as listed: ``p seed=0 ...`` x 10 becomes ``p seed=0..9``."""
+    """The runs of an alias as listed: ``p seed=0 ...`` ... ``p seed=9 ...`` becomes ``p seed=0..9``
+    (consecutive seeds of one preset); any other list is given run by run."""
     base = {r.split()[0] for r in runs}
-    if len(runs) > 3 and len(base) == 1:
-        return [f"{base.pop()} seed=0..{len(runs) - 1} ({len(runs)} runs)"]
+    seeds = [next((int(w[5:]) for w in r.split() if w.startswith("seed=") and w[5:].isdigit()), None) for r in runs]
+    if len(runs) > 3 and len(base) == 1 and None not in seeds and seeds == list(range(seeds[0], seeds[0] + len(runs))):
+        return [f"{base.pop()} seed={seeds[0]}..{seeds[-1]} ({len(runs)} runs)"]
     return list(runs)
 
 
