@@ -166,6 +166,18 @@ def test_a_finished_run_resumed_with_a_longer_budget_is_the_longer_run(tmp_path,
     run = tmp_path / "run"
     assert main(["train", "cpu/reduce-lstm", *SMALL, "--run-dir", str(run), "--quiet"]) == 0  # epochs=2
     assert json.loads((run / "results.json").read_text())["steps"] == 4
+    from memnets.train import loop
+
+    save = loop.Trainer.save
+
+    def save_then_interrupt(self, ep, b):  # Ctrl-C right after the third epoch's checkpoint
+        save(self, ep, b)
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loop.Trainer, "save", save_then_interrupt)
+        assert main(["train", "cpu/reduce-lstm", "epochs=4", "--run-dir", str(run), "--quiet", "--resume"]) == 130
+    assert not (run / "results.json").exists()  # the two-epoch results no longer describe the run
     assert main(["train", "cpu/reduce-lstm", "epochs=4", "--run-dir", str(run), "--quiet", "--resume"]) == 0
     assert json.loads((run / "config.json").read_text())["epochs"] == 4
     assert _results(run) == _results(ref)

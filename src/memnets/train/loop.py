@@ -477,6 +477,10 @@ class Trainer:
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             ck.atomic_write_text(run_dir / "config.json", json.dumps(config_to_dict(cfg), indent=2))
+            if self.has_ckpt and self.epoch < cfg.epochs and not (cfg.max_steps and self.step >= cfg.max_steps):
+                # a run stopped early (time limit, max_steps) or given a larger budget trains on: the
+                # results of where it stopped no longer describe it
+                (run_dir / "results.json").unlink(missing_ok=True)
             env = run_env(self.device, info.world)
             ac = _autocast(cfg, self.device)
             env.update(params=self.n_params, resumed_from_step=self.step if self.has_ckpt else None,
