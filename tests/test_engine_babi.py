@@ -52,6 +52,16 @@ def test_linear_start_then_softmax_with_the_lr_recipe(data_env, tmp_path):
     assert res["test"]["test"]["n"] == 1000 and res["tasks"]["1"]["test_error"] == res["mean_error"]
 
 
+def test_a_run_its_recipe_finished_resumes_to_the_same_results(data_env, tmp_path):
+    cfg = load_config("babi/memn2n-task1", [*TINY, "epochs=5"])  # the recipe ends after 1 + 2 epochs
+    first = train(cfg, tmp_path / "r", quiet=True)
+    assert first["epochs"] == 3 and first["steps"] == 3 * 29
+    metrics = (tmp_path / "r/metrics.jsonl").read_text()
+    again = train(cfg, tmp_path / "r", resume=True, quiet=True)  # was: one more epoch trained
+    assert again["steps"] == first["steps"] and again["splits"] == first["splits"]
+    assert (tmp_path / "r/metrics.jsonl").read_text() == metrics and (tmp_path / "r/results.json").is_file()
+
+
 def test_tiny_runs_then_load_eval_table_report(data_env, tmp_path, capsys):
     train(load_config("babi/memn2n-joint", [*TINY, "task.options.tasks=[1, 2]"]), tmp_path / "mem", quiet=True)
     train(load_config("babi/seq-joint-7min-lsam", ["epochs=1", "task.options.tasks=[1, 2]", "model.d_model=16",

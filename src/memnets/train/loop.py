@@ -477,7 +477,7 @@ class Trainer:
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             ck.atomic_write_text(run_dir / "config.json", json.dumps(config_to_dict(cfg), indent=2))
-            if self.has_ckpt and self.epoch < cfg.epochs and not (cfg.max_steps and self.step >= cfg.max_steps):
+            if self.has_ckpt and self.trains_on():
                 # a run stopped early (time limit, max_steps) or given a larger budget trains on: the
                 # results of where it stopped no longer describe it
                 (run_dir / "results.json").unlink(missing_ok=True)
@@ -517,11 +517,25 @@ class Trainer:
         self.bar_off = self.quiet or not info.is_main or not sys.stderr.isatty()
         self.t_start = time.perf_counter()
 
+    def done_by_recipe(self) -> bool:
+        """Whether the task's own recipe finished the run at an epoch's end (Task.should_stop)."""
+        return self.task_state is not None and self.batch0 == 0 and 0 < self.epoch < self.cfg.epochs and \
+            self.task.should_stop(self.task_state, self.epoch)
+
+    def trains_on(self) -> bool:
+        """Whether the run has steps left from where it stands (a resumed run may have none)."""
+        cfg = self.cfg
+        return self.epoch < cfg.epochs and not (cfg.max_steps and self.step >= cfg.max_steps) and \
+            not self.done_by_recipe()
+
     def run_epochs(self) -> None:
         """The epoch/step loop, from the resumed position to ``epochs`` or the time limit."""
         cfg = self.cfg
         self.partial = False
         self.model.train()
+        if self.done_by_recipe():  # a finished run resumed: nothing is left to train
+            self.done_by_task = True
+            return
         while self.epoch < cfg.epochs:
             if cfg.max_steps and self.step >= cfg.max_steps:
                 self.by_steps = True
@@ -546,8 +560,7 @@ class Trainer:
                     self.evaluate_and_select(self.epoch)  # score the model we stop with
                 self._say(f"stopping after epoch {self.epoch}: time limit {cfg.time_limit_min} min")
                 break
-            if self.task_state is not None and self.epoch < cfg.epochs and \
-                    self.task.should_stop(self.task_state, self.epoch):
+            if self.done_by_recipe():
                 self.done_by_task = True
                 self._say(f"stopping after epoch {self.epoch}: the task's recipe is complete")
                 break
