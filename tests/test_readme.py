@@ -102,3 +102,32 @@ def test_family_page_opens_with_its_table_and_command(page):
     top = text[:heads[1]] if len(heads) > 1 else text  # the title, the intro and the first section
     assert re.search(r"^\|.*\|\s*$", top, re.M), f"{page} does not open with its table"
     assert any("memnets " in block for block in BASH.findall(top)), f"{page} does not open with its command"
+
+
+def _anchors(text: str) -> set[str]:
+    """The anchors of the headings of a Markdown page, as GitHub makes them: lower case, marks
+    other than ``-`` and ``_`` dropped, spaces to ``-``, a repeated anchor numbered ``-1``, ``-2``."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)  # a `# comment` in a code block is no heading
+    seen: dict[str, int] = {}
+    anchors = set()
+    for title in re.findall(r"^#{1,6}\s+(.+?)\s*$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(f"{slug}-{n}" if n else slug)
+    return anchors
+
+
+def test_anchors_and_their_slugs():
+    assert _anchors("# Repeat copy: batch 1, 96k (fourteen seeds)\n```bash\n# not a heading\n```\n## A\n## A\n") == {
+        "repeat-copy-batch-1-96k-fourteen-seeds", "a", "a-1"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_links_to_a_section_find_it(path):
+    """A link ``page.md#section`` (or ``#section``) in the docs names a heading that the page has."""
+    text = path.read_text()
+    for page, anchor in re.findall(r"\]\(([\w./-]*?\.md)?#([^)\s]+)\)", text):
+        target = (path.parent / page) if page else path
+        if target.is_file():
+            assert anchor in _anchors(target.read_text()), f"{path.name}: no section #{anchor} in {target.name}"
