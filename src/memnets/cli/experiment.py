@@ -39,6 +39,9 @@ ALIASES: dict[tuple[str, str | None], tuple[str, ...]] = {
                                                     for s in range(10, 14)),
     ("ntm-tasks", "associative-recall-10-seeds"): tuple(
         f"ntm/associative_recall seed={s} name=ntm-associative_recall-s{s}" for s in range(10)),
+    # seeds that took no part in choosing the preset
+    ("ntm-tasks", "associative-recall-seeds-10-19"): tuple(
+        f"ntm/associative_recall seed={s} name=ntm-associative_recall-s{s}" for s in range(10, 20)),
     ("lra", None): tuple(f"lra/listops-{k}" for k in _LRA_KINDS),
     **{("lra", p): tuple(f"lra/{p}-{k}" for k in _LRA_KINDS)
        for p in ("listops-200", "listops-2000", "listops-2000-gpu", "text-1000", "text-1000-4000", "listops-paper",
