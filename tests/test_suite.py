@@ -556,6 +556,50 @@ def test_suite_finds_runs_made_with_another_config_stale(tmp_path, capsys):
     assert main([*argv, "--dry-run"]) == 0 and "(1 done, 0 to resume, 0 to start)" in capsys.readouterr().out
 
 
+def test_a_run_whose_preset_trains_longer_is_trained_on_not_stale(tmp_path, capsys):
+    """A preset that now only trains for more epochs leaves its finished runs to train on from
+    their checkpoints (``--resume`` with the larger budget), not stale; the kept results are then
+    the longer run's, equal to a run of the larger budget from the start. A lowered budget, or a
+    longer one without the run folder's checkpoint, is stale."""
+    from memnets.cli.suite import budget_grows, stale_keys
+
+    runs, results = tmp_path / "runs", tmp_path / "results" / "tiny-suite"
+    suite = _suite(tmp_path, ["cpu/reduce-transformer"], [0], ["epochs=1", *TINY])
+    argv = ["suite", "run", str(suite), "--runs-dir", str(runs)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    suite = _suite(tmp_path, ["cpu/reduce-transformer"], [0], ["epochs=2", *TINY])
+    (r,) = suite_runs(load_suite(str(suite)), runs, results_dir=results)
+    cfg = load_config(r.preset, r.overrides)
+    assert budget_grows(r, cfg) == stale_keys(r, cfg) == ["epochs: 1 -> 2"]
+    assert main([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "(0 done, 1 to resume, 0 to start)" in out and "stale" not in out
+    assert "resume from step 4 (the budget grew: epochs: 1 -> 2)" in out
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "cpu-reduce-transformer-s0: resuming from step 4 (the budget grew: epochs: 1 -> 2)" in out
+    assert "Table 1" in out  # the run trained on is in the tables
+    kept = json.loads((results / "cpu-reduce-transformer-s0" / "results.json").read_text())
+    assert json.loads((results / "cpu-reduce-transformer-s0" / "config.json").read_text())["epochs"] == 2
+    assert main([*argv, "--dry-run"]) == 0 and "(1 done, 0 to resume, 0 to start)" in capsys.readouterr().out
+    assert not (runs / "cpu-reduce-transformer-s0.stale").exists()
+    # the same as two epochs from the start
+    assert main(["train", r.preset, *r.overrides, "--run-dir", str(tmp_path / "fresh"), "--quiet"]) == 0
+    capsys.readouterr()
+    fresh = json.loads((tmp_path / "fresh" / "results.json").read_text())
+    assert kept["splits"] == fresh["splits"] and kept["best_epoch"] == fresh["best_epoch"]
+    # shorter: stale; longer but only the kept results (no checkpoint): stale
+    (r,) = suite_runs(load_suite(str(_suite(tmp_path, ["cpu/reduce-transformer"], [0], ["epochs=1", *TINY]))),
+                      runs, results_dir=results)
+    assert budget_grows(r, load_config(r.preset, r.overrides)) == [] and stale_keys(r, load_config(
+        r.preset, r.overrides)) == ["epochs: 2 -> 1"]
+    (r,) = suite_runs(load_suite(str(_suite(tmp_path, ["cpu/reduce-transformer"], [0], ["epochs=3", *TINY]))),
+                      tmp_path / "elsewhere", results_dir=results)
+    assert budget_grows(r, load_config(r.preset, r.overrides)) == [] and stale_keys(r, load_config(
+        r.preset, r.overrides)) == ["epochs: 2 -> 3"]
+
+
 def test_kept_table1_results_match_the_shipped_presets():
     """Every run kept in results/ for the Table 1 suites was made with the config its preset
     gives now: a preset changed without its cells trained again fails here (and the suite would

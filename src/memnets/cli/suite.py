@@ -27,7 +27,10 @@ whose folder (results or run folder) holds a ``config.json`` that differs from w
 and overrides give now, in any key that changes what is computed (``config_diff``: not
 ``threads``, ``time_limit_min``, ...), is *stale*: it is left out of the tables, ``--dry-run``
 names the keys that differ, and ``run`` refuses to go on until ``--rerun-stale`` says to train it
-again (its run folder is then moved to ``<run name>.stale`` and its kept results removed).
+again (its run folder is then moved to ``<run name>.stale`` and its kept results removed). A run
+whose preset now only trains longer (a larger ``epochs`` or ``max_steps``, not under the cosine
+schedule) and whose run folder holds its checkpoint is not stale: ``run`` trains it on with
+``--resume``, exactly as a run started with the larger budget goes (:func:`budget_grows`).
 
 **Results that outlive the machine.** Each finished run's ``results.json``, ``config.json``,
 ``env.json``, ``metrics.jsonl`` and ``suite.log`` (not its checkpoints) are copied into
@@ -59,7 +62,7 @@ from pathlib import Path
 
 __all__ = ["add_parser", "Suite", "SuiteRun", "load_suite", "list_suites", "suite_runs", "run_status", "run_name",
            "runs_table", "family_tables", "sweep_table", "archive_run", "finished_dir", "choose_point",
-           "within_noise", "stale_keys"]
+           "within_noise", "stale_keys", "budget_grows"]
 
 SUITE_KEYS = ("description", "presets", "seeds", "overrides", "seeds_for", "overrides_for", "sweep", "sweep_for")
 ARCHIVED = ("results.json", "config.json", "env.json", "metrics.jsonl", "suite.log")
@@ -111,6 +114,9 @@ class SuiteRun:
     # the keys (``"key: old -> new"``) in which the config found in the run's folder differs from
     # what its preset gives now (:func:`stale_keys`); a stale run counts as not finished
     stale: list[str] = field(default_factory=list)
+    # the budget keys (``"epochs: 60 -> 120"``) of a run that its preset now trains for longer and
+    # whose checkpoint trains on to it (:func:`budget_grows`); such a run counts as not finished
+    grows: list[str] = field(default_factory=list)
 
     def argv(self) -> list[str]:
         """The ``memnets train`` arguments of this run."""
@@ -273,8 +279,8 @@ def archive_run(run: SuiteRun) -> bool:
 
 def finished_dir(run: SuiteRun) -> Path | None:
     """Where the run's results are: its results folder if it holds them, else its run folder if
-    that does, else None (also for a stale run)."""
-    if run.stale:
+    that does, else None (also for a stale run, and for one whose budget grew)."""
+    if run.stale or run.grows:
         return None
     for d in (run.results_dir, run.run_dir):
         if d is not None and (d / "results.json").is_file():
@@ -302,13 +308,36 @@ def stale_keys(run: SuiteRun, cfg) -> list[str]:
     return [f"{k}: {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in config_diff(old, cfg).items()]
 
 
+def budget_grows(run: SuiteRun, cfg) -> list[str]:
+    """The keys of :func:`stale_keys` when they are only a larger budget (``epochs``,
+    ``max_steps``; :func:`~memnets.train.loop.resume_diff`) and the run folder holds a
+    checkpoint of the shorter run: ``memnets train --resume`` then trains that run on exactly as
+    a run started with the larger budget goes, so the run is continued rather than stale. Empty
+    otherwise (a lowered budget, another key, or kept results without a checkpoint)."""
+    from ..train.config import ConfigError, config_from_dict
+    from ..train.loop import config_diff, resume_diff
+
+    if not (run.run_dir / "checkpoints" / "last.json").is_file():
+        return []
+    try:
+        old = config_from_dict(json.loads((run.run_dir / "config.json").read_text()))
+        if resume_diff(old, cfg):
+            return []
+    except (OSError, ValueError, TypeError, AttributeError, ConfigError):
+        return []
+    return [f"{k}: {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in config_diff(old, cfg).items()]
+
+
 def run_status(run_dir: str | Path | SuiteRun) -> str:
     """``done`` (results.json, in the run folder or, for a :class:`SuiteRun`, in its results
     folder), ``stale`` (a :class:`SuiteRun` made with another config, :func:`stale_keys`),
-    ``resume`` (a checkpoint, no results) or ``new``."""
+    ``resume`` (a checkpoint, no results; or a :class:`SuiteRun` whose budget grew,
+    :func:`budget_grows`) or ``new``."""
     if isinstance(run_dir, SuiteRun):
         if run_dir.stale:
             return "stale"
+        if run_dir.grows:
+            return "resume"
         if finished_dir(run_dir) is not None:
             return "done"
         run_dir = run_dir.run_dir
@@ -697,12 +726,16 @@ def _run(args) -> int:
                       threads=args.threads, results_dir=results_dir)
     for r in runs:  # every config must resolve before anything trains
         try:
-            r.stale = stale_keys(r, load_config(r.preset, r.overrides))
+            cfg = load_config(r.preset, r.overrides)
         except ConfigError as e:
             raise UsageError(f"{r.name}: {e}") from e
+        r.stale = stale_keys(r, cfg)
+        if r.stale and budget_grows(r, cfg) == r.stale:  # a longer budget: the run trains on
+            r.grows, r.stale = r.stale, []
     if not args.dry_run:  # runs finished in their run folder but not yet kept in the results folder
         for r in runs:
-            if r.results_dir is not None and not r.stale and not (r.results_dir / "results.json").is_file():
+            if r.results_dir is not None and not r.stale and not r.grows and \
+                    not (r.results_dir / "results.json").is_file():
                 archive_run(r)
     todo = [r for r in runs if run_status(r) != "done"]
     n_done = len(runs) - len(todo)
@@ -734,6 +767,8 @@ def _run(args) -> int:
             st = run_status(r)
             extra = f" from step {_checkpoint_step(r.run_dir)}" if st == "resume" else \
                 f" (made with {', '.join(r.stale)})" if st == "stale" else ""
+            if r.grows:
+                extra += f" (the budget grew: {', '.join(r.grows)})"
             holder = lock_holder(r.run_dir) if st != "done" else None
             if holder is not None:
                 extra += f" (running now, process {holder})"
@@ -764,6 +799,8 @@ def _run(args) -> int:
                     print(f"[{n_started}/{n_total}] {r.name}: {why}; skipped here", flush=True)
                     continue
                 how = f"resuming from step {_checkpoint_step(r.run_dir)}" if st == "resume" else "starting"
+                if r.grows:
+                    how += f" (the budget grew: {', '.join(r.grows)})"
                 print(f"[{n_started}/{n_total}] {r.name}: {how}", flush=True)
                 proc, log = _start(r)
                 active[r.name] = (r, proc, log, time.perf_counter())
@@ -777,6 +814,7 @@ def _run(args) -> int:
                 del active[name]
                 dt = time.perf_counter() - t0
                 if rc == 0 and (r.run_dir / "results.json").is_file():
+                    r.grows = []  # trained on to its preset's budget: finished
                     archive_run(r)
                     res = json.loads((r.run_dir / "results.json").read_text())
                     figs = f"{_metric_of(res, args.metric)} {_figures(res, args.metric)}"
