@@ -42,6 +42,8 @@ ALIASES: dict[tuple[str, str | None], tuple[str, ...]] = {
     # seeds that took no part in choosing the preset
     ("ntm-tasks", "associative-recall-seeds-10-19"): tuple(
         f"ntm/associative_recall seed={s} name=ntm-associative_recall-s{s}" for s in range(10, 20)),
+    ("ntm-tasks", "priority-sort-seeds-0-5"): tuple(
+        f"ntm/priority_sort seed={s} name=ntm-priority_sort-s{s}" for s in range(6)),
     ("lra", None): tuple(f"lra/listops-{k}" for k in _LRA_KINDS),
     **{("lra", p): tuple(f"lra/{p}-{k}" for k in _LRA_KINDS)
        for p in ("listops-200", "listops-2000", "listops-2000-gpu", "text-1000", "text-1000-4000", "listops-paper",
