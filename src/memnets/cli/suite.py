@@ -398,7 +398,8 @@ def add_parser(sub) -> None:
     r.add_argument("--rerun-stale", action="store_true",
                    help="train again the runs made with another config than their preset gives now (moving "
                         "their run folder to <run>.stale and removing their kept results); without it such "
-                        "runs stop the suite")
+                        "runs stop the suite. A run whose preset only trains longer now is trained on from its "
+                        "checkpoint, not stale")
     r.add_argument("--metric", default=None, choices=("seq_acc", "tok_acc", "ans_acc"),
                    help="algorithmic tasks: the accuracy shown (default: sequence accuracy, the paper's); "
                         "the other families show their main metric")
