@@ -288,6 +288,11 @@ def finished_dir(run: SuiteRun) -> Path | None:
     return None
 
 
+def _diff_keys(diff: dict) -> list[str]:
+    """A :func:`~memnets.train.loop.config_diff` as ``"key: old -> new"`` lines."""
+    return [f"{k}: {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in diff.items()]
+
+
 def stale_keys(run: SuiteRun, cfg) -> list[str]:
     """How the config kept with ``run`` (the ``config.json`` of its results folder when that holds
     its results, else of its run folder) differs from ``cfg``, what its preset gives now: one
@@ -305,7 +310,7 @@ def stale_keys(run: SuiteRun, cfg) -> list[str]:
         old = config_from_dict(json.loads((found / "config.json").read_text()))
     except (OSError, ValueError, TypeError, AttributeError) as e:
         return [f"{found / 'config.json'} unreadable ({e})"]
-    return [f"{k}: {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in config_diff(old, cfg).items()]
+    return _diff_keys(config_diff(old, cfg))
 
 
 def budget_grows(run: SuiteRun, cfg) -> list[str]:
@@ -325,7 +330,7 @@ def budget_grows(run: SuiteRun, cfg) -> list[str]:
             return []
     except (OSError, ValueError, TypeError, AttributeError, ConfigError):
         return []
-    return [f"{k}: {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in config_diff(old, cfg).items()]
+    return _diff_keys(config_diff(old, cfg))
 
 
 def run_status(run_dir: str | Path | SuiteRun) -> str:
