@@ -196,6 +196,7 @@ CASES = {
     # NTM
     "ntm-memory_slots": lambda p: build_model("ntm", input_size=3, output_size=3, memory_slots=0),
     "ntm-controller": lambda p: _ntm(controller="gru"),
+    "ntm-write_gate_bias": lambda p: _ntm(write_gate_bias=float("nan")),
     "ntm-batch-0": lambda p: _ntm().init_state(0),
     "ntm-x-size": lambda p: _ntm()(t(2, 5, 4)),
     "ntm-x-rank": lambda p: _ntm()(t(5, 3)),

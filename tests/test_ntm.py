@@ -78,6 +78,36 @@ def test_zero_memory_no_nan():
     assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
 
 
+def test_write_gate_bias_sets_each_write_heads_gate_logit_and_nothing_else():
+    kw = dict(memory_slots=16, word_size=6, read_heads=2, write_heads=3)
+    torch.manual_seed(0)
+    plain = NTM(5, 4, **kw)
+    torch.manual_seed(0)
+    biased = NTM(5, 4, **kw, write_gate_bias=-2)
+    P = 6 + 3 + 3  # per head: key [W], strength, gate, sharpening, 3 shifts
+    changed = (plain.heads.bias != biased.heads.bias).nonzero().flatten().tolist()
+    assert changed == [h * P + 6 + 1 for h in (2, 3, 4)]  # the write heads' gates, after the read heads
+    assert torch.all(biased.heads.bias[changed] == -2.0) and biased.config.write_gate_bias == -2.0
+    for (name, a), (_, b) in zip(plain.named_parameters(), biased.named_parameters()):
+        assert name == "heads.bias" or torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("bias, focused", [(-30.0, True), (30.0, False)])
+def test_write_gate_bias_moves_the_first_write_between_location_and_content(bias, focused):
+    # head parameters = their biases: a gate near 0 keeps the write head on its focused start
+    # (slot 0, shifted and sharpened); near 1 it takes the content weighting, uniform over a
+    # memory whose every slot holds the same constant
+    m = NTM(3, 2, memory_slots=16, word_size=4, write_gate_bias=bias)
+    with torch.no_grad():
+        m.heads.weight.zero_()
+    _, _, aux = m(torch.randn(2, 1, 3), return_aux=True)
+    w = aux.write_weights[:, 0, 0]  # [B, N]
+    if focused:  # all of it on slot 0 and its neighbours (with the default random gate, 1-2% elsewhere)
+        assert torch.all(w[:, [15, 0, 1]].sum(-1) > 1 - 1e-5) and torch.all(w[:, 2:15].sum(-1) < 1e-5)
+    else:
+        torch.testing.assert_close(w, torch.full_like(w, 1 / 16), atol=1e-4, rtol=0)
+
+
 def test_bad_input_raises():
     m = _tiny()
     with pytest.raises(ValueError, match="x"):
@@ -91,6 +121,9 @@ def test_bad_input_raises():
         NTM(4, 3, controller="gru")
     with pytest.raises(ValueError, match="memory_slots"):
         NTM(4, 3, memory_slots=0)
+    for bad in (float("nan"), float("inf"), "low", True):
+        with pytest.raises(ValueError, match="write_gate_bias"):
+            NTM(4, 3, write_gate_bias=bad)
 
 
 def test_tiny_ntm_learns_copy():

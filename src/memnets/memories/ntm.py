@@ -19,6 +19,7 @@ thousands of sequences on its plateau (docs/results.md, "NTM copy").
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -52,6 +53,7 @@ class NTMConfig:
     controller_size: int = 100
     shift_range: int = 1
     memory_init: float = 1e-6
+    write_gate_bias: float | None = None
 
 
 class NTMState(NamedTuple):
@@ -86,6 +88,11 @@ class NTM(nn.Module):
         controller: ``"lstm"`` or ``"mlp"`` (one tanh layer). controller_size: C.
         shift_range: n, shifts ``−n..+n`` are allowed; needs 2n+1 <= memory_slots.
         memory_init: constant every memory cell starts at.
+        write_gate_bias: the initial bias of each write head's gate logit (``g = σ(·)`` weighs
+            the content weighting against the head's previous weighting). None (default) keeps
+            ``nn.Linear``'s random bias; a negative value starts the write heads on location
+            (−2: ``g ≈ 0.12``), which took every associative-recall seed tried off the plateau
+            where the write head never sharpens (docs/ntm.md, "Associative recall").
         impl: ``"auto"`` (default; = ``"fused"``) or ``"fused"``: each step's memory access is one
             call of a C kernel forward and backward on float32 / float64 CPU tensors
             (:func:`memnets.ops.ntm_access.ntm_access`), and on the CUDA path
@@ -110,6 +117,7 @@ class NTM(nn.Module):
         controller_size: int = 100,
         shift_range: int = 1,
         memory_init: float = 1e-6,
+        write_gate_bias: float | None = None,
         impl: str = "auto",
     ) -> None:
         super().__init__()
@@ -124,8 +132,14 @@ class NTM(nn.Module):
                              f"got shift_range = {shift_range}")
         if controller not in ("lstm", "mlp"):
             raise ValueError(f"`controller` expected 'lstm' or 'mlp', got {controller!r}")
+        if write_gate_bias is not None:
+            if isinstance(write_gate_bias, bool) or not isinstance(write_gate_bias, (int, float)) \
+                    or not math.isfinite(write_gate_bias):
+                raise ValueError(f"`write_gate_bias` expected a finite number or None, got {write_gate_bias!r}")
+            write_gate_bias = float(write_gate_bias)
         self.config = NTMConfig(input_size, output_size, memory_slots, word_size, read_heads,
-                                write_heads, controller, controller_size, shift_range, float(memory_init))
+                                write_heads, controller, controller_size, shift_range, float(memory_init),
+                                write_gate_bias)
         N, W, R, Hw, C = memory_slots, word_size, read_heads, write_heads, controller_size
         self._lstm = controller == "lstm"
         gates = 4 * C if self._lstm else C
@@ -133,6 +147,9 @@ class NTM(nn.Module):
         self.ctrl_rh = nn.Linear(R * W + (C if self._lstm else 0), gates, bias=False)
         self._p = W + 3 + (2 * shift_range + 1)  # key, β, g, γ, shift
         self.heads = nn.Linear(C, (R + Hw) * self._p + Hw * 2 * W)
+        if write_gate_bias is not None:  # each write head's gate logit: after its key and strength
+            with torch.no_grad():
+                self.heads.bias[R * self._p + W + 1:(R + Hw) * self._p:self._p] = write_gate_bias
         self.out = nn.Linear(C + R * W, output_size)
         # learned initial state (seed 002)
         self.h0 = nn.Parameter(torch.rand(C) * 0.05)

@@ -50,7 +50,7 @@ __all__ = ["NTMTask", "GENERATORS", "make_generator"]
 GENERATORS = {"copy": CopyTask, "repeat_copy": RepeatCopyTask, "associative_recall": AssociativeRecallTask,
               "priority_sort": PrioritySortTask}
 MODEL_OPTIONS = ("memory_slots", "word_size", "read_heads", "write_heads", "controller", "controller_size",
-                 "shift_range", "memory_init")
+                 "shift_range", "memory_init", "write_gate_bias")
 ENGINE_OPTIONS = ("same_length",)
 
 
