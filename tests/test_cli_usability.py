@@ -101,6 +101,26 @@ def test_numeric_keys_are_checked_against_their_range(override):
         load_config("cpu/reduce-nam_tm", [override])
 
 
+def test_a_tilde_removes_a_key_a_preset_set_in_a_free_form_table(capsys):
+    from memnets.train import ConfigError, load_config
+
+    assert load_config("cpu/reduce-nam_tm").model.options["num_tapes"] == 4
+    cfg = load_config("cpu/reduce-nam_tm", ["~model.options.num_tapes"])
+    assert "num_tapes" not in cfg.model.options and cfg.model.options["tape_length"] == 32  # the rest stays
+    cfg = load_config("cpu/reduce-nam_tm", ["~model.options.num_tapes", "model.options.num_tapes=3"])
+    assert cfg.model.options["num_tapes"] == 3  # in the order given
+    with pytest.raises(ConfigError, match=r"`~seed`: only a key of a free-form table"):
+        load_config("cpu/reduce-nam_tm", ["~seed"])
+    with pytest.raises(ConfigError, match=r"no `model.options.zz` to remove \(its table holds: normalize_heads"):
+        load_config("cpu/reduce-nam_tm", ["~model.options.zz"])
+    with pytest.raises(ConfigError, match=r"unknown config key `modle.options.x`"):
+        load_config("cpu/reduce-nam_tm", ["~modle.options.x"])
+    # from the shell, in any order with the other overrides
+    assert main(["configs", "show", "cpu/reduce-nam_tm", "seed=4", "~model.options.num_tapes"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert "num_tapes" not in shown["model"]["options"] and shown["seed"] == 4
+
+
 # ----------------------------------------------------------------------------- resume, --device
 
 SMALL = ["epochs=2", "task.train_size=32", "batch_size=16", "task.eval_size=8", "model.d_model=16",

@@ -605,33 +605,55 @@ def _parse_value(raw: str) -> Any:
         return raw  # a bare word: a string
 
 
+def _table_of(data: dict, key: str, known: list[str]) -> tuple[dict, type | None]:
+    """The table of ``data`` (a config as a dict) that holds the last part of the dotted ``key``
+    (made where missing), and its dataclass (None: a free-form table such as ``model.options``)."""
+    parts = key.split(".")
+    node, cls = data, RunConfig
+    for i, p in enumerate(parts[:-1]):
+        hints = _hints(cls) if cls is not None else {}
+        if cls is not None and p not in hints:
+            raise _unknown(key, known)
+        tp = hints.get(p) if cls is not None else None
+        if cls is not None and not (dataclasses.is_dataclass(tp) or typing.get_origin(tp) is dict):
+            raise _unknown(key, known)
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"`{key}`: `{'.'.join(parts[:i + 1])}` was set to {child!r} by an earlier "
+                              "override, not a table")
+        node = child
+        cls = tp if dataclasses.is_dataclass(tp) else None
+    if cls is not None and parts[-1] not in _hints(cls):
+        raise _unknown(key, known)
+    return node, cls
+
+
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
-    """Apply ``key=value`` strings (dotted keys) to ``cfg``; type-checked, unknown keys rejected."""
+    """Apply ``key=value`` strings (dotted keys) to ``cfg``; type-checked, unknown keys rejected.
+    ``~key`` removes a key of a free-form table (``~model.options.write_gate_bias``: the
+    backbone's own default again), as Hydra's overrides do."""
     data = config_to_dict(cfg)
     known = flatten_keys(RunConfig)
     for item in overrides:
+        if item.startswith("~") and "=" not in item:
+            key = item[1:].strip()
+            node, cls = _table_of(data, key, known)
+            last = key.rsplit(".", 1)[-1]
+            if cls is not None:
+                raise ConfigError(f"`~{key}`: only a key of a free-form table (model.options, task.options, "
+                                  f"...) can be removed; set `{key}=...` instead")
+            if last not in node:
+                raise ConfigError(f"`~{key}`: the config has no `{key}` to remove "
+                                  f"(its table holds: {', '.join(sorted(node)) or 'nothing'})")
+            del node[last]
+            continue
         if "=" not in item:
-            raise ConfigError(f"override {item!r} expected the form key=value (e.g. optim.lr=3e-4)")
+            raise ConfigError(f"override {item!r} expected the form key=value (e.g. optim.lr=3e-4) "
+                              "or ~key (remove a key of model.options, task.options, ...)")
         key, raw = item.split("=", 1)
         key = key.strip()
-        parts = key.split(".")
-        node, cls = data, RunConfig
-        for i, p in enumerate(parts[:-1]):
-            hints = _hints(cls) if cls is not None else {}
-            if cls is not None and p not in hints:
-                raise _unknown(key, known)
-            tp = hints.get(p) if cls is not None else None
-            if cls is not None and not (dataclasses.is_dataclass(tp) or typing.get_origin(tp) is dict):
-                raise _unknown(key, known)
-            child = node.setdefault(p, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"`{key}`: `{'.'.join(parts[:i + 1])}` was set to {child!r} by an earlier "
-                                  "override, not a table")
-            node = child
-            cls = tp if dataclasses.is_dataclass(tp) else None
-        if cls is not None and parts[-1] not in _hints(cls):
-            raise _unknown(key, known)
-        node[parts[-1]] = _parse_value(raw.strip())
+        node, _ = _table_of(data, key, known)
+        node[key.rsplit(".", 1)[-1]] = _parse_value(raw.strip())
     return config_from_dict(data)
 
 
