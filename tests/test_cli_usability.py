@@ -171,6 +171,22 @@ def test_resume_accepts_free_keys_and_the_original_overrides_but_not_a_change(tm
     assert "cannot change optim.lr" in err and "compile" in err
 
 
+def test_the_command_that_removed_an_option_also_resumes_the_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    cmd = ["train", "cpu/reduce-nam_tm", *SMALL, "epochs=1", "~model.options.normalize_heads", "--run-dir", str(run),
+           "--quiet"]
+    assert main(cmd) == 0
+    assert "normalize_heads" not in json.loads((run / "config.json").read_text())["model"]["options"]
+    assert main([*cmd, "--resume"]) == 0  # the saved config lacks the option already: nothing to remove
+    capsys.readouterr()
+    # a run started with the option cannot lose it on resume
+    other = tmp_path / "other"
+    assert main(["train", "cpu/reduce-nam_tm", *SMALL, "epochs=1", "--run-dir", str(other), "--quiet"]) == 0
+    assert main(["train", "cpu/reduce-nam_tm", "~model.options.normalize_heads", "--run-dir", str(other),
+                 "--resume"]) == 2
+    assert "cannot change model.options" in capsys.readouterr().err
+
+
 def _last_weights(run: Path) -> dict:
     from safetensors.torch import load_file
 

@@ -628,10 +628,11 @@ def _table_of(data: dict, key: str, known: list[str]) -> tuple[dict, type | None
     return node, cls
 
 
-def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+def apply_overrides(cfg: RunConfig, overrides: list[str], absent_ok: bool = False) -> RunConfig:
     """Apply ``key=value`` strings (dotted keys) to ``cfg``; type-checked, unknown keys rejected.
     ``~key`` removes a key of a free-form table (``~model.options.write_gate_bias``: the
-    backbone's own default again), as Hydra's overrides do."""
+    backbone's own default again), as Hydra's overrides do; a key the table lacks is refused
+    unless ``absent_ok`` (a resumed run: the command that removed it continues it)."""
     data = config_to_dict(cfg)
     known = flatten_keys(RunConfig)
     for item in overrides:
@@ -642,6 +643,8 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             if cls is not None:
                 raise ConfigError(f"`~{key}`: only a key of a free-form table (model.options, task.options, "
                                   f"...) can be removed; set `{key}=...` instead")
+            if last not in node and absent_ok:
+                continue
             if last not in node:
                 raise ConfigError(f"`~{key}`: the config has no `{key}` to remove "
                                   f"(its table holds: {', '.join(sorted(node)) or 'nothing'})")

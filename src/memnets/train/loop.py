@@ -361,7 +361,7 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ru
         raise ConfigError(f"cannot resume {run_dir}: no readable {cfg_file} ({e.strerror or e})") from e
     except (ValueError, TypeError, AttributeError) as e:  # JSONDecodeError and ConfigError are ValueErrors
         raise ConfigError(f"cannot resume {run_dir}: {cfg_file} is malformed ({e})") from e
-    cfg = apply_overrides(saved, list(overrides or []))
+    cfg = apply_overrides(saved, list(overrides or []), absent_ok=True)  # a removal the saved config made
     diff = resume_diff(saved, cfg)
     if diff:
         was = ", ".join(f"{k}={json.dumps(v[0])}" for k, v in diff.items())
