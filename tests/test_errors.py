@@ -258,6 +258,8 @@ CASES = {
     "pretrained-truncated": _pretrained_truncated,
     # training config
     "config-unknown-key": lambda p: _cfg("optim.lrr=1"),
+    "config-remove-fixed": lambda p: _cfg("~seed"),
+    "config-remove-absent": lambda p: _cfg("~model.options.zz"),
     "config-type": lambda p: _cfg("epochs=abc"),
     "config-no-equals": lambda p: _cfg("epochs"),
     "config-preset": lambda p: memnets.train.load_config("cpu/reduce-lstmm"),
