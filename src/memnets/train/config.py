@@ -605,9 +605,10 @@ def _parse_value(raw: str) -> Any:
         return raw  # a bare word: a string
 
 
-def _table_of(data: dict, key: str, known: list[str]) -> tuple[dict, type | None]:
+def _table_of(data: dict, key: str, known: list[str], create: bool = True) -> tuple[dict, type | None]:
     """The table of ``data`` (a config as a dict) that holds the last part of the dotted ``key``
-    (made where missing), and its dataclass (None: a free-form table such as ``model.options``)."""
+    (made where missing; without ``create`` an empty stand-in, ``data`` left as it is), and its
+    dataclass (None: a free-form table such as ``model.options``)."""
     parts = key.split(".")
     node, cls = data, RunConfig
     for i, p in enumerate(parts[:-1]):
@@ -617,7 +618,7 @@ def _table_of(data: dict, key: str, known: list[str]) -> tuple[dict, type | None
         tp = hints.get(p) if cls is not None else None
         if cls is not None and not (dataclasses.is_dataclass(tp) or typing.get_origin(tp) is dict):
             raise _unknown(key, known)
-        child = node.setdefault(p, {})
+        child = node.setdefault(p, {}) if create else node.get(p, {})
         if not isinstance(child, dict):
             raise ConfigError(f"`{key}`: `{'.'.join(parts[:i + 1])}` was set to {child!r} by an earlier "
                               "override, not a table")
@@ -638,7 +639,7 @@ def apply_overrides(cfg: RunConfig, overrides: list[str], absent_ok: bool = Fals
     for item in overrides:
         if item.startswith("~") and "=" not in item:
             key = item[1:].strip()
-            node, cls = _table_of(data, key, known)
+            node, cls = _table_of(data, key, known, create=False)
             last = key.rsplit(".", 1)[-1]
             if cls is not None:
                 raise ConfigError(f"`~{key}`: only a key of a free-form table (model.options, task.options, "

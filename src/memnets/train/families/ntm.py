@@ -49,14 +49,20 @@ __all__ = ["NTMTask", "GENERATORS", "make_generator"]
 
 GENERATORS = {"copy": CopyTask, "repeat_copy": RepeatCopyTask, "associative_recall": AssociativeRecallTask,
               "priority_sort": PrioritySortTask}
-MODEL_OPTIONS = ("memory_slots", "word_size", "read_heads", "write_heads", "controller", "controller_size",
-                 "shift_range", "memory_init", "write_gate_bias")
 ENGINE_OPTIONS = ("same_length",)
 
 
 def _gen_keys(name: str) -> list[str]:
     sig = inspect.signature(GENERATORS[name].__init__)
     return [k for k in sig.parameters if k not in ("self", "batch_size", "seed")]
+
+
+def _model_keys() -> list[str]:
+    """The NTM's constructor arguments that ``model.options`` may set (its sizes come from the task)."""
+    from ...memories.ntm import NTM
+
+    return [k for k in inspect.signature(NTM.__init__).parameters
+            if k not in ("self", "input_size", "output_size", "impl")]
 
 
 def make_generator(name: str, options: dict[str, Any], size: tuple[int, int] | None = None):
@@ -94,9 +100,10 @@ class NTMTask(Task):
                                   f"(known: {', '.join(known)})")
         if cfg.model.backbone != "ntm":
             raise ConfigError(f"`model.backbone` of the {self.name!r} task expected 'ntm', got {cfg.model.backbone!r}")
+        model_keys = _model_keys()
         for k in cfg.model.options:
-            if k not in MODEL_OPTIONS:
-                raise ConfigError(f"unknown option `model.options.{k}` of the NTM (known: {', '.join(MODEL_OPTIONS)})")
+            if k not in model_keys:
+                raise ConfigError(f"unknown option `model.options.{k}` of the NTM (known: {', '.join(model_keys)})")
         if cfg.select_split not in cfg.task.splits:
             raise ConfigError(f"`select_split` expected one of {sorted(cfg.task.splits)}, got {cfg.select_split!r}")
         if cfg.task.train_size < cfg.batch_size:
