@@ -158,6 +158,35 @@ def test_ctrl_c_prints_the_resume_command_and_resume_needs_no_overrides(tmp_path
     assert _results(run) == _results(ref)
 
 
+def test_a_run_stopped_by_a_nan_continues_with_the_printed_skip_command(tmp_path, capsys, monkeypatch):
+    """A non-finite gradient stops a run (``optim.nan_policy = "raise"``) and prints the command
+    that continues it dropping such steps; that command (``optim.nan_policy`` may change on
+    resume) ends where a run started with ``optim.nan_policy=skip`` ends."""
+    import shlex
+
+    from memnets.train import loop
+
+    real = loop.update
+
+    def nan_at_step_3(cfg, model, opt, loss, step):
+        return real(cfg, model, opt, loss * float("nan") if step == 3 else loss, step)
+
+    monkeypatch.setattr(loop, "update", nan_at_step_3)
+    ref = tmp_path / "ref"
+    assert main(["train", "cpu/reduce-lstm", *SMALL, "optim.nan_policy=skip", "--run-dir", str(ref), "--quiet"]) == 0
+    run = tmp_path / "run"
+    assert main(["train", "cpu/reduce-lstm", *SMALL, "--run-dir", str(run), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "non-finite loss `loss` at step 3" in err and "step 2" in err and "optim.lr" in err
+    cmd = shlex.split(err.strip().splitlines()[-1])
+    assert cmd == ["memnets", "train", "cpu/reduce-lstm", "optim.nan_policy=skip", "--resume", "--run-dir", str(run)]
+    assert main(cmd[1:] + ["--quiet"]) == 0
+    assert json.loads((run / "config.json").read_text())["optim"]["nan_policy"] == "skip"
+    assert _results(run) == _results(ref)
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("skipped_steps") == 1 for r in recs if r["kind"] == "train")
+
+
 def test_resume_accepts_free_keys_and_the_original_overrides_but_not_a_change(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "cpu/reduce-lstm", *SMALL, "epochs=1", "--run-dir", str(run), "--quiet"]) == 0

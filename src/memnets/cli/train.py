@@ -17,8 +17,9 @@ EPILOG = """examples:
   memnets train cpu/reduce-nam_tm epochs=10 --resume --run-dir runs/short   (trains it on to 10)
   memnets train cpu/reduce-nam_tm --device cpu
 --resume continues the run from its saved config.json: the overrides it was started with
-need not be repeated; on resume only compile, threads, time_limit_min, tensorboard and
-description may change, and the budget may grow (epochs, max_steps; not under the cosine
+need not be repeated; on resume only compile, cuda_graph, threads, time_limit_min, tensorboard,
+description and optim.nan_policy may change (a run stopped by a non-finite gradient goes on
+with optim.nan_policy=skip), and the budget may grow (epochs, max_steps; not under the cosine
 schedule): a finished run then trains on exactly as the longer run would have.
 Ctrl-C stops a run and prints the command that continues it.
 presets: `memnets configs ls`; runs under torchrun use DistributedDataParallel."""
@@ -71,8 +72,12 @@ def _run(args) -> int:
         print(f"memnets train: interrupted; {_resume_hint(args, run_dir)}", file=sys.stderr, flush=True)
         return 130
     except NonFiniteError as e:
-        print(f"memnets train: error: {e}; the run stopped (its last checkpoint stays; lower optim.lr, "
-              "or set optim.nan_policy=skip to drop such steps)", file=sys.stderr, flush=True)
+        if cfg.optim.nan_policy == "skip" or run_dir is None:  # skip raises only on a non-finite parameter
+            print(f"memnets train: error: {e}; the run stopped (its last checkpoint stays; lower optim.lr)",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"memnets train: error: {e}; the run stopped. Lower optim.lr, or drop such steps: "
+                  f"{_resume_hint(args, run_dir, ['optim.nan_policy=skip'])}", file=sys.stderr, flush=True)
         return 1
     if res.get("splits") is not None:
         from ..train.task import get_task
@@ -89,15 +94,16 @@ def resume_command(config: str, run_dir: str | Path, overrides: list[str] | None
     return shlex.join(["memnets", "train", str(config), *(overrides or []), "--resume", "--run-dir", str(run_dir)])
 
 
-def _resume_hint(args, run_dir: Path) -> str:
-    """What an interrupted run left and the command that continues it."""
+def _resume_hint(args, run_dir: Path, changes: list[str] | None = None) -> str:
+    """What an interrupted run left and the command that continues it (with the overrides
+    ``changes``, keys that may change on resume)."""
     pointer = run_dir / "checkpoints" / "last.json"
     try:
         step = json.loads(pointer.read_text()).get("step")
     except (OSError, ValueError, AttributeError):
         step = None
     saved = (run_dir / "config.json").is_file()
-    cmd = resume_command(args.config, run_dir, None if saved else args.overrides)
+    cmd = resume_command(args.config, run_dir, [*([] if saved else args.overrides), *(changes or [])])
     where = f"its last checkpoint (step {step}) is in {run_dir}" if step is not None else \
         f"no checkpoint was written yet in {run_dir} (resuming starts it from step 0)"
     return f"{where}; continue it with:\n  {cmd}"

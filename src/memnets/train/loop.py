@@ -309,8 +309,11 @@ def model_config_error(cfg: RunConfig, e: Exception) -> ConfigError:
                        f"model.options {opts_text}: {type(e).__name__}: {e}")
 
 
-# keys whose change does not alter what is computed: a resumed run may set them anew
-FREE_ON_RESUME = ("time_limit_min", "tensorboard", "threads", "description", "compile", "cuda_graph")
+# keys whose change does not alter what is computed: a resumed run may set them anew. ``optim.nan_policy``
+# only decides a step whose gradient is not finite, which under "raise" ended the run: continuing a run
+# that stopped so with "skip" is the run that "skip" would have made
+FREE_ON_RESUME = ("time_limit_min", "tensorboard", "threads", "description", "compile", "cuda_graph",
+                  "optim.nan_policy")
 
 
 def config_diff(old: RunConfig, new: RunConfig) -> dict[str, tuple[Any, Any]]:
