@@ -391,6 +391,10 @@ def test_graphed_steps_read_nothing_back_between_records(tmp_path, monkeypatch):
             if ra["kind"] == "train":
                 assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5)
                 assert rb["tok_acc"] == pytest.approx(ra["tok_acc"], abs=1e-6)
+                # the total gradient norm before clipping: its mean and largest over the record's steps
+                assert 0 < ra["grad_norm"] <= ra["grad_norm_max"]
+                assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-4)
+                assert rb["grad_norm_max"] == pytest.approx(ra["grad_norm_max"], rel=1e-4)
     assert loop.deferred_checks(_train_cfg(), torch.device("cuda"), False)
     assert not real(_train_cfg(), torch.device("cpu"), False) and real(_train_cfg(), torch.device("cpu"), True)
     from memnets.train import OptimConfig
@@ -439,7 +443,8 @@ def test_step_tally_sums_and_finds_the_first_bad_step():
     assert t.check() is None
     t.add(3, torch.tensor(2.0), {"acc": torch.tensor(1.0)}, torch.tensor(3.0))
     assert t.check() is None
-    assert t.take() == (4.0, {"acc": 2.0}) and t.take() == (0.0, {})
+    # the gradient norms: their sum (a step without one counts 0) and the largest
+    assert t.take() == (4.0, {"acc": 2.0, "grad_norm": 4.0, "grad_norm_max": 3.0}) and t.take() == (0.0, {})
     t.add(4, torch.tensor(1.0), {}, torch.tensor(2.0))
     t.add(5, torch.tensor(1.0), {}, torch.tensor(float("inf")))
     t.add(6, torch.tensor(float("nan")), {}, torch.tensor(1.0))

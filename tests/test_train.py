@@ -296,7 +296,7 @@ def test_finite_gradients_whose_float32_squares_overflow_are_clipped_not_refused
         norm = update_unchecked(cfg, model, opt, loss)
         assert norm.dtype == torch.float64 and 1e25 < float(norm) < 1e30
     else:
-        assert update(cfg, model, opt, loss, 1) is True
+        assert 1e25 < update(cfg, model, opt, loss, 1) < 1e30  # the norm before clipping
     step = torch.linalg.vector_norm(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())]))
     assert float(step) == pytest.approx(2.0, rel=1e-4)  # lr 1 times the clipped gradient
     loss = model(torch.randn(5, 4)).sum() * torch.tensor(float("inf"))

@@ -584,6 +584,7 @@ class Trainer:
         acc_loss = 0.0
         acc_stats: dict[str, float] = {}
         acc_n = 0
+        gnorm = [0.0, 0.0]  # the applied steps' total gradient norms before clipping: sum, max
         t_log = time.perf_counter()
         stopped_at = None
         for b in range(self.batch0, nb):
@@ -604,7 +605,10 @@ class Trainer:
                 applied = True
             else:
                 loss, stats = task.train_step(self.net, batch, cfg, self.device, self._autocast)
-                applied = update(cfg, self.model, self.opt, loss, self.step + 1)
+                norm = update(cfg, self.model, self.opt, loss, self.step + 1)
+                applied = norm is not None
+                if applied:
+                    gnorm = [gnorm[0] + norm, max(gnorm[1], norm)]
             if applied:
                 if task.time_steps:
                     self._sync()
@@ -623,8 +627,8 @@ class Trainer:
             stop = b < nb - 1 and bool((cfg.max_steps and self.step >= cfg.max_steps)
                                        or (cfg.time_limit_min and self.time_up()))
             if self.step % cfg.log_every == 0 or b == nb - 1 or stop:  # a stopped run logs its last steps
-                self.log_train(epoch, lr, acc_loss, acc_stats, acc_n, t_log, bar)
-                acc_loss, acc_stats, acc_n = 0.0, {}, 0
+                self.log_train(epoch, lr, acc_loss, acc_stats, acc_n, gnorm, t_log, bar)
+                acc_loss, acc_stats, acc_n, gnorm = 0.0, {}, 0, [0.0, 0.0]
                 t_log = time.perf_counter()
             bar.update(1)
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and b < nb - 1:
@@ -635,22 +639,29 @@ class Trainer:
         bar.close()
         return stopped_at
 
-    def log_train(self, epoch, lr, acc_loss, acc_stats, acc_n, t_log, bar) -> None:
-        """One ``"train"`` record: the mean loss and statistics since the last one, over every process."""
+    def log_train(self, epoch, lr, acc_loss, acc_stats, acc_n, gnorm, t_log, bar) -> None:
+        """One ``"train"`` record: the mean loss and statistics since the last one, over every
+        process, and the mean and largest total gradient norm (before clipping) of the updates
+        taken (``gnorm``: their sum and largest; the gradients are the same in every process)."""
         if self.tally is not None:  # the steps' losses: read back now (raises on a non-finite one)
             self.check_tally()
             acc_loss, acc_stats = self.tally.take()
+            gnorm = [acc_stats.pop("grad_norm", 0.0), acc_stats.pop("grad_norm_max", 0.0)]
         keys = list(acc_stats)
         vals = torch.tensor([acc_loss] + [acc_stats[k] for k in keys], dtype=torch.float64, device=self.device)
         vals = (_all_reduce(vals, self.info).cpu() / (max(acc_n, 1) * self.info.world)).tolist()
         sps = acc_n * self.cfg.batch_size / max(time.perf_counter() - t_log, 1e-9)  # global batch per step
         rec = {"kind": "train", "epoch": epoch, "step": self.step, "loss": vals[0],
                **dict(zip(keys, vals[1:])), "lr": lr, "samples_per_s": sps}
+        if acc_n and gnorm[1] > 0:  # (0 where no step's norm was taken: an eager step of a graphed run)
+            rec["grad_norm"], rec["grad_norm_max"] = gnorm[0] / acc_n, gnorm[1]
         if self.skipped:
             rec["skipped_steps"] = self.skipped
         self.metrics.write(rec)
         if self.tb:
             self.tb.add_scalar("train/loss", vals[0], self.step)
+            if "grad_norm" in rec:
+                self.tb.add_scalar("train/grad_norm", rec["grad_norm"], self.step)
         post = {"loss": f"{vals[0]:.4f}"}
         if keys:
             post["acc" if keys[0].endswith("acc") else keys[0]] = f"{vals[1]:.3f}"
@@ -770,8 +781,8 @@ class Trainer:
         if not tensors:
             self.check_tally()
             loss, stats = self.task.train_step(self.net, batch, self.cfg, self.device, self._autocast)
-            update(self.cfg, self.model, self.opt, loss, self.step + 1)  # nan_policy is "raise" here
-            return loss, stats, None
+            norm = update(self.cfg, self.model, self.opt, loss, self.step + 1)  # nan_policy is "raise" here
+            return loss, stats, torch.tensor(norm, device=loss.device)
         self._leaves = [leaves, spec]
         loss, stats, holder = self.graph_step(*tensors, key=key)
         return loss, stats, holder["norm"]
@@ -884,27 +895,32 @@ class StepTally:
             for what, v in (("loss", row[0]), ("gradient", row[1])):
                 if not math.isfinite(v):
                     return step, what, int(math.isnan(v)), int(math.isinf(v))
-            for k, v in zip(("loss", *keys), (row[0], *row[2:])):
+            for k, v in zip(("loss", "grad_norm", *keys), row):
                 self.sums[k] = self.sums.get(k, 0.0) + v
+            self.sums["grad_norm_max"] = max(self.sums.get("grad_norm_max", 0.0), row[1])
         return None
 
     def take(self) -> tuple[float, dict[str, float]]:
-        """The sums of the checked steps since the last call, ``(loss, {stat: sum})``, and forget them."""
+        """The sums of the checked steps since the last call, ``(loss, {stat: sum})`` (with
+        ``grad_norm``, and ``grad_norm_max`` the largest), and forget them."""
         sums, self.sums = self.sums, {}
         return sums.pop("loss", 0.0), sums
 
 
-def update(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, step: int) -> bool:
+def update(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor,
+           step: int) -> float | None:
     """One optimiser update from ``loss`` (``step``: 1-based, for messages): zero the gradients,
-    backward, clip and check them (:func:`_finite_step`) and step ``opt``. Returns False when
-    ``optim.nan_policy = "skip"`` dropped the update (the gradients are then cleared)."""
+    backward, clip and check them (:func:`_finite_step`) and step ``opt``. Returns the total
+    gradient norm before clipping, or None when ``optim.nan_policy = "skip"`` dropped the
+    update (the gradients are then cleared)."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    if _finite_step(cfg, model, loss, step):
+    norm = _finite_step(cfg, model, loss, step)
+    if norm is not None:
         opt.step()
-        return True
+        return norm
     opt.zero_grad(set_to_none=True)
-    return False
+    return None
 
 
 def update_unchecked(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
@@ -967,29 +983,31 @@ def _clip_gradients(cfg: RunConfig, model: torch.nn.Module) -> torch.Tensor:
     return norm
 
 
-def _finite_step(cfg: RunConfig, model: torch.nn.Module, loss: torch.Tensor, step: int) -> bool:
-    """Clip the gradients (``optim.grad_clip``) and say whether the update may be applied.
+def _finite_step(cfg: RunConfig, model: torch.nn.Module, loss: torch.Tensor, step: int) -> float | None:
+    """Clip the gradients (``optim.grad_clip``) and return their total norm before clipping, or
+    None where the update may not be applied.
 
     Costs one ``isfinite`` of the loss and the gradient norm that clipping needs anyway; the
     per-tensor scan (:func:`~memnets.train.nan_guard.check_finite`) runs only when the loss or
     the norm is non-finite. With ``optim.nan_policy = "raise"`` a non-finite loss or gradient
     raises :class:`~memnets.train.nan_guard.NonFiniteError` naming ``step`` (1-based) and the
-    first non-finite tensor; with ``"skip"`` this returns False and the gradients are left
+    first non-finite tensor; with ``"skip"`` this returns None and the gradients are left
     unclipped for the caller to drop.
     """
     policy = cfg.optim.nan_policy
     if not bool(torch.isfinite(loss.detach())):
-        return check_finite(loss, None, step, policy=policy)
+        check_finite(loss, None, step, policy=policy)  # raises under "raise"
+        return None
     params, norm = _gradient_norm(model, exact=False)
     if not bool(torch.isfinite(norm)):
         params, norm = _gradient_norm(model)  # finite gradients may overflow a float32 sum of squares
     if not bool(torch.isfinite(norm)):
         found = first_non_finite(None, ((n, p) for n, p in model.named_parameters() if p.grad is not None))
         if policy == "skip":
-            return False
+            return None
         if found is None:  # finite tensors whose squared sum overflows
             raise NonFiniteError(step, "total gradient norm", "gradient", 0, 1)
         raise NonFiniteError(step, *found)
     if cfg.optim.grad_clip > 0:
         _clip_with_norm(params, cfg.optim.grad_clip, norm)
-    return True
+    return float(norm)
