@@ -272,6 +272,8 @@ CASES = {
     "config-lr-nan": lambda p: _cfg("optim.lr=nan"),
     "config-device": lambda p: _cfg("device=tpu"),
     "config-nan_policy": lambda p: _cfg("optim.nan_policy=warn"),
+    "config-spike_skip": lambda p: _cfg("optim.spike_skip=-1"),
+    "config-spike_skip-graph": lambda p: _cfg("optim.spike_skip=10", "cuda_graph=on"),
     "config-replaced-table": lambda p: _cfg("model=0", "model.backbone=lstm"),
     "checkpoint-torn-pointer": _torn_pointer,
     "config-backbone": lambda p: memnets.train.build_model(_cfg("model.backbone=nope")),

@@ -1,6 +1,7 @@
 """Run configs, presets, overrides and a tiny end-to-end training run (docs/maths.md §12)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -276,6 +277,67 @@ def test_nan_policy_skip_drops_the_update_and_goes_on(tmp_path, monkeypatch):
     model = build_model(cfg)
     load_weights(run / "checkpoints" / "best.safetensors", model)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_spike_guard_admits_a_warm_up_then_refuses_norms_far_above_the_median():
+    from memnets.train.loop import SpikeGuard
+
+    g = SpikeGuard(100.0)
+    assert all(g.admits(n) for n in [1e9] + [1.0] * (SpikeGuard.WARMUP - 1))  # the warm-up admits anything
+    assert g.admits(99.0) and not g.admits(150.0) and g.dropped == 1  # median 1: the bound is 100
+    assert "norm 150 " in g.last and "median 1 " in g.last
+    assert len(g.norms()) == SpikeGuard.WARMUP + 1  # a refused norm does not join the window
+    for _ in range(SpikeGuard.WINDOW):
+        assert g.admits(10.0)
+    assert g.norms() == [10.0] * SpikeGuard.WINDOW and g.admits(1000.0) and not g.admits(1000.5)
+    h = SpikeGuard(100.0)
+    h.load(g.norms())
+    assert h.norms() == g.norms() and not h.admits(1e6)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="factor"):
+            SpikeGuard(bad)
+
+
+def _blow_up_step(monkeypatch, step: int, factor: float):
+    """Multiply the loss of training step ``step`` (1-based) by ``factor`` (NaN, or 1e6: a spike)."""
+    from memnets.train import loop
+
+    real = loop.update
+
+    def update(cfg, model, opt, loss, at, *more):
+        return real(cfg, model, opt, loss * factor if at == step else loss, at, *more)
+
+    monkeypatch.setattr(loop, "update", update)
+
+
+def _summary(run) -> tuple:
+    res = json.loads((run / "results.json").read_text())
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return res["splits"], res["steps"], [r["loss"] for r in recs if r["kind"] == "train"]
+
+
+def test_spike_skip_drops_a_spike_as_nan_policy_skip_drops_a_nan(tmp_path, monkeypatch):
+    """``optim.spike_skip``: a step whose gradient is a million times the others' is dropped, and
+    the run ends where one that dropped a NaN step there ends; ordinary steps are all taken (the
+    same run as without it); a run resumed after a checkpoint decides alike (the window of norms
+    is in the checkpoint: without it the resumed run would admit the spike in its warm-up)."""
+    kw = dict(epochs=8, log_every=4)  # 32 steps of 16
+    plain = train(tiny_config(**kw), tmp_path / "plain", quiet=True)
+    guarded = train(tiny_config(**kw, optim=OptimConfig(lr=3e-3, spike_skip=1000.0)), tmp_path / "guarded", quiet=True)
+    assert _summary(tmp_path / "plain") == _summary(tmp_path / "guarded") and guarded["steps"] == plain["steps"] == 32
+    _blow_up_step(monkeypatch, 26, float("nan"))
+    train(tiny_config(**kw, optim=OptimConfig(lr=3e-3, nan_policy="skip")), tmp_path / "nan", quiet=True)
+    monkeypatch.undo()
+    _blow_up_step(monkeypatch, 26, 1e6)
+    cfg = tiny_config(**kw, optim=OptimConfig(lr=3e-3, spike_skip=1000.0))
+    train(cfg, tmp_path / "spike", quiet=True)
+    assert _summary(tmp_path / "spike") == _summary(tmp_path / "nan") != _summary(tmp_path / "plain")
+    recs = [json.loads(x) for x in (tmp_path / "spike" / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("spikes_skipped") for r in recs if r["kind"] == "train"] == [None] * 6 + [1, 1]
+    assert not any("skipped_steps" in r for r in recs)
+    train(dataclasses.replace(cfg, max_steps=22, checkpoint_every=2), tmp_path / "resumed", quiet=True)
+    train(dataclasses.replace(cfg, max_steps=0, checkpoint_every=2), tmp_path / "resumed", resume=True, quiet=True)
+    assert _summary(tmp_path / "resumed")[:2] == _summary(tmp_path / "spike")[:2]
 
 
 @pytest.mark.parametrize("deferred", [False, True])

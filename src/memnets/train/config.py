@@ -95,6 +95,10 @@ class OptimConfig:
     ``nan_policy``: what a non-finite loss or gradient does to a training step: ``raise``
     (stop with :class:`~memnets.train.nan_guard.NonFiniteError` naming the step and the
     tensor; the last checkpoint stays) or ``skip`` (drop that update and go on).
+
+    ``spike_skip``: drop an update whose total gradient norm (before clipping) is more than
+    ``spike_skip`` times the median of the last updates taken
+    (:class:`~memnets.train.loop.SpikeGuard`); 0 turns it off.
     """
 
     kind: str = _field("adamw", help="optimiser: adamw (decoupled weight decay), adam (weight_decay as an "
@@ -108,6 +112,9 @@ class OptimConfig:
                              "the tensor; the last checkpoint stays; on CUDA found at the next record, "
                              "checkpoint or evaluation, so that no step waits on a read-back) or skip (drop "
                              "that update and go on)")
+    spike_skip: float = _field(0.0, help="drop an update whose total gradient norm (before clipping) is more than "
+                               "this many times the median norm of the last 100 updates taken, once 20 were "
+                               "(0: off); the train records count them as spikes_skipped")
 
 
 @dataclass(frozen=True)
@@ -228,6 +235,7 @@ _RANGES: dict[str, tuple[float, float | None, bool, str]] = {
     "optim.weight_decay": (0, None, False, "a number >= 0"),
     "optim.betas": (0, 1, False, "numbers in [0, 1)"),
     "optim.grad_clip": (0, None, False, "a number >= 0 (0: no clipping)"),
+    "optim.spike_skip": (0, None, False, "a number >= 0 (0: off)"),
     "schedule.gamma": (0, None, True, "a number > 0"),
     "schedule.warmup_steps": (0, None, False, "an integer >= 0"),
 }
@@ -249,6 +257,8 @@ def _validate(cfg: RunConfig) -> None:
                if cfg.optim.kind == "sgd" else
                "optim.nan_policy = 'skip' (a replayed step cannot drop its update)"
                if cfg.optim.nan_policy == "skip" else
+               "optim.spike_skip > 0 (a replayed step cannot drop its update)"
+               if cfg.optim.spike_skip > 0 else
                f"compile = {cfg.compile!r} (torch.compile makes graphs of its own)" if cfg.compile != "none" else None)
         if why:
             raise ConfigError(f"`cuda_graph` = 'on' cannot take {why}; set cuda_graph = 'auto' or 'off'")

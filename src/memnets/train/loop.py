@@ -25,10 +25,12 @@ env.json, metrics.jsonl, TensorBoard, DDP), :meth:`~Trainer.run_epochs` (the epo
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import math
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -46,7 +48,7 @@ from .task import RunSummary, Task, get_task
 __all__ = ["train", "Trainer", "build_model", "evaluate", "lr_factor", "selects", "selection_key", "selection_rule",
            "update", "graph_steps", "load_optimizer_state", "RunExistsError", "model_config_error",
            "resume_config", "FREE_ON_RESUME", "LONGER_ON_RESUME", "config_diff", "resume_diff", "StepTally",
-           "deferred_checks", "update_unchecked"]
+           "deferred_checks", "update_unchecked", "SpikeGuard"]
 
 
 class RunExistsError(ConfigError):
@@ -117,8 +119,8 @@ def _autocast(cfg: RunConfig, device: torch.device):
 def graph_steps(cfg: RunConfig, device: torch.device, world: int = 1) -> bool:
     """Whether the training steps of ``cfg`` on ``device`` replay from CUDA graphs
     (``cuda_graph``; :class:`~memnets.train.graph_step.CUDAGraphStep`): ``on``, or ``auto`` on
-    CUDA — either in one process, with Adam/AdamW, no ``compile`` and ``optim.nan_policy =
-    "raise"``. ``on`` with more processes raises :class:`ConfigError`; on the CPU the steps
+    CUDA — either in one process, with Adam/AdamW, no ``compile``, ``optim.nan_policy =
+    "raise"`` and no ``optim.spike_skip``. ``on`` with more processes raises :class:`ConfigError`; on the CPU the steps
     are then eager (or the graphs' CPU stand-in, :func:`memnets.train.graph_step.stand_in`)."""
     mode = cfg.cuda_graph
     if mode == "off":
@@ -133,16 +135,16 @@ def graph_steps(cfg: RunConfig, device: torch.device, world: int = 1) -> bool:
     from ..ops.gpu import graphs
 
     return (device.type == "cuda" or graphs.standing_in()) and cfg.optim.kind in ("adam", "adamw") \
-        and cfg.compile == "none" and cfg.optim.nan_policy == "raise"
+        and cfg.compile == "none" and cfg.optim.nan_policy == "raise" and not cfg.optim.spike_skip
 
 
 def deferred_checks(cfg: RunConfig, device: torch.device, graphed: bool) -> bool:
     """Whether the training steps' loss, statistics and gradient norm stay on the device until
     the next record, checkpoint or evaluation (:class:`StepTally`) instead of being read back
-    at every step: with graphed steps, and on CUDA with ``optim.nan_policy = "raise"`` (a
-    ``"skip"`` must decide at each step). Elsewhere a read-back costs nothing, and checking
+    at every step: with graphed steps, and on CUDA with ``optim.nan_policy = "raise"`` and no
+    ``optim.spike_skip`` (a ``"skip"`` or a spike must be decided at each step). Elsewhere a read-back costs nothing, and checking
     each step as it is taken names the tensor and leaves the weights clean."""
-    return graphed or (device.type == "cuda" and cfg.optim.nan_policy == "raise")
+    return graphed or (device.type == "cuda" and cfg.optim.nan_policy == "raise" and not cfg.optim.spike_skip)
 
 
 def _set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
@@ -409,6 +411,8 @@ class Trainer:
         self.by_steps = False  # stopped by max_steps
         self.done_by_task = False  # stopped by the task's recipe (Task.should_stop)
         self.skipped = 0  # updates dropped by optim.nan_policy = "skip" in this process's run
+        self.spikes = SpikeGuard(cfg.optim.spike_skip) if cfg.optim.spike_skip > 0 else None
+        self.spikes_skipped = 0  # updates dropped by optim.spike_skip in this process's run
         self.tb = None
         self.timing = [0.0, 0.0, 0]  # wall s, CPU s, steps timed (tasks with time_steps)
         self.graph_step = None  # a CUDAGraphStep when the steps replay from CUDA graphs
@@ -473,6 +477,8 @@ class Trainer:
             self.task.restore(self.model, self.task_state)
         if "timing" in st:
             self.timing = [float(st["timing"][0]), float(st["timing"][1]), int(st["timing"][2])]
+        if self.spikes is not None and "spike_norms" in st:
+            self.spikes.load(json.loads(st["spike_norms"]))
 
     def open_outputs(self) -> None:
         """config.json, env.json, metrics.jsonl, TensorBoard, the DDP wrapper and the evaluation data."""
@@ -595,6 +601,7 @@ class Trainer:
             if task.time_steps:
                 self._sync()
                 w0, c0 = time.perf_counter(), time.process_time()
+            dropped = self.spikes.dropped if self.spikes is not None else 0
             if self.tally is not None:  # no read-back: the tally keeps the step's loss on the device
                 if self.graph_step is not None:
                     loss, stats, norm = self.graph_update(batch)
@@ -605,10 +612,13 @@ class Trainer:
                 applied = True
             else:
                 loss, stats = task.train_step(self.net, batch, cfg, self.device, self._autocast)
-                norm = update(cfg, self.model, self.opt, loss, self.step + 1)
+                norm = update(cfg, self.model, self.opt, loss, self.step + 1, self.spikes)
                 applied = norm is not None
                 if applied:
                     gnorm = [gnorm[0] + norm, max(gnorm[1], norm)]
+                elif self.spikes is not None and self.spikes.dropped > dropped:
+                    self.spikes_skipped += 1
+                    self._say(f"step {self.step + 1}: {self.spikes.last}, update skipped")
             if applied:
                 if task.time_steps:
                     self._sync()
@@ -619,7 +629,7 @@ class Trainer:
                     for k, v in (stats() if callable(stats) else stats).items():
                         acc_stats[k] = acc_stats.get(k, 0.0) + float(v)
                 acc_n += 1
-            else:  # nan_policy = "skip": the update was dropped, keep the batch position
+            elif self.spikes is None or self.spikes.dropped == dropped:  # nan_policy = "skip" dropped it
                 self.skipped += 1
                 self._say(f"step {self.step + 1}: non-finite loss or gradient, update skipped")
             self.step += 1
@@ -657,6 +667,8 @@ class Trainer:
             rec["grad_norm"], rec["grad_norm_max"] = gnorm[0] / acc_n, gnorm[1]
         if self.skipped:
             rec["skipped_steps"] = self.skipped
+        if self.spikes_skipped:
+            rec["spikes_skipped"] = self.spikes_skipped
         self.metrics.write(rec)
         if self.tb:
             self.tb.add_scalar("train/loss", vals[0], self.step)
@@ -833,6 +845,8 @@ class Trainer:
                      "best": json.dumps(self.best), "metrics_lines": self.metrics.lines, "wall_s": self.wall()}
             if self.task.time_steps:
                 state["timing"] = list(self.timing)
+            if self.spikes is not None:
+                state["spike_norms"] = json.dumps(self.spikes.norms())
             if self.task_state is not None:
                 state["task_state"] = json.dumps(self.task_state)
             ck.save_checkpoint(self.run_dir / "checkpoints", self.step, self.model, state, self.meta)
@@ -908,19 +922,64 @@ class StepTally:
 
 
 def update(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor,
-           step: int) -> float | None:
+           step: int, spikes: SpikeGuard | None = None) -> float | None:
     """One optimiser update from ``loss`` (``step``: 1-based, for messages): zero the gradients,
     backward, clip and check them (:func:`_finite_step`) and step ``opt``. Returns the total
     gradient norm before clipping, or None when ``optim.nan_policy = "skip"`` dropped the
-    update (the gradients are then cleared)."""
+    update, or ``spikes`` (``optim.spike_skip``) did (the gradients are then cleared)."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
     norm = _finite_step(cfg, model, loss, step)
+    if norm is not None and spikes is not None and not spikes.admits(norm):
+        norm = None
     if norm is not None:
         opt.step()
         return norm
     opt.zero_grad(set_to_none=True)
     return None
+
+
+class SpikeGuard:
+    """``optim.spike_skip``: refuses an update whose total gradient norm is more than ``factor``
+    times the median norm of the last :attr:`WINDOW` updates it admitted, once :attr:`WARMUP`
+    were admitted (before that it admits every one).
+
+    A recurrence whose gradient explodes now and then (the NTM on the copy task, docs/ntm.md)
+    gives single steps with norms 10⁵–10⁷ times the usual, and clipping them to
+    ``optim.grad_clip`` still takes a step many times the size Adam expects; dropping them
+    leaves the ordinary large steps (a run leaving a plateau: 10–200 times the median) alone.
+    Its state, the admitted norms, goes into each checkpoint, so a resumed run decides alike."""
+
+    WINDOW = 100
+    WARMUP = 20
+
+    def __init__(self, factor: float) -> None:
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"`factor` expected a finite number > 0, got {factor!r}")
+        self.factor = float(factor)
+        self.history: collections.deque[float] = collections.deque(maxlen=self.WINDOW)
+        self.dropped = 0  # updates refused by this guard
+        self.last = ""  # why the last one was refused
+
+    def admits(self, norm: float) -> bool:
+        """Whether an update of total gradient norm ``norm`` may be taken (it then joins the window)."""
+        if len(self.history) >= self.WARMUP:
+            median = statistics.median(self.history)
+            if norm > self.factor * median:
+                self.dropped += 1
+                self.last = (f"gradient norm {norm:.3g} is more than optim.spike_skip = {self.factor:g} times the "
+                             f"median {median:.3g} of the last {len(self.history)} updates")
+                return False
+        self.history.append(float(norm))
+        return True
+
+    def norms(self) -> list[float]:
+        """The admitted norms in the window, oldest first (the checkpointed state)."""
+        return list(self.history)
+
+    def load(self, norms: list[float]) -> None:
+        self.history.clear()
+        self.history.extend(float(x) for x in norms)
 
 
 def update_unchecked(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
