@@ -97,7 +97,7 @@ class OptimConfig:
     tensor; the last checkpoint stays) or ``skip`` (drop that update and go on).
 
     ``spike_skip``: drop an update whose total gradient norm (before clipping) is more than
-    ``spike_skip`` times the median of the last updates taken
+    ``spike_skip`` times the median of the last steps' norms
     (:class:`~memnets.train.loop.SpikeGuard`); 0 turns it off.
     """
 
@@ -113,7 +113,7 @@ class OptimConfig:
                              "checkpoint or evaluation, so that no step waits on a read-back) or skip (drop "
                              "that update and go on)")
     spike_skip: float = _field(0.0, help="drop an update whose total gradient norm (before clipping) is more than "
-                               "this many times the median norm of the last 100 updates taken, once 20 were "
+                               "this many times the median norm of the last 100 steps, once 20 were taken "
                                "(0: off); the train records count them as spikes_skipped")
 
 

@@ -941,14 +941,15 @@ def update(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, l
 
 class SpikeGuard:
     """``optim.spike_skip``: refuses an update whose total gradient norm is more than ``factor``
-    times the median norm of the last :attr:`WINDOW` updates it admitted, once :attr:`WARMUP`
-    were admitted (before that it admits every one).
+    times the median norm of the last :attr:`WINDOW` steps, once :attr:`WARMUP` were seen
+    (before that it admits every one). Every norm joins the window, the refused ones too: were
+    only admitted norms kept, a window of small norms would refuse each ordinary step for good.
 
     A recurrence whose gradient explodes now and then (the NTM on the copy task, docs/ntm.md)
     gives single steps with norms 10⁵–10⁷ times the usual, and clipping them to
     ``optim.grad_clip`` still takes a step many times the size Adam expects; dropping them
     leaves the ordinary large steps (a run leaving a plateau: 10–200 times the median) alone.
-    Its state, the admitted norms, goes into each checkpoint, so a resumed run decides alike."""
+    Its state, the window of norms, goes into each checkpoint, so a resumed run decides alike."""
 
     WINDOW = 100
     WARMUP = 20
@@ -962,19 +963,20 @@ class SpikeGuard:
         self.last = ""  # why the last one was refused
 
     def admits(self, norm: float) -> bool:
-        """Whether an update of total gradient norm ``norm`` may be taken (it then joins the window)."""
+        """Whether an update of total gradient norm ``norm`` may be taken (the norm joins the window)."""
+        ok = True
         if len(self.history) >= self.WARMUP:
             median = statistics.median(self.history)
             if norm > self.factor * median:
                 self.dropped += 1
                 self.last = (f"gradient norm {norm:.3g} is more than optim.spike_skip = {self.factor:g} times the "
-                             f"median {median:.3g} of the last {len(self.history)} updates")
-                return False
+                             f"median {median:.3g} of the last {len(self.history)} steps")
+                ok = False
         self.history.append(float(norm))
-        return True
+        return ok
 
     def norms(self) -> list[float]:
-        """The admitted norms in the window, oldest first (the checkpointed state)."""
+        """The norms in the window, oldest first (the checkpointed state)."""
         return list(self.history)
 
     def load(self, norms: list[float]) -> None:
