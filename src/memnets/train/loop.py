@@ -120,8 +120,9 @@ def graph_steps(cfg: RunConfig, device: torch.device, world: int = 1) -> bool:
     """Whether the training steps of ``cfg`` on ``device`` replay from CUDA graphs
     (``cuda_graph``; :class:`~memnets.train.graph_step.CUDAGraphStep`): ``on``, or ``auto`` on
     CUDA — either in one process, with Adam/AdamW, no ``compile``, ``optim.nan_policy =
-    "raise"`` and no ``optim.spike_skip``. ``on`` with more processes raises :class:`ConfigError`; on the CPU the steps
-    are then eager (or the graphs' CPU stand-in, :func:`memnets.train.graph_step.stand_in`)."""
+    "raise"`` and no ``optim.spike_skip``. ``on`` with more processes raises
+    :class:`ConfigError`; on the CPU the steps are then eager (or the graphs' CPU stand-in,
+    :func:`memnets.train.graph_step.stand_in`)."""
     mode = cfg.cuda_graph
     if mode == "off":
         return False
@@ -142,8 +143,9 @@ def deferred_checks(cfg: RunConfig, device: torch.device, graphed: bool) -> bool
     """Whether the training steps' loss, statistics and gradient norm stay on the device until
     the next record, checkpoint or evaluation (:class:`StepTally`) instead of being read back
     at every step: with graphed steps, and on CUDA with ``optim.nan_policy = "raise"`` and no
-    ``optim.spike_skip`` (a ``"skip"`` or a spike must be decided at each step). Elsewhere a read-back costs nothing, and checking
-    each step as it is taken names the tensor and leaves the weights clean."""
+    ``optim.spike_skip`` (a ``"skip"`` or a spike must be decided at each step). Elsewhere a
+    read-back costs nothing, and checking each step as it is taken names the tensor and leaves
+    the weights clean."""
     return graphed or (device.type == "cuda" and cfg.optim.nan_policy == "raise" and not cfg.optim.spike_skip)
 
 
