@@ -56,6 +56,7 @@ def test_presets_reproduce_the_copy_experiment():
     cpu = load_config("ntm/copy-cpu")
     assert cpu.log_every == 50 and sorted(cpu.task.splits) == ["len20", "len40", "len80"]
     assert (cpu.batch_size, cpu.optim.lr, cpu.epochs, cpu.task.train_size) == (4, 2e-3, 30, 800)
+    assert cpu.optim.spike_skip == 1000.0 and cfg.optim.spike_skip == 0.0
 
 
 def test_bad_settings_are_named():
