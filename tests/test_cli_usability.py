@@ -168,8 +168,8 @@ def test_a_run_stopped_by_a_nan_continues_with_the_printed_skip_command(tmp_path
 
     real = loop.update
 
-    def nan_at_step_3(cfg, model, opt, loss, step):
-        return real(cfg, model, opt, loss * float("nan") if step == 3 else loss, step)
+    def nan_at_step_3(cfg, model, opt, loss, step, *more):
+        return real(cfg, model, opt, loss * float("nan") if step == 3 else loss, step, *more)
 
     monkeypatch.setattr(loop, "update", nan_at_step_3)
     ref = tmp_path / "ref"

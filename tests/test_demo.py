@@ -138,9 +138,9 @@ def test_calibrate_times_the_engines_training_step(monkeypatch, keep_threads):
         seen["steps"] += 1
         return real_step(*a, **kw)
 
-    def update(cfg_, model, opt, loss, step):
+    def update(cfg_, model, opt, loss, step, *more):
         seen["updates"] += 1
-        return real_update(cfg_, model, opt, loss, step)
+        return real_update(cfg_, model, opt, loss, step, *more)
 
     def make_optimizer(optim_cfg, params):
         seen["opt"] = opt = real_make(optim_cfg, params)
