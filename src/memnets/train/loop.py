@@ -413,8 +413,8 @@ class Trainer:
         self.by_steps = False  # stopped by max_steps
         self.done_by_task = False  # stopped by the task's recipe (Task.should_stop)
         self.skipped = 0  # updates dropped by optim.nan_policy = "skip" in this process's run
+        # updates dropped by optim.spike_skip in this process's run: self.spikes.dropped
         self.spikes = SpikeGuard(cfg.optim.spike_skip) if cfg.optim.spike_skip > 0 else None
-        self.spikes_skipped = 0  # updates dropped by optim.spike_skip in this process's run
         self.tb = None
         self.timing = [0.0, 0.0, 0]  # wall s, CPU s, steps timed (tasks with time_steps)
         self.graph_step = None  # a CUDAGraphStep when the steps replay from CUDA graphs
@@ -618,9 +618,6 @@ class Trainer:
                 applied = norm is not None
                 if applied:
                     gnorm = [gnorm[0] + norm, max(gnorm[1], norm)]
-                elif self.spikes is not None and self.spikes.dropped > dropped:
-                    self.spikes_skipped += 1
-                    self._say(f"step {self.step + 1}: {self.spikes.last}, update skipped")
             if applied:
                 if task.time_steps:
                     self._sync()
@@ -631,7 +628,9 @@ class Trainer:
                     for k, v in (stats() if callable(stats) else stats).items():
                         acc_stats[k] = acc_stats.get(k, 0.0) + float(v)
                 acc_n += 1
-            elif self.spikes is None or self.spikes.dropped == dropped:  # nan_policy = "skip" dropped it
+            elif self.spikes is not None and self.spikes.dropped > dropped:  # dropped as a spike
+                self._say(f"step {self.step + 1}: {self.spikes.last}, update skipped")
+            else:  # nan_policy = "skip" dropped it; the batch position is kept
                 self.skipped += 1
                 self._say(f"step {self.step + 1}: non-finite loss or gradient, update skipped")
             self.step += 1
@@ -669,8 +668,8 @@ class Trainer:
             rec["grad_norm"], rec["grad_norm_max"] = gnorm[0] / acc_n, gnorm[1]
         if self.skipped:
             rec["skipped_steps"] = self.skipped
-        if self.spikes_skipped:
-            rec["spikes_skipped"] = self.spikes_skipped
+        if self.spikes is not None and self.spikes.dropped:
+            rec["spikes_skipped"] = self.spikes.dropped
         self.metrics.write(rec)
         if self.tb:
             self.tb.add_scalar("train/loss", vals[0], self.step)
@@ -1062,9 +1061,11 @@ def _finite_step(cfg: RunConfig, model: torch.nn.Module, loss: torch.Tensor, ste
         check_finite(loss, None, step, policy=policy)  # raises under "raise"
         return None
     params, norm = _gradient_norm(model, exact=False)
-    if not bool(torch.isfinite(norm)):
+    value = float(norm)  # the step's one read-back of the norm
+    if not math.isfinite(value):
         params, norm = _gradient_norm(model)  # finite gradients may overflow a float32 sum of squares
-    if not bool(torch.isfinite(norm)):
+        value = float(norm)
+    if not math.isfinite(value):
         found = first_non_finite(None, ((n, p) for n, p in model.named_parameters() if p.grad is not None))
         if policy == "skip":
             return None
@@ -1073,4 +1074,4 @@ def _finite_step(cfg: RunConfig, model: torch.nn.Module, loss: torch.Tensor, ste
         raise NonFiniteError(step, *found)
     if cfg.optim.grad_clip > 0:
         _clip_with_norm(params, cfg.optim.grad_clip, norm)
-    return float(norm)
+    return value
