@@ -273,7 +273,6 @@ CASES = {
     "config-device": lambda p: _cfg("device=tpu"),
     "config-nan_policy": lambda p: _cfg("optim.nan_policy=warn"),
     "config-spike_skip": lambda p: _cfg("optim.spike_skip=-1"),
-    "config-spike_skip-graph": lambda p: _cfg("optim.spike_skip=10", "cuda_graph=on"),
     "config-replaced-table": lambda p: _cfg("model=0", "model.backbone=lstm"),
     "checkpoint-torn-pointer": _torn_pointer,
     "config-backbone": lambda p: memnets.train.build_model(_cfg("model.backbone=nope")),
@@ -281,6 +280,9 @@ CASES = {
     # NaN guard
     "check_finite-policy": lambda p: memnets.train.nan_guard.check_finite(1.0, policy="warn"),
     "check_finite-nan-param": _check_finite_nan,
+    "DeviceGuard-factor": lambda p: memnets.train.step_guard.DeviceGuard(-1.0, "cpu"),
+    "DeviceGuard-not-fused": lambda p: memnets.train.step_guard.DeviceGuard(10.0, "cpu").attach(
+        torch.optim.Adam([torch.nn.Parameter(torch.ones(2))])),
     # command line
     "cli-train-preset": ["train", "cpu/no-such-preset"],
     "cli-train-override": ["train", "cpu/reduce-lstm", "optim.lrr=1"],

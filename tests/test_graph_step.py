@@ -366,25 +366,33 @@ def test_graphed_steps_read_nothing_back_between_records(tmp_path, monkeypatch):
                 stack = traceback.extract_stack()[:-1]
                 ours = [f for f in stack if "/memnets/" in f.filename.replace("\\", "/")]
                 adam = any("/torch/optim/" in f.filename.replace("\\", "/") for f in stack)
-                if ours and not adam and (ours[-1].filename.endswith("loop.py") or ours[-1].name == "<lambda>") \
+                if ours and not adam and (ours[-1].filename.endswith(("loop.py", "step_guard.py"))
+                                          or ours[-1].name == "<lambda>") \
                         and not any(f.name in ("log_train", "evaluate_and_select", "save") for f in ours):
                     Reads.n += 1
             return func(*args, **(kwargs or {}))
 
     counts = {}
     real = loop.deferred_checks
-    for how in ("off", "on", "deferred"):  # eager steps checked at once; graphed; eager, deferred as on CUDA
+    from memnets.train import OptimConfig
+
+    # eager steps checked at once; graphed; eager, deferred as on CUDA; graphed, with updates that
+    # nan_policy = "skip" and spike_skip would drop decided inside the step (DeviceGuard; none is here)
+    for how in ("off", "on", "deferred", "guarded"):
         Reads.n = 0
         monkeypatch.setattr(loop, "deferred_checks", (lambda *a: True) if how == "deferred" else real)
+        guard = dict(optim=OptimConfig(kind="adam", lr=3e-3, grad_clip=0.5, nan_policy="skip", spike_skip=1000.0)) \
+            if how == "guarded" else {}
         with graph_step.stand_in(), Reads():
             # on the CPU: on CUDA the eager loop defers its checks too (the "deferred" case)
-            cfg = _train_cfg(cuda_graph="on" if how == "on" else "off", epochs=2, log_every=4, device="cpu")
+            cfg = _train_cfg(cuda_graph="off" if how in ("off", "deferred") else "on", epochs=2, log_every=4,
+                             device="cpu", **guard)
             res = train(cfg, tmp_path / how, quiet=True)
         counts[how] = Reads.n / res["steps"]
     assert counts["off"] >= 2, counts  # the eager loop: the loss, the gradient norm, the statistic
-    assert counts["on"] == 0 and counts["deferred"] == 0, counts
+    assert counts["on"] == 0 and counts["deferred"] == 0 and counts["guarded"] == 0, counts
     a = _train_records(tmp_path / "off")
-    for other in ("on", "deferred"):
+    for other in ("on", "deferred", "guarded"):
         b = _train_records(tmp_path / other)
         assert [r["step"] for r in a if r["kind"] == "train"] == [r["step"] for r in b if r["kind"] == "train"]
         for ra, rb in zip(a, b):
@@ -397,9 +405,11 @@ def test_graphed_steps_read_nothing_back_between_records(tmp_path, monkeypatch):
                 assert rb["grad_norm_max"] == pytest.approx(ra["grad_norm_max"], rel=1e-4)
     assert loop.deferred_checks(_train_cfg(), torch.device("cuda"), False)
     assert not real(_train_cfg(), torch.device("cpu"), False) and real(_train_cfg(), torch.device("cpu"), True)
-    from memnets.train import OptimConfig
-
-    assert not real(_train_cfg(optim=OptimConfig(nan_policy="skip")), torch.device("cuda"), False)
+    # a drop is decided on the device by fused Adam/AdamW (DeviceGuard); SGD's steps are checked at once
+    assert real(_train_cfg(optim=OptimConfig(nan_policy="skip")), torch.device("cuda"), False)
+    assert real(_train_cfg(optim=OptimConfig(spike_skip=10.0)), torch.device("cuda"), False)
+    assert not real(_train_cfg(optim=OptimConfig(kind="sgd", nan_policy="skip")), torch.device("cuda"), False)
+    assert real(_train_cfg(optim=OptimConfig(kind="sgd")), torch.device("cuda"), False)
 
 
 @pytest.mark.parametrize("graphed", [True, False])
@@ -437,20 +447,32 @@ def test_step_tally_sums_and_finds_the_first_bad_step():
     from memnets.train.loop import StepTally
 
     t = StepTally()
-    assert t.check() is None and t.take() == (0.0, {})
+    assert t.check() is None and t.take() == (0.0, {}, 0)
     t.add(1, torch.tensor(0.5), {"acc": torch.tensor(0.25)}, torch.tensor(1.0))
     t.add(2, torch.tensor(1.5), {"acc": 0.75}, None)
     assert t.check() is None
     t.add(3, torch.tensor(2.0), {"acc": torch.tensor(1.0)}, torch.tensor(3.0))
     assert t.check() is None
     # the gradient norms: their sum (a step without one counts 0) and the largest
-    assert t.take() == (4.0, {"acc": 2.0, "grad_norm": 4.0, "grad_norm_max": 3.0}) and t.take() == (0.0, {})
+    assert t.take() == (4.0, {"acc": 2.0, "grad_norm": 4.0, "grad_norm_max": 3.0}, 3) and t.take() == (0.0, {}, 0)
     t.add(4, torch.tensor(1.0), {}, torch.tensor(2.0))
     t.add(5, torch.tensor(1.0), {}, torch.tensor(float("inf")))
     t.add(6, torch.tensor(float("nan")), {}, torch.tensor(1.0))
     assert t.check() == (5, "gradient", 0, 1)
     t.add(7, torch.tensor(float("nan")), {}, torch.tensor(float("nan")))
-    assert t.check() == (7, "loss", 1, 0)
+    assert t.check() == (7, "loss", 1, 0) and t.take_dropped() == []
+    # steps a DeviceGuard dropped: listed, not summed; non-finite ones only with skip_non_finite
+    from memnets.train.step_guard import NON_FINITE, SPIKE
+
+    s = StepTally(skip_non_finite=True)
+    s.add(1, torch.tensor(1.0), {}, torch.tensor(2.0), torch.tensor([0.0, 0.0, 0.0], dtype=torch.float64))
+    s.add(2, torch.tensor(3.0), {}, torch.tensor(5e4), torch.tensor([SPIKE, 2.5, 30.0], dtype=torch.float64))
+    s.add(3, torch.tensor(float("nan")), {}, torch.tensor(1.0), torch.tensor([NON_FINITE, 0, 31.0]))
+    s.add(4, torch.tensor(2.0), {}, torch.tensor(4.0))
+    assert s.check() is None and s.take() == (3.0, {"grad_norm": 6.0, "grad_norm_max": 4.0}, 2)
+    assert s.take_dropped() == [(2, "spike", 5e4, 2.5, 30), (3, "non-finite", 1.0, 0.0, 31)] and not s.take_dropped()
+    t.add(8, torch.tensor(2.0), {}, torch.tensor(5e4), torch.tensor([SPIKE, 2.5, 30.0], dtype=torch.float64))
+    assert t.check() is None and t.take_dropped() == [(8, "spike", 5e4, 2.5, 30)]
 
 
 def test_cuda_graph_settings_it_cannot_take_are_refused():
@@ -459,8 +481,9 @@ def test_cuda_graph_settings_it_cannot_take_are_refused():
 
     with pytest.raises(ConfigError, match="cuda_graph.*sgd"):
         _train_cfg(cuda_graph="on", optim=OptimConfig(kind="sgd"))
-    with pytest.raises(ConfigError, match="cuda_graph.*skip"):
-        _train_cfg(cuda_graph="on", optim=OptimConfig(nan_policy="skip"))
+    # dropped updates are the fused optimiser's skip inside the replayed step (DeviceGuard)
+    assert graph_steps(_train_cfg(cuda_graph="on", optim=OptimConfig(nan_policy="skip", spike_skip=10.0)),
+                       torch.device("cuda"))
     with pytest.raises(ConfigError, match="cuda_graph.*compile"):
         _train_cfg(cuda_graph="on", compile="default")
     with pytest.raises(ConfigError, match="`cuda_graph` expected one of"):

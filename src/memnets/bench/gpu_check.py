@@ -27,7 +27,8 @@ install needed):
    the same fla kernels with the same cached choices as the fla rows, so the scan ratios are not
    affected; ``--no-warmup`` restores first calls inside the bench.
 3. Runs the Triton kernels' tests (``tests/test_triton_*.py``: each kernel against its reference,
-   and replayed from CUDA graphs), then ``tests/test_cuda.py`` and ``tests/test_cuda_nam_tm.py``
+   and replayed from CUDA graphs), the whole-step capture's (``tests/test_graph_step.py``,
+   ``tests/test_step_guard.py``), then ``tests/test_cuda.py`` and ``tests/test_cuda_nam_tm.py``
    on CUDA (the CPU stand-ins of those tests are CI's; the ``compile`` tests only with
    ``--with-compile``), under a time limit; with ``pytest -n N`` when pytest-xdist is installed
    (N = min(8, CPU count // 2), at least 2; ``--tests-workers``), so that the Triton
@@ -114,7 +115,8 @@ __all__ = ["run", "main", "format_markdown", "ROW_COLUMNS", "warmup_calls", "war
 REPO = Path(__file__).resolve().parents[3]
 TEST_FILES = ("tests/test_triton_graphs.py", "tests/test_triton_lsam.py", "tests/test_triton_dnc.py",
               "tests/test_triton_ntm.py", "tests/test_triton_nam_tm.py", "tests/test_triton_nam_attention.py",
-              "tests/test_triton_attention.py", "tests/test_graph_step.py", "tests/test_optim_fused.py",
+              "tests/test_triton_attention.py", "tests/test_graph_step.py", "tests/test_step_guard.py",
+              "tests/test_optim_fused.py",
               "tests/test_cuda.py", "tests/test_cuda_nam_tm.py")
 ROW_COLUMNS = ["section", "name", "config", "dtype", "first_ms", "ms", "baseline", "ratio", "target", "meets",
                "note"]

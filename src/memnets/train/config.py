@@ -98,7 +98,11 @@ class OptimConfig:
 
     ``spike_skip``: drop an update whose total gradient norm (before clipping) is more than
     ``spike_skip`` times the median of the last steps' norms
-    (:class:`~memnets.train.loop.SpikeGuard`); 0 turns it off.
+    (:class:`~memnets.train.step_guard.SpikeGuard`); 0 turns it off.
+
+    On CUDA with Adam/AdamW both drops are decided on the device, inside a replayed step too
+    (:class:`~memnets.train.step_guard.DeviceGuard`: the fused optimiser skips the update), and
+    the dropped steps are told at the next record, checkpoint or evaluation.
     """
 
     kind: str = _field("adamw", help="optimiser: adamw (decoupled weight decay), adam (weight_decay as an "
@@ -111,7 +115,8 @@ class OptimConfig:
     nan_policy: str = _field("raise", help="a non-finite loss or gradient: raise (stop, naming the step and "
                              "the tensor; the last checkpoint stays; on CUDA found at the next record, "
                              "checkpoint or evaluation, so that no step waits on a read-back) or skip (drop "
-                             "that update and go on)")
+                             "that update and go on; on CUDA with Adam/AdamW dropped on the device and said at "
+                             "the next record)")
     spike_skip: float = _field(0.0, help="drop an update whose total gradient norm (before clipping) is more than "
                                "this many times the median norm of the last 100 steps, once 20 were taken "
                                "(0: off); the train records count them as spikes_skipped")
@@ -174,8 +179,8 @@ class RunConfig:
                 "CUDA) or max-autotune; evaluation stays eager", "omit_empty": True})
     cuda_graph: str = field(default="auto", metadata={
         "help": "replay each training step (forward, backward, clipping, Adam) from a CUDA graph: auto (on "
-                "CUDA in one process with Adam/AdamW, no compile and optim.nan_policy = raise), on (the same, "
-                "refusing a setting it cannot take) or off", "omit_empty": True})
+                "CUDA in one process with Adam/AdamW and no compile), on (the same, refusing a setting it cannot "
+                "take) or off", "omit_empty": True})
     tensorboard: bool = _field(False, help="also write TensorBoard event files to RUN_DIR/tb (needs the "
                                "tensorboard package, `pip install memnets[tensorboard]`; without it the run "
                                "goes on without them)")
@@ -255,10 +260,6 @@ def _validate(cfg: RunConfig) -> None:
     if cfg.cuda_graph == "on":
         why = ("optim.kind = 'sgd' (its step reads a tensor learning rate back to the CPU)"
                if cfg.optim.kind == "sgd" else
-               "optim.nan_policy = 'skip' (a replayed step cannot drop its update)"
-               if cfg.optim.nan_policy == "skip" else
-               "optim.spike_skip > 0 (a replayed step cannot drop its update)"
-               if cfg.optim.spike_skip > 0 else
                f"compile = {cfg.compile!r} (torch.compile makes graphs of its own)" if cfg.compile != "none" else None)
         if why:
             raise ConfigError(f"`cuda_graph` = 'on' cannot take {why}; set cuda_graph = 'auto' or 'off'")

@@ -25,12 +25,10 @@ env.json, metrics.jsonl, TensorBoard, DDP), :meth:`~Trainer.run_epochs` (the epo
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import math
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,12 +41,13 @@ from .config import ConfigError, RunConfig, config_from_dict, config_to_dict, fl
 from .env import DistInfo, cleanup_distributed, resolve_device, run_env, setup_distributed
 from .nan_guard import NonFiniteError, check_finite, first_non_finite
 from .optim import make_optimizer
+from .step_guard import SPIKE, DeviceGuard, SpikeGuard, spike_message
 from .task import RunSummary, Task, get_task
 
 __all__ = ["train", "Trainer", "build_model", "evaluate", "lr_factor", "selects", "selection_key", "selection_rule",
            "update", "graph_steps", "load_optimizer_state", "RunExistsError", "model_config_error",
            "resume_config", "FREE_ON_RESUME", "LONGER_ON_RESUME", "config_diff", "resume_diff", "StepTally",
-           "deferred_checks", "update_unchecked", "SpikeGuard"]
+           "drops_updates", "deferred_checks", "update_unchecked", "SpikeGuard"]
 
 
 class RunExistsError(ConfigError):
@@ -119,10 +118,11 @@ def _autocast(cfg: RunConfig, device: torch.device):
 def graph_steps(cfg: RunConfig, device: torch.device, world: int = 1) -> bool:
     """Whether the training steps of ``cfg`` on ``device`` replay from CUDA graphs
     (``cuda_graph``; :class:`~memnets.train.graph_step.CUDAGraphStep`): ``on``, or ``auto`` on
-    CUDA — either in one process, with Adam/AdamW, no ``compile``, ``optim.nan_policy =
-    "raise"`` and no ``optim.spike_skip``. ``on`` with more processes raises
-    :class:`ConfigError`; on the CPU the steps are then eager (or the graphs' CPU stand-in,
-    :func:`memnets.train.graph_step.stand_in`)."""
+    CUDA — either in one process, with Adam/AdamW and no ``compile``. The updates that
+    ``optim.nan_policy = "skip"`` and ``optim.spike_skip`` drop are then dropped inside the
+    replayed step (:class:`~memnets.train.step_guard.DeviceGuard`). ``on`` with more processes
+    raises :class:`ConfigError`; on the CPU the steps are then eager (or the graphs' CPU
+    stand-in, :func:`memnets.train.graph_step.stand_in`)."""
     mode = cfg.cuda_graph
     if mode == "off":
         return False
@@ -136,17 +136,24 @@ def graph_steps(cfg: RunConfig, device: torch.device, world: int = 1) -> bool:
     from ..ops.gpu import graphs
 
     return (device.type == "cuda" or graphs.standing_in()) and cfg.optim.kind in ("adam", "adamw") \
-        and cfg.compile == "none" and cfg.optim.nan_policy == "raise" and not cfg.optim.spike_skip
+        and cfg.compile == "none"
+
+
+def drops_updates(cfg: RunConfig) -> bool:
+    """Whether some updates of ``cfg``'s run may be dropped: ``optim.nan_policy = "skip"`` or
+    ``optim.spike_skip`` > 0."""
+    return cfg.optim.nan_policy == "skip" or cfg.optim.spike_skip > 0
 
 
 def deferred_checks(cfg: RunConfig, device: torch.device, graphed: bool) -> bool:
     """Whether the training steps' loss, statistics and gradient norm stay on the device until
     the next record, checkpoint or evaluation (:class:`StepTally`) instead of being read back
-    at every step: with graphed steps, and on CUDA with ``optim.nan_policy = "raise"`` and no
-    ``optim.spike_skip`` (a ``"skip"`` or a spike must be decided at each step). Elsewhere a
-    read-back costs nothing, and checking each step as it is taken names the tensor and leaves
-    the weights clean."""
-    return graphed or (device.type == "cuda" and cfg.optim.nan_policy == "raise" and not cfg.optim.spike_skip)
+    at every step: with graphed steps, and on CUDA unless an update may be dropped
+    (:func:`drops_updates`) by an optimiser other than Adam/AdamW. Updates are then dropped on
+    the device (:class:`~memnets.train.step_guard.DeviceGuard`, through the fused optimiser).
+    Elsewhere a read-back costs nothing, and checking each step as it is taken names the
+    tensor and leaves the weights clean."""
+    return graphed or (device.type == "cuda" and (not drops_updates(cfg) or cfg.optim.kind in ("adam", "adamw")))
 
 
 def _set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
@@ -421,6 +428,7 @@ class Trainer:
         self._leaves: list = []  # the batch of the graphed step being taken (its non-tensor leaves)
         self._holder: dict = {}  # where the graphed step's body leaves its gradient norm
         self.tally: StepTally | None = None  # the steps' losses, read back when logged (deferred_checks)
+        self.guard: DeviceGuard | None = None  # drops updates on the device (deferred checks that may drop)
 
     # ------------------------------------------------------------------ phases
     def run(self, resume: bool) -> dict[str, Any]:
@@ -456,7 +464,13 @@ class Trainer:
         from ..registry import count_parameters
 
         self.n_params = count_parameters(self.model)
-        self.opt = make_optimizer(cfg.optim, self.model.parameters())
+        deferred = deferred_checks(cfg, self.device, graph_steps(cfg, self.device, info.world))
+        guarded = deferred and drops_updates(cfg)  # a fused optimiser drops them on the device
+        self.opt = make_optimizer(cfg.optim, self.model.parameters(), fused=True if guarded else None)
+        if guarded:
+            self.guard = DeviceGuard(cfg.optim.spike_skip, self.device)
+            self.guard.attach(self.opt)
+            self.spikes = self.guard if cfg.optim.spike_skip > 0 else None
         self.task_state = self.task.init_state(cfg)
         if self.task_state is not None:
             self.task.restore(self.model, self.task_state)
@@ -519,7 +533,7 @@ class Trainer:
         if graph_steps(cfg, self.device, info.world):
             self.graph_step = self._make_graph_step()
         if deferred_checks(cfg, self.device, self.graph_step is not None):
-            self.tally = StepTally()
+            self.tally = StepTally(skip_non_finite=cfg.optim.nan_policy == "skip")
         self.splits = self.task.eval_splits(cfg)
         self.nb = self.task.steps_per_epoch(cfg)
         self.total = self.nb * cfg.epochs
@@ -606,12 +620,13 @@ class Trainer:
             dropped = self.spikes.dropped if self.spikes is not None else 0
             if self.tally is not None:  # no read-back: the tally keeps the step's loss on the device
                 if self.graph_step is not None:
-                    loss, stats, norm = self.graph_update(batch)
+                    loss, stats, norm, told = self.graph_update(batch)
                 else:
                     loss, stats = task.train_step(self.net, batch, cfg, self.device, self._autocast)
-                    norm = update_unchecked(cfg, self.model, self.opt, loss)
-                self.tally.add(self.step + 1, loss, stats() if callable(stats) else stats, norm)
-                applied = True
+                    norm = update_unchecked(cfg, self.model, self.opt, loss, self.guard)
+                    told = self.guard.told if self.guard is not None else None
+                self.tally.add(self.step + 1, loss, stats() if callable(stats) else stats, norm, told)
+                applied = True  # (or dropped on the device: the tally tells when read back)
             else:
                 loss, stats = task.train_step(self.net, batch, cfg, self.device, self._autocast)
                 norm = update(cfg, self.model, self.opt, loss, self.step + 1, self.spikes)
@@ -656,7 +671,7 @@ class Trainer:
         taken (``gnorm``: their sum and largest; the gradients are the same in every process)."""
         if self.tally is not None:  # the steps' losses: read back now (raises on a non-finite one)
             self.check_tally()
-            acc_loss, acc_stats = self.tally.take()
+            acc_loss, acc_stats, acc_n = self.tally.take()
             gnorm = [acc_stats.pop("grad_norm", 0.0), acc_stats.pop("grad_norm_max", 0.0)]
         keys = list(acc_stats)
         vals = torch.tensor([acc_loss] + [acc_stats[k] for k in keys], dtype=torch.float64, device=self.device)
@@ -762,19 +777,22 @@ class Trainer:
             leaves = [next(it) if isinstance(x, torch.Tensor) else x for x in self._leaves[0]]
             batch = torch.utils._pytree.tree_unflatten(leaves, self._leaves[1])
             loss, stats = self.task.train_step(self.net, batch, cfg, self.device, self._autocast)
-            holder: dict = {}
+            holder: dict = {"loss": loss}
             self._holder = holder
             return loss, stats, holder
 
         def before_step():
-            self._holder["norm"] = _clip_gradients(cfg, model)
+            self._holder["norm"] = norm = _clip_gradients(cfg, model)
+            if self.guard is not None:  # sets the fused optimiser's found_inf for the step below
+                self._holder["told"] = self.guard.decide(self._holder["loss"], norm)
 
         return CUDAGraphStep(loss_fn, self.opt, before_step=before_step)
 
-    def graph_update(self, batch) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
+    def graph_update(self, batch) -> tuple[torch.Tensor, Any, torch.Tensor | None, torch.Tensor | None]:
         """One training step of ``batch`` through :attr:`graph_step` (replayed from a CUDA graph
-        once its signature was captured): ``(loss, stats, norm)``, the step's loss, statistics
-        and total gradient norm, on the device and unread.
+        once its signature was captured): ``(loss, stats, norm, told)``, the step's loss,
+        statistics, total gradient norm and :attr:`guard`'s verdict (None without one), on the
+        device and unread.
 
         Nothing is read back here: :attr:`tally` keeps them, and :meth:`check_tally` reads the
         steps since the last record at once (at every ``log_every`` steps, and before every
@@ -782,7 +800,7 @@ class Trainer:
         half-way, and the next ones are already queued when a non-finite loss or gradient is
         read: :class:`~memnets.train.nan_guard.NonFiniteError` names the first such step, and no
         checkpoint was written after it. A batch whose step runs eagerly (an unhashable leaf) is
-        checked at once, as :func:`update` does (its norm is then None)."""
+        checked at once, as :func:`update` does (with a :attr:`guard`, at the next read-back)."""
         leaves, spec = torch.utils._pytree.tree_flatten(batch)
         tensors = [x.to(self.device, non_blocking=True) for x in leaves if isinstance(x, torch.Tensor)]
         others = tuple(x for x in leaves if not isinstance(x, torch.Tensor))
@@ -794,11 +812,14 @@ class Trainer:
         if not tensors:
             self.check_tally()
             loss, stats = self.task.train_step(self.net, batch, self.cfg, self.device, self._autocast)
+            if self.guard is not None:
+                norm = update_unchecked(self.cfg, self.model, self.opt, loss, self.guard)
+                return loss, stats, norm, self.guard.told
             norm = update(self.cfg, self.model, self.opt, loss, self.step + 1)  # nan_policy is "raise" here
-            return loss, stats, torch.tensor(norm, device=loss.device)
+            return loss, stats, torch.tensor(norm, device=loss.device), None
         self._leaves = [leaves, spec]
         loss, stats, holder = self.graph_step(*tensors, key=key)
-        return loss, stats, holder["norm"]
+        return loss, stats, holder["norm"], holder.get("told")
 
     def check_tally(self) -> None:
         """Read the steps taken since the last check (graphed, or eager with
@@ -809,6 +830,14 @@ class Trainer:
         the last one taken (its gradients are still there), else the error names the total
         gradient norm."""
         bad = self.tally.check() if self.tally is not None else None
+        for step, what, norm, median, n in self.tally.take_dropped() if self.tally is not None else ():
+            if what == "spike":  # (self.spikes is the device guard)
+                self.spikes.dropped += 1
+                self.spikes.last = spike_message(norm, self.spikes.factor, median, n)
+                self._say(f"step {step}: {self.spikes.last}, update skipped")
+            else:
+                self.skipped += 1
+                self._say(f"step {step}: non-finite loss or gradient, update skipped")
         if bad is None:
             return
         step, what, n_nan, n_inf = bad
@@ -881,45 +910,72 @@ class StepTally:
     :meth:`add` stacks the step's scalars into one small tensor (a copy: a replayed CUDA
     graph overwrites its outputs at the next replay); :meth:`check` moves those kept since its
     last call to the host in one transfer, finds the first step whose loss or gradient norm is
-    not finite and adds the others to the sums that :meth:`take` hands over."""
+    not finite and adds the others to the sums that :meth:`take` hands over.
 
-    def __init__(self) -> None:
+    Steps whose update a :class:`~memnets.train.step_guard.DeviceGuard` dropped (its verdict
+    given to :meth:`add`) are not summed: :meth:`take_dropped` lists them, the spikes and, with
+    ``skip_non_finite`` (``optim.nan_policy = "skip"``), the non-finite steps, which otherwise
+    :meth:`check` reports."""
+
+    _TOLD = 3  # the guard's verdict, median and window size, after the loss and the norm
+
+    def __init__(self, skip_non_finite: bool = False) -> None:
+        self.skip_non_finite = skip_non_finite
         self.rows: list[tuple[int, tuple[str, ...], torch.Tensor]] = []
         self.sums: dict[str, float] = {}
+        self.n = 0  # steps summed
+        self.dropped: list[tuple[int, str, float, float, int]] = []
 
-    def add(self, step: int, loss: torch.Tensor, stats: dict[str, Any], norm: torch.Tensor | None) -> None:
-        """Keep step ``step``'s (1-based) ``loss``, ``stats`` (name → scalar tensor or number)
-        and total gradient ``norm`` (None: not checked)."""
+    def add(self, step: int, loss: torch.Tensor, stats: dict[str, Any], norm: torch.Tensor | None,
+            told: torch.Tensor | None = None) -> None:
+        """Keep step ``step``'s (1-based) ``loss``, ``stats`` (name → scalar tensor or number),
+        total gradient ``norm`` (None: not checked) and ``told``, the verdict of
+        :meth:`DeviceGuard.decide <memnets.train.step_guard.DeviceGuard.decide>` (None: none)."""
         dev = loss.device
         vals = [loss.detach(), norm.detach() if norm is not None else torch.zeros((), device=dev)]
+        vals += list((told.detach() if told is not None else torch.zeros(self._TOLD, device=dev)).unbind())
         vals += [v.detach() if isinstance(v, torch.Tensor) else torch.tensor(float(v), device=dev)
                  for v in stats.values()]
-        self.rows.append((step, tuple(stats), torch.stack([v.reshape(()).to(dev, torch.float32) for v in vals])))
+        self.rows.append((step, tuple(stats), torch.stack([v.reshape(()).to(dev, torch.float64) for v in vals])))
 
     def check(self) -> tuple[int, str, int, int] | None:
         """Read the steps kept since the last call back: ``(step, "loss" | "gradient", n_nan,
-        n_inf)`` for the first whose loss or gradient norm is not finite, else None (their
-        values are then added to the sums)."""
+        n_inf)`` for the first whose loss or gradient norm is not finite (and not dropped), else
+        None (the others' values are then added to the sums)."""
         rows, self.rows = self.rows, []
         if not rows:
             return None
-        flat = torch.cat([r[2] for r in rows]).double().cpu().tolist()  # the one sync
+        flat = torch.cat([r[2] for r in rows]).cpu().tolist()  # the one sync
         at = 0
         for step, keys, t in rows:
             row, at = flat[at:at + t.numel()], at + t.numel()
-            for what, v in (("loss", row[0]), ("gradient", row[1])):
-                if not math.isfinite(v):
-                    return step, what, int(math.isnan(v)), int(math.isinf(v))
-            for k, v in zip(("loss", "grad_norm", *keys), row):
+            (loss, norm, verdict, median, n), row = row[:5], row[5:]
+            if verdict == SPIKE:
+                self.dropped.append((step, "spike", norm, median, int(n)))
+                continue
+            bad = next(((what, v) for what, v in (("loss", loss), ("gradient", norm)) if not math.isfinite(v)), None)
+            if bad is not None:
+                if self.skip_non_finite:
+                    self.dropped.append((step, "non-finite", norm, median, int(n)))
+                    continue
+                return step, bad[0], int(math.isnan(bad[1])), int(math.isinf(bad[1]))
+            for k, v in zip(("loss", "grad_norm", *keys), (loss, norm, *row)):
                 self.sums[k] = self.sums.get(k, 0.0) + v
-            self.sums["grad_norm_max"] = max(self.sums.get("grad_norm_max", 0.0), row[1])
+            self.sums["grad_norm_max"] = max(self.sums.get("grad_norm_max", 0.0), norm)
+            self.n += 1
         return None
 
-    def take(self) -> tuple[float, dict[str, float]]:
-        """The sums of the checked steps since the last call, ``(loss, {stat: sum})`` (with
-        ``grad_norm``, and ``grad_norm_max`` the largest), and forget them."""
-        sums, self.sums = self.sums, {}
-        return sums.pop("loss", 0.0), sums
+    def take(self) -> tuple[float, dict[str, float], int]:
+        """The sums of the checked steps since the last call, ``(loss, {stat: sum}, steps)`` (with
+        ``grad_norm``, and ``grad_norm_max`` the largest; ``steps`` summed), and forget them."""
+        sums, self.sums, n, self.n = self.sums, {}, self.n, 0
+        return sums.pop("loss", 0.0), sums, n
+
+    def take_dropped(self) -> list[tuple[int, str, float, float, int]]:
+        """The dropped steps read back since the last call, ``(step, "spike" | "non-finite", norm,
+        median, n)`` (the median of the ``n`` norms the spike was judged against), and forget them."""
+        dropped, self.dropped = self.dropped, []
+        return dropped
 
 
 def update(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor,
@@ -940,60 +996,19 @@ def update(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, l
     return None
 
 
-class SpikeGuard:
-    """``optim.spike_skip``: refuses an update whose total gradient norm is more than ``factor``
-    times the median norm of the last :attr:`WINDOW` steps, once :attr:`WARMUP` were seen
-    (before that it admits every one). Every norm joins the window, the refused ones too: were
-    only admitted norms kept, a window of small norms would refuse each ordinary step for good.
-
-    A recurrence whose gradient explodes now and then (the NTM on the copy task, docs/ntm.md)
-    gives single steps with norms 10⁵–10⁷ times the usual, and clipping them to
-    ``optim.grad_clip`` still takes a step many times the size Adam expects; dropping them
-    leaves the ordinary large steps (a run leaving a plateau: 10–200 times the median) alone.
-    Its state, the window of norms, goes into each checkpoint, so a resumed run decides alike."""
-
-    WINDOW = 100
-    WARMUP = 20
-
-    def __init__(self, factor: float) -> None:
-        if not (factor > 0 and math.isfinite(factor)):
-            raise ValueError(f"`factor` expected a finite number > 0, got {factor!r}")
-        self.factor = float(factor)
-        self.history: collections.deque[float] = collections.deque(maxlen=self.WINDOW)
-        self.dropped = 0  # updates refused by this guard
-        self.last = ""  # why the last one was refused
-
-    def admits(self, norm: float) -> bool:
-        """Whether an update of total gradient norm ``norm`` may be taken (the norm joins the window)."""
-        ok = True
-        if len(self.history) >= self.WARMUP:
-            median = statistics.median(self.history)
-            if norm > self.factor * median:
-                self.dropped += 1
-                self.last = (f"gradient norm {norm:.3g} is more than optim.spike_skip = {self.factor:g} times the "
-                             f"median {median:.3g} of the last {len(self.history)} steps")
-                ok = False
-        self.history.append(float(norm))
-        return ok
-
-    def norms(self) -> list[float]:
-        """The norms in the window, oldest first (the checkpointed state)."""
-        return list(self.history)
-
-    def load(self, norms: list[float]) -> None:
-        self.history.clear()
-        self.history.extend(float(x) for x in norms)
-
-
 def update_unchecked(cfg: RunConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
-                     loss: torch.Tensor) -> torch.Tensor:
+                     loss: torch.Tensor, guard: DeviceGuard | None = None) -> torch.Tensor:
     """:func:`update` without reading anything back: zero the gradients, backward, clip them
     (``optim.grad_clip``) with their total norm, step ``opt``, and return that norm (a tensor)
-    for the caller to check later (:class:`StepTally`). A non-finite loss or gradient reaches
-    the weights; the caller stops the run before the next checkpoint."""
+    for the caller to check later (:class:`StepTally`). Without a ``guard`` a non-finite loss or
+    gradient reaches the weights, and the caller stops the run before the next checkpoint; with
+    one (attached to ``opt``) the guard judges the step first (its verdict: ``guard.told``) and
+    the fused ``opt`` leaves a dropped step's weights as they were."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
     norm = _clip_gradients(cfg, model)
+    if guard is not None:
+        guard.decide(loss, norm)
     opt.step()
     return norm
 

@@ -29,8 +29,12 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW
                                                        "sgd": torch.optim.SGD}
 
 
-def make_optimizer(optim_cfg: OptimConfig, params: Iterable) -> torch.optim.Optimizer:
+def make_optimizer(optim_cfg: OptimConfig, params: Iterable, fused: bool | None = None) -> torch.optim.Optimizer:
     """``optim_cfg.kind``'s optimiser over ``params`` with its ``lr``, ``betas`` and ``weight_decay``.
+
+    ``fused``: None (default) fuses Adam/AdamW where :func:`fusable` says; True fuses them on any
+    device PyTorch has the kernel for (the CPU too; a step dropped on the device,
+    :class:`~memnets.train.step_guard.DeviceGuard`, needs it); SGD is never fused here.
 
     Example::
 
@@ -42,7 +46,7 @@ def make_optimizer(optim_cfg: OptimConfig, params: Iterable) -> torch.optim.Opti
     params = list(params)
     if kind == "sgd":
         return torch.optim.SGD(params, lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay)
-    extra = {"fused": True} if fusable(params) else {}
+    extra = {"fused": True} if (fusable(params) if fused is None else fused) else {}
     return OPTIMIZERS[kind](params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
                             weight_decay=optim_cfg.weight_decay, **extra)
 
