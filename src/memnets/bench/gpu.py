@@ -338,19 +338,38 @@ def _attention_section(bench: _Bench, quick: bool, tiny: bool) -> None:
 
 
 # --------------------------------------------------------------------------------- models
-def _train_step(model: torch.nn.Module, x: torch.Tensor, run: Callable, graphed: bool = False) -> Callable[[], None]:
+def _train_step(model: torch.nn.Module, x: torch.Tensor, run: Callable, graphed: bool = False,
+                guard: bool = False) -> Callable[[], None]:
     """One training step (forward, mean-square loss, backward, Adam — fused on CUDA, as memnets
     trains there, for every model and baseline alike) as a closure; ``graphed``:
     the whole step replayed from a CUDA graph (:class:`memnets.train.graph_step.CUDAGraphStep`,
-    captured at the second call; eager where CUDA graphs are not available)."""
+    captured at the second call; eager where CUDA graphs are not available). ``guard`` (with
+    ``graphed``): the step also clips the gradient norm to 10 and judges it with the spike guard
+    (:class:`memnets.train.step_guard.DeviceGuard`, ``optim.spike_skip = 1000``), as ``memnets
+    train`` does inside the replayed step."""
     from ..train.optim import fusable
 
     params = list(model.parameters())
-    opt = torch.optim.Adam(params, lr=1e-4, **({"fused": True} if fusable(params) else {}))  # as make_optimizer
+    fused = fusable(params) or guard  # the guard's dropped update is the fused optimiser's skip
+    opt = torch.optim.Adam(params, lr=1e-4, **({"fused": True} if fused else {}))  # as make_optimizer
     if graphed:
         from ..train.graph_step import CUDAGraphStep
 
-        whole = CUDAGraphStep(lambda x: run(x).float().pow(2).mean(), opt, warmup=1)
+        before, held = None, {}
+        if guard:
+            from ..train.step_guard import DeviceGuard
+
+            judge = DeviceGuard(1000.0, x.device)
+            judge.attach(opt)
+
+            def before() -> None:
+                norm = torch.nn.utils.clip_grad_norm_(params, 10.0, foreach=True)
+                judge.decide(held["loss"], norm)
+
+        def loss_fn(x):
+            held["loss"] = run(x).float().pow(2).mean()
+            return held["loss"]
+        whole = CUDAGraphStep(loss_fn, opt, warmup=1, before_step=before)
 
         def graphed_step() -> None:
             whole(x)

@@ -470,14 +470,14 @@ def _models_rows(bench, tiny: bool) -> None:
     cuda = dev.type == "cuda"
     warmup, repeat = (2, 10) if not tiny else (1, 1)
 
-    def case(name, cfg, build, B, T, Fi, extra=None, graphed=False):
+    def case(name, cfg, build, B, T, Fi, extra=None, graphed=False, guard=False):
         made = []
 
         def make():
             torch.manual_seed(0)
             model = build().to(dev)
             x = torch.randn(B, T, Fi, device=dev)
-            made.append(_train_step(model, x, lambda x: model(x)[0], graphed=graphed))
+            made.append(_train_step(model, x, lambda x: model(x)[0], graphed=graphed, guard=guard))
             return made[-1]
         row = bench.measure("models", name + (" (whole step graphed)" if graphed else ""), cfg, torch.float32,
                             make, warmup, repeat, extra={"B": B, "T": T, "needs_cuda": False, **(extra or {})})
@@ -619,7 +619,9 @@ def _models_rows(bench, tiny: bool) -> None:
         _pair(ours, base, 2.0, "LSTM")
         lstm_fp32(cfg, 9, Hc, B, T_dnc, ours)
         eager("NTM", cfg, build, B, T_dnc, 9, base)
-        _, whole_base = whole("NTM", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
+        whole_ours, whole_base = whole("NTM", cfg, build, B, T_dnc, 9, lstm_build(9, Hc))
+        # what clipping and the spike guard (optim.spike_skip, decided on the GPU) add to a replayed step
+        _compare(case("NTM (clip, spike guard)", cfg, build, B, T_dnc, 9, graphed=True, guard=True), whole_ours)
         # the other form of its time loop (at 128 x 20 the per-step one is the default)
         other = "steps" if time_loop_in_kernel_ntm(4 * Hc, W + Hc, N, W) else "kernel"
         time_loop("NTM", cfg, build, B, T_dnc, 9, base, whole_base, other)
