@@ -8,6 +8,17 @@ its median is taken by sorting it, and a dropped update is the fused optimiser's
 ``found_inf`` flag through which :class:`torch.amp.GradScaler` drops a step (the parameters,
 the moments and the step counter are left as they were). Both give the same decisions from the
 same norms, and their window is checkpointed in one form, so a run may resume on the other path.
+
+In a loop of one's own (the step may then be captured in a CUDA graph whole)::
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    guard = DeviceGuard(1000.0, "cuda")     # spike_skip = 1000; 0: drop non-finite steps only
+    guard.attach(opt)
+    ...
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+    told = guard.decide(loss, norm)         # [verdict, median, n] on the GPU, read when convenient
+    opt.step()                              # skipped on the GPU when the verdict is not 0
 """
 from __future__ import annotations
 
