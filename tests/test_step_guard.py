@@ -85,7 +85,7 @@ def test_a_dropped_update_leaves_the_fused_optimiser_as_it_was():
 
 
 def _cfg(**kw) -> RunConfig:
-    base = dict(name="guarded", epochs=8, batch_size=16, log_every=4, threads=1, device="cpu",
+    base = dict(name="guarded", epochs=8, batch_size=16, log_every=4, threads=1, device="cpu", amp="none",
                 model=ModelConfig("lsam_encdec", 16, {"num_heads": 2}),
                 task=TaskConfig(name="reduce", train_digits=(1, 4), train_size=64, eval_size=32,
                                 splits={"id": (2, 4), "od_easy": (5, 6), "od_hard": (7, 8)}),
@@ -95,18 +95,30 @@ def _cfg(**kw) -> RunConfig:
 
 
 def _inject(monkeypatch, blow: dict[int, float]) -> None:
-    """Multiply the loss of the ``n``-th training step (1-based) by ``blow[n]`` (NaN; 1e6: a spike)."""
+    """Multiply the loss of the ``n``-th training step (1-based) by ``blow[n]`` (NaN; 1e6: a spike).
+
+    The factor is a tensor the loss is multiplied by at every step (by 1 elsewhere, which changes
+    nothing), set before each step as its batch is drawn: a step replayed from a CUDA graph reads
+    it there too, where a Python branch in the loss would have been captured once."""
     from memnets.train.task import get_task
 
     task = type(get_task("reduce"))
-    real = task.train_step
-    seen = {"n": 0}
+    real_step, real_batch = task.train_step, task.train_batch
+    at = {"n": 0, "scale": None}
+
+    def train_batch(self, *a, **k):
+        at["n"] += 1
+        if at["scale"] is not None:
+            at["scale"].fill_(blow.get(at["n"], 1.0))
+        return real_batch(self, *a, **k)
 
     def train_step(self, *a, **k):
-        loss, stats = real(self, *a, **k)
-        seen["n"] += 1
-        return (loss * blow[seen["n"]], stats) if seen["n"] in blow else (loss, stats)
+        loss, stats = real_step(self, *a, **k)
+        if at["scale"] is None:  # made at the first step, an eager one
+            at["scale"] = torch.full((), blow.get(at["n"], 1.0), device=loss.device)
+        return loss * at["scale"], stats
 
+    monkeypatch.setattr(task, "train_batch", train_batch)
     monkeypatch.setattr(task, "train_step", train_step)
 
 
@@ -125,12 +137,14 @@ _CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="the capture ne
 def test_updates_dropped_on_the_device_equal_the_eager_run(tmp_path, monkeypatch, how, device):
     """A NaN at step 18 and a spike (loss × 10⁶) at step 26 of 32: graphed steps (on the CPU the
     stand-in of the CUDA capture) and eager steps checked only at each record (as on CUDA) drop
-    the same two updates as the eager loop on the CPU, count them alike in the records, and end
-    with the same losses and evaluations; the run without the guard does not."""
+    the same two updates as the eager loop on the same device, count them alike in the records,
+    and end with the same losses and evaluations; the run without the guard does not."""
     from memnets.train import loop
 
     _inject(monkeypatch, {18: math.nan, 26: 1e6})
-    eager = train(_cfg(cuda_graph="off"), tmp_path / "eager", quiet=True)
+    monkeypatch.setattr(loop, "deferred_checks", lambda *a: False)  # on CUDA too: each step checked at once
+    eager = train(_cfg(cuda_graph="off", device=device), tmp_path / "eager", quiet=True)
+    monkeypatch.undo()
     made = []
     real_guard = loop.DeviceGuard
 
@@ -158,7 +172,7 @@ def test_updates_dropped_on_the_device_equal_the_eager_run(tmp_path, monkeypatch
         assert dev["splits"][split]["loss"] == pytest.approx(m["loss"], rel=10 * tol)
     monkeypatch.undo()
     _inject(monkeypatch, {26: 1e6})
-    plain = train(_cfg(optim=OptimConfig(kind="adam", lr=3e-3, grad_clip=0.5, nan_policy="skip")),
+    plain = train(_cfg(optim=OptimConfig(kind="adam", lr=3e-3, grad_clip=0.5, nan_policy="skip"), device=device),
                   tmp_path / "unguarded", quiet=True)
     assert plain["splits"]["id"]["loss"] != pytest.approx(eager["splits"]["id"]["loss"], rel=1e-3)
 
