@@ -121,3 +121,22 @@ def test_ddp_two_processes_match_single(tmp_path):
     for split, m in single["final"].items():
         assert both["final"][split]["n"] == m["n"] == 4  # shards summed
         assert abs(both["final"][split]["cost_bits"] - m["cost_bits"]) < 1e-3 * m["cost_bits"]
+
+
+def test_table_counts_dropped_updates_where_a_run_has_some():
+    """The NTM table gains a column of dropped updates (spikes / non-finite) when a run of the
+    task dropped any, and has none otherwise."""
+    from memnets.train.families.ntm import NTMTask
+
+    def run(seed, spikes, nan):
+        return {"name": "copy", "task": "copy", "seed": seed, "params": 10, "steps": 6000,
+                "splits": {"len20": {"bit_errors": 0.0}}, "final_cost_bits": 0.01,
+                "sequences_to_cost_below_0.1": 4000, "updates_dropped": {"spikes": spikes, "non_finite": nan}}
+
+    with_drops = NTMTask.format_table([run(0, 0, 0), run(1, 12, 1)])
+    assert "updates dropped (spikes / non-finite)" in with_drops and "| 0 / 0 |" in with_drops
+    assert "| 12 / 1 |" in with_drops
+    without = NTMTask.format_table([run(0, 0, 0), {k: v for k, v in run(1, 0, 0).items() if k != "updates_dropped"}])
+    assert "updates dropped" not in without
+    for table in (with_drops, without):  # header, rule and rows: one cell count
+        assert len({ln.count("|") for ln in table.splitlines()[2:]}) == 1

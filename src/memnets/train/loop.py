@@ -419,8 +419,8 @@ class Trainer:
         self.partial = False
         self.by_steps = False  # stopped by max_steps
         self.done_by_task = False  # stopped by the task's recipe (Task.should_stop)
-        self.skipped = 0  # updates dropped by optim.nan_policy = "skip" in this process's run
-        # updates dropped by optim.spike_skip in this process's run: self.spikes.dropped
+        self.skipped = 0  # updates dropped by optim.nan_policy = "skip" (over resumptions: checkpointed)
+        # updates dropped by optim.spike_skip: self.spikes.dropped (checkpointed likewise)
         self.spikes = SpikeGuard(cfg.optim.spike_skip) if cfg.optim.spike_skip > 0 else None
         self.tb = None
         self.timing = [0.0, 0.0, 0]  # wall s, CPU s, steps timed (tasks with time_steps)
@@ -495,6 +495,10 @@ class Trainer:
             self.timing = [float(st["timing"][0]), float(st["timing"][1]), int(st["timing"][2])]
         if self.spikes is not None and "spike_norms" in st:
             self.spikes.load(json.loads(st["spike_norms"]))
+        if "dropped" in st:  # the updates dropped before the checkpoint: the counts go on from there
+            self.skipped, spikes = json.loads(st["dropped"])
+            if self.spikes is not None:
+                self.spikes.dropped = spikes
 
     def open_outputs(self) -> None:
         """config.json, env.json, metrics.jsonl, TensorBoard, the DDP wrapper and the evaluation data."""
@@ -877,6 +881,7 @@ class Trainer:
                 state["timing"] = list(self.timing)
             if self.spikes is not None:
                 state["spike_norms"] = json.dumps(self.spikes.norms())
+            state["dropped"] = json.dumps([self.skipped, self.spikes.dropped if self.spikes is not None else 0])
             if self.task_state is not None:
                 state["task_state"] = json.dumps(self.task_state)
             ck.save_checkpoint(self.run_dir / "checkpoints", self.step, self.model, state, self.meta)

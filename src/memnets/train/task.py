@@ -35,7 +35,8 @@ from typing import Any, Callable
 import torch
 
 __all__ = ["Task", "RunSummary", "TASKS", "FAMILIES", "get_task", "register_task", "task_names",
-           "family_of", "family_task", "common_results"]
+           "family_of", "family_task", "common_results",
+           "updates_dropped"]
 
 
 @dataclass
@@ -210,14 +211,23 @@ def common_results(task: Task, cfg, s: RunSummary) -> dict[str, Any]:
     ``select_split``, ``selected_by``, ``selection_decided_by``, ``best_epoch``, ``splits``
     (``{split: metrics}`` at the reported evaluation), ``final`` (the last evaluation),
     ``epochs``, ``steps``, ``stopped_by_time_limit``, ``stopped_by_max_steps``, ``wall_s``,
-    ``world_size``, ``seed``.
+    ``world_size``, ``seed``, ``updates_dropped`` (``{"non_finite", "spikes"}``: the updates
+    ``optim.nan_policy = "skip"`` and ``optim.spike_skip`` dropped in the whole run).
     """
     return {"name": s.name, "family": task.family, "task": task.name, "model": cfg.model.backbone,
             "params": s.params, "metric": task.metric, "select_split": cfg.select_split,
             "selected_by": task.selection_rule(cfg), "selection_decided_by": s.decided_by,
             "best_epoch": s.best.get("epoch"), "splits": s.best.get("splits"), "final": s.final,
             "epochs": s.epochs, "steps": s.steps, "stopped_by_time_limit": s.stopped_by_time_limit,
-            "stopped_by_max_steps": s.stopped_by_max_steps, "wall_s": s.wall_s, "world_size": s.world_size, "seed": cfg.seed, **s.extra}
+            "stopped_by_max_steps": s.stopped_by_max_steps, "wall_s": s.wall_s, "world_size": s.world_size,
+            "seed": cfg.seed, "updates_dropped": updates_dropped(s.records), **s.extra}
+
+
+def updates_dropped(records: list[dict]) -> dict[str, int]:
+    """The updates dropped in a run, from its last train record: ``{"non_finite": n, "spikes": m}``
+    (``skipped_steps``, ``spikes_skipped``; counted over the run's resumptions)."""
+    last = next((r for r in reversed(records) if r.get("kind") == "train"), {})
+    return {"non_finite": int(last.get("skipped_steps", 0)), "spikes": int(last.get("spikes_skipped", 0))}
 
 
 # name -> "module:Class" (imported on first use)

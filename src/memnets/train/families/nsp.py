@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ...tasks.nsp import TASKS, VOCAB_SIZE, NSPBatch, make_split, sequence_metrics, window_width
 from ..data import batch_indices, derive_seed, epoch_order
 from ..env import DistInfo
-from ..task import RunSummary, Task
+from ..task import RunSummary, Task, updates_dropped
 from ._common import all_reduce_sum, decided_by_part
 
 __all__ = ["NSPTask", "evaluate", "slot_accuracy", "selection_key", "selection_rule", "train_epoch_data", "eval_splits"]
@@ -219,7 +219,8 @@ class NSPTask(Task):
                 "select_split": cfg.select_split, "selected_by": self.selection_rule(cfg),
                 "selection_decided_by": s.decided_by, "best_epoch": s.best["epoch"], "splits": s.best["splits"],
                 "final": s.final, "epochs": s.epochs, "stopped_by_time_limit": s.stopped_by_time_limit,
-                "steps": s.steps, "wall_s": s.wall_s, "world_size": s.world_size}
+                "steps": s.steps, "wall_s": s.wall_s, "world_size": s.world_size,
+                "updates_dropped": updates_dropped(s.records)}
 
     @classmethod
     def format_table(cls, results: list[dict], metric: str | None = None) -> str:

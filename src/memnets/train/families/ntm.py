@@ -208,7 +208,8 @@ class NTMTask(Task):
     def format_table(cls, results: list[dict], metric: str | None = None) -> str:
         """One table per task: rows are runs (by seed), columns the ``metric`` (default bit
         errors per sequence) on each split at the reported evaluation, the last logged training
-        cost and the sequences seen until it first fell below 0.1 bits."""
+        cost and the sequences seen until it first fell below 0.1 bits; and where a run of the
+        task dropped updates (``optim.spike_skip``, ``optim.nan_policy = "skip"``), how many."""
         metric = metric or "bit_errors"
         by_task: dict[str, list[dict]] = {}
         for r in results:
@@ -219,9 +220,12 @@ class NTMTask(Task):
             splits: list[str] = []
             for r in rs:
                 splits += [s for s in (r.get("splits") or {}) if s not in splits]
+            dropped = lambda r: r.get("updates_dropped") or {}  # noqa: E731
+            drops = any(dropped(r).get("spikes") or dropped(r).get("non_finite") for r in rs)
             lines = [f"**{task}** ({metric} per sequence at the reported evaluation)", "",
                      "| run | seed | params | steps | " + " | ".join(splits) + " | final cost (bits) | "
-                     "sequences to < 0.1 bits |", "|---|---|---|---|" + "---|" * len(splits) + "---|---|"]
+                     "sequences to < 0.1 bits |" + (" updates dropped (spikes / non-finite) |" if drops else ""),
+                     "|---|---|---|---|" + "---|" * len(splits) + "---|---|" + ("---|" if drops else "")]
             for r in rs:
                 cells = []
                 for s in splits:
@@ -232,6 +236,8 @@ class NTMTask(Task):
                 fc = r.get("final_cost_bits")
                 lines.append(f"| {r.get('name')} | {r.get('seed', '–')} | {r.get('params')} | {r.get('steps')} | "
                              + " | ".join(cells) + f" | {'–' if fc is None else f'{fc:.3g}'} | "
-                             f"{r.get('sequences_to_cost_below_0.1') or '–'} |")
+                             f"{r.get('sequences_to_cost_below_0.1') or '–'} |"
+                             + (f" {dropped(r).get('spikes', '–')} / {dropped(r).get('non_finite', '–')} |" if drops
+                                else ""))
             out.append("\n".join(lines))
         return "\n\n".join(out)
