@@ -28,7 +28,7 @@ import statistics
 
 import torch
 
-__all__ = ["SpikeGuard", "DeviceGuard", "SPIKE", "NON_FINITE"]
+__all__ = ["SpikeGuard", "DeviceGuard", "SPIKE", "NON_FINITE", "spike_message"]
 
 SPIKE, NON_FINITE = 1, 2  # DeviceGuard.decide's verdict; 0: the update is taken
 
