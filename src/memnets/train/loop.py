@@ -420,8 +420,8 @@ class Trainer:
         self.by_steps = False  # stopped by max_steps
         self.done_by_task = False  # stopped by the task's recipe (Task.should_stop)
         self.skipped = 0  # updates dropped by optim.nan_policy = "skip" (over resumptions: checkpointed)
-        # updates dropped by optim.spike_skip: self.spikes.dropped (checkpointed likewise)
-        self.spikes = SpikeGuard(cfg.optim.spike_skip) if cfg.optim.spike_skip > 0 else None
+        # optim.spike_skip's guard (setup), its count of dropped updates self.spikes.dropped (checkpointed likewise)
+        self.spikes: SpikeGuard | DeviceGuard | None = None
         self.tb = None
         self.timing = [0.0, 0.0, 0]  # wall s, CPU s, steps timed (tasks with time_steps)
         self.graph_step = None  # a CUDAGraphStep when the steps replay from CUDA graphs
@@ -464,13 +464,15 @@ class Trainer:
         from ..registry import count_parameters
 
         self.n_params = count_parameters(self.model)
-        deferred = deferred_checks(cfg, self.device, graph_steps(cfg, self.device, info.world))
-        guarded = deferred and drops_updates(cfg)  # a fused optimiser drops them on the device
+        self.graphed = graph_steps(cfg, self.device, info.world)
+        self.deferred = deferred_checks(cfg, self.device, self.graphed)
+        guarded = self.deferred and drops_updates(cfg)  # a fused optimiser drops them on the device
         self.opt = make_optimizer(cfg.optim, self.model.parameters(), fused=True if guarded else None)
         if guarded:
             self.guard = DeviceGuard(cfg.optim.spike_skip, self.device)
             self.guard.attach(self.opt)
-            self.spikes = self.guard if cfg.optim.spike_skip > 0 else None
+        if cfg.optim.spike_skip > 0:
+            self.spikes = self.guard if guarded else SpikeGuard(cfg.optim.spike_skip)
         self.task_state = self.task.init_state(cfg)
         if self.task_state is not None:
             self.task.restore(self.model, self.task_state)
@@ -534,9 +536,9 @@ class Trainer:
             from ..ops._impl import compile_module
 
             self.net = compile_module(self.net, cfg.compile)
-        if graph_steps(cfg, self.device, info.world):
+        if self.graphed:
             self.graph_step = self._make_graph_step()
-        if deferred_checks(cfg, self.device, self.graph_step is not None):
+        if self.deferred:
             self.tally = StepTally(skip_non_finite=cfg.optim.nan_policy == "skip")
         self.splits = self.task.eval_splits(cfg)
         self.nb = self.task.steps_per_epoch(cfg)
@@ -1086,9 +1088,9 @@ def _finite_step(cfg: RunConfig, model: torch.nn.Module, loss: torch.Tensor, ste
         params, norm = _gradient_norm(model)  # finite gradients may overflow a float32 sum of squares
         value = float(norm)
     if not math.isfinite(value):
-        found = first_non_finite(None, ((n, p) for n, p in model.named_parameters() if p.grad is not None))
         if policy == "skip":
             return None
+        found = first_non_finite(None, ((n, p) for n, p in model.named_parameters() if p.grad is not None))
         if found is None:  # finite tensors whose squared sum overflows
             raise NonFiniteError(step, "total gradient norm", "gradient", 0, 1)
         raise NonFiniteError(step, *found)
